@@ -1,0 +1,1 @@
+"""FlexAttention with a block mask: see memlab issue 4. Registered when implemented."""

@@ -1,0 +1,411 @@
+"""Experiments and profiles: typed dataclasses, one per TOML table, loaded strictly.
+
+An Experiment is what stays fixed in a comparison (model shape, data, optimisation, token budget, eval set).
+A Profile is the technique knobs, the only thing that varies. Section names are unique across the two, so
+`--set section.key=value` needs no prefix. An unknown key, a wrong type or an out-of-range value is a
+ConfigError naming the file, the key and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from memlab.core.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------- experiment
+
+
+@dataclass
+class ModelConfig:
+    """GPT-style decoder: pre-LayerNorm blocks, learned positions, tied embeddings."""
+
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    d_ff: int = 0  # 0 = 4 * d_model
+    vocab_size: int = 0  # 0 = the tokenizer's vocabulary, padded up to a multiple of 64 (faster matmuls)
+    seq_len: int = 1024
+    dropout: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from. `source = "stdlib"` is the built-in corpus that needs no network."""
+
+    source: str = "stdlib"  # stdlib | a file or folder | hf:NAME[:CONFIG]
+    text_field: str = "text"
+    split: str = "train"
+    streaming: bool = False
+    tokenizer: str = "bpe:8192"  # bpe:N | path/to/tokenizer.json | hf:NAME
+    max_docs: int = 0  # 0 = every document
+    val_tokens: int = 131072  # the fixed held-out slice every profile of an experiment is evaluated on
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16  # the effective batch (sequences) per optimizer step
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 20
+    steps: int = 0  # optimizer steps; 0 = as many as `epochs` takes
+    epochs: float = 1.0  # used when steps = 0: one epoch covers every training token once
+    clip: float = 1.0  # max global grad norm; 0 = no clipping
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    seed: int = 1337
+    eval_every: int = 0  # steps between validations; 0 = only at the end
+    measure_after: int = 3  # steps left out of the speed and memory figures (warm-up, optimizer state)
+
+
+@dataclass
+class Experiment:
+    name: str = "unnamed"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def fingerprint(self) -> str:
+        """Stable short hash: runs with equal fingerprints are comparable side by side."""
+        blob = json.dumps(dataclasses.asdict(self) | {"name": None, "description": None}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
+
+
+@dataclass
+class AttentionConfig:
+    kernel: Literal["eager", "sdpa", "flash", "flex"] = "sdpa"
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    window: int = 0  # sliding window of W tokens; 0 = full causal attention
+
+
+@dataclass
+class CheckpointingConfig:
+    mode: Literal["none", "full", "every_n", "selective"] = "none"
+    every: int = 2  # every_n: checkpoint one block in `every`
+    target: Literal["attention", "mlp"] = "attention"  # selective: which sub-layer to recompute
+    offload: bool = False  # save activations on the CPU (torch.autograd.graph.save_on_cpu)
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw", "adafactor", "adamw8bit"] = "adamw"
+    fused: bool = False  # adamw only: the fused kernel instead of foreach
+    offload: bool = False  # keep optimizer state (and the step) on the CPU
+
+
+@dataclass
+class AccumulationConfig:
+    steps: int = 1  # the batch is split into this many micro-batches; the effective batch is unchanged
+
+
+@dataclass
+class CompileConfig:
+    enabled: bool = False
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+
+
+@dataclass
+class LossConfig:
+    chunked: bool = False  # cross-entropy in chunks of rows: never materializes the B x T x V logits
+    chunk_size: int = 4096  # rows (tokens) per chunk
+
+
+@dataclass
+class LoaderConfig:
+    pin_memory: bool = False
+    workers: int = 0
+
+
+@dataclass
+class AllocatorConfig:
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)
+
+
+@dataclass
+class DistributedConfig:
+    mode: Literal["none", "ddp", "fsdp"] = "none"
+    cpu_offload: bool = False  # fsdp: keep sharded parameters on the CPU
+
+
+@dataclass
+class Profile:
+    name: str = "unnamed"
+    description: str = ""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+def _sections(cls: type) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+EXPERIMENT_SECTIONS = _sections(Experiment)
+PROFILE_SECTIONS = _sections(Profile)
+TOP_LEVEL_KEYS = {"name", "description", "extends"}
+
+# ---------------------------------------------------------------------------------------------- values
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(str(a) for a in get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and lightly convert) one value against its field type; raise ConfigError naming `where`."""
+    if get_origin(tp) is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+        return value
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[tp]
+    if not ok:
+        raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _apply_section(obj: Any, table: Any, section: str, origin: str) -> None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{origin}: [{section}] must be a table of keys, got {table!r}")
+    hints = typing.get_type_hints(type(obj))
+    valid = [f.name for f in dataclasses.fields(obj)]
+    for key, value in table.items():
+        if key not in valid:
+            raise ConfigError(f"{origin}: unknown key {section}.{key}; valid keys in [{section}]: {', '.join(valid)}")
+        setattr(obj, key, coerce(value, hints[key], f"{origin}: {section}.{key}"))
+
+
+def _apply_document(target: Any, doc: dict, sections: dict[str, type], origin: str) -> None:
+    for key, value in doc.items():
+        if key in ("name", "description"):
+            setattr(target, key, coerce(value, str, f"{origin}: {key}"))
+        elif key == "extends":
+            continue
+        elif key in sections:
+            _apply_section(getattr(target, key), value, key, origin)
+        else:
+            valid = sorted(TOP_LEVEL_KEYS) + [f"[{s}]" for s in sections]
+            raise ConfigError(f"{origin}: unknown key {key!r}; valid: {', '.join(valid)}")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+_BUILTIN_PACKAGE = "memlab.profiles"
+
+
+def _builtin_dir(kind: str) -> Any:
+    root = resources.files(_BUILTIN_PACKAGE)
+    return root / "experiments" if kind == "experiment" else root
+
+
+def builtin_names(kind: Literal["profile", "experiment"]) -> list[str]:
+    folder = _builtin_dir(kind)
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read_toml(text: str, origin: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{origin}: not valid TOML ({e})") from None
+
+
+def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, str, str]:
+    """A built-in name or a path to a TOML file -> (document, origin for messages, default name)."""
+    looks_like_path = ref.endswith(".toml") or "/" in ref or "\\" in ref
+    if looks_like_path:
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{kind} file not found: {ref}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{ref}: cannot read {kind} file ({e.__class__.__name__})") from None
+        return _read_toml(text, str(path)), str(path), path.stem
+    names = builtin_names(kind)
+    if ref not in names:
+        raise ConfigError(f"unknown {kind} {ref!r}; built-in {kind}s: {', '.join(names)} (or a path to a .toml file)")
+    text = (_builtin_dir(kind) / f"{ref}.toml").read_text(encoding="utf-8")
+    return _read_toml(text, f"{kind}s/{ref}.toml"), f"built-in {kind} {ref}", ref
+
+
+def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections: dict, seen: tuple = ()) -> Any:
+    doc, origin, default_name = _resolve(ref, kind)
+    if ref in seen:
+        raise ConfigError(f"{origin}: `extends` forms a cycle: {' -> '.join(seen + (ref,))}")
+    parent = doc.get("extends")
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{origin}: extends must be the name of a built-in {kind} or a path, got {parent!r}")
+        obj = _load(parent, kind, cls, sections, seen + (ref,))
+        obj.description = ""
+    else:
+        obj = cls()
+    obj.name = default_name
+    _apply_document(obj, doc, sections, origin)
+    return obj
+
+
+def load_profile(ref: str) -> Profile:
+    profile = _load(ref, "profile", Profile, PROFILE_SECTIONS)
+    validate_profile(profile, _resolve(ref, "profile")[1])
+    return profile
+
+
+def load_experiment(ref: str) -> Experiment:
+    experiment = _load(ref, "experiment", Experiment, EXPERIMENT_SECTIONS)
+    validate_experiment(experiment, _resolve(ref, "experiment")[1])
+    return experiment
+
+
+def profile_from_dict(data: dict) -> Profile:
+    """Rebuild a resolved profile (e.g. from run.json)."""
+    profile = Profile()
+    _apply_document(profile, data, PROFILE_SECTIONS, "profile")
+    return profile
+
+
+def experiment_from_dict(data: dict) -> Experiment:
+    experiment = Experiment()
+    _apply_document(experiment, data, EXPERIMENT_SECTIONS, "experiment")
+    return experiment
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def parse_set(item: str) -> tuple[str, str, Any]:
+    """'section.key=value' -> (section, key, value); the value is read as TOML, else kept as a string."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.batch_size=32")
+    lhs, raw = item.split("=", 1)
+    parts = lhs.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. attention.window=512")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts[0], parts[1], value
+
+
+def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) -> None:
+    """Apply `--set` items to whichever of experiment or profile owns the section, then re-validate."""
+    for item in items:
+        section, key, value = parse_set(item)
+        if section in EXPERIMENT_SECTIONS:
+            target = getattr(experiment, section)
+        elif section in PROFILE_SECTIONS:
+            target = getattr(profile, section)
+        else:
+            valid = ", ".join(list(EXPERIMENT_SECTIONS) + list(PROFILE_SECTIONS))
+            raise ConfigError(f"--set {item!r}: unknown section {section!r}; valid sections: {valid}")
+        hints = typing.get_type_hints(type(target))
+        if key not in hints:
+            valid = ", ".join(f.name for f in dataclasses.fields(target))
+            raise ConfigError(f"--set {item!r}: unknown key {section}.{key}; valid keys in [{section}]: {valid}")
+        tp = hints[key]
+        if tp is str and not isinstance(value, str):
+            value = str(value)
+        setattr(target, key, coerce(value, tp, f"--set {section}.{key}"))
+    validate_experiment(experiment, "--set")
+    validate_profile(profile, "--set")
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate_experiment(e: Experiment, origin: str) -> None:
+    m, t, d = e.model, e.train, e.data
+    for key in ("n_layer", "n_head", "d_model", "seq_len"):
+        _require(getattr(m, key) >= 1, f"{origin}: model.{key} must be at least 1, got {getattr(m, key)}")
+    _require(m.d_model % m.n_head == 0, f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _require(m.d_ff >= 0, f"{origin}: model.d_ff must be >= 0 (0 = 4 x d_model), got {m.d_ff}")
+    _require(m.vocab_size >= 0, f"{origin}: model.vocab_size must be >= 0 (0 = from the tokenizer), got {m.vocab_size}")
+    _require(0.0 <= m.dropout < 1.0, f"{origin}: model.dropout must be in [0, 1), got {m.dropout}")
+    _require(t.batch_size >= 1, f"{origin}: train.batch_size must be at least 1, got {t.batch_size}")
+    _require(t.lr > 0, f"{origin}: train.lr must be positive, got {t.lr}")
+    _require(0.0 <= t.min_lr_ratio <= 1.0, f"{origin}: train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    _require(t.steps >= 0, f"{origin}: train.steps must be >= 0 (0 = from epochs), got {t.steps}")
+    _require(t.epochs > 0, f"{origin}: train.epochs must be positive, got {t.epochs}")
+    for key in ("warmup_steps", "eval_every", "measure_after"):
+        _require(getattr(t, key) >= 0, f"{origin}: train.{key} must be >= 0, got {getattr(t, key)}")
+    _require(t.clip >= 0, f"{origin}: train.clip must be >= 0 (0 = off), got {t.clip}")
+    _require(t.weight_decay >= 0, f"{origin}: train.weight_decay must be >= 0, got {t.weight_decay}")
+    _require(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"{origin}: train.beta1 and train.beta2 must be in [0, 1)")
+    _require(d.max_docs >= 0, f"{origin}: data.max_docs must be >= 0 (0 = all), got {d.max_docs}")
+    _require(d.val_tokens >= 1, f"{origin}: data.val_tokens must be at least 1, got {d.val_tokens}")
+    _require(bool(d.source.strip()), f"{origin}: data.source must not be empty (stdlib, a path, or hf:NAME)")
+    _require(bool(d.tokenizer.strip()), f"{origin}: data.tokenizer must not be empty (bpe:N, a tokenizer.json, or hf:NAME)")
+
+
+def validate_profile(p: Profile, origin: str) -> None:
+    _require(p.attention.window >= 0, f"{origin}: attention.window must be >= 0 (0 = none), got {p.attention.window}")
+    _require(p.checkpointing.every >= 1, f"{origin}: checkpointing.every must be at least 1, got {p.checkpointing.every}")
+    _require(p.accumulation.steps >= 1, f"{origin}: accumulation.steps must be at least 1, got {p.accumulation.steps}")
+    _require(p.loss.chunk_size >= 1, f"{origin}: loss.chunk_size must be at least 1, got {p.loss.chunk_size}")
+    _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
+    if p.optimizer.fused:
+        _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
+
+
+def validate_pair(e: Experiment, p: Profile) -> None:
+    """Checks that need both halves (window vs context, batch vs accumulation)."""
+    w, T = p.attention.window, e.model.seq_len
+    _require(w < T or w == 0, f"attention.window ({w}) must be smaller than model.seq_len ({T}); 0 = no window")
+    k, B = p.accumulation.steps, e.train.batch_size
+    _require(B % k == 0, f"train.batch_size ({B}) must be divisible by accumulation.steps ({k}) so the effective batch stays {B}")
+
+
+def to_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def describe_changes(profile: Profile) -> str:
+    """What a profile changes against the defaults, e.g. 'precision.dtype=bf16 checkpointing.mode=full'."""
+    base = Profile()
+    changes = []
+    for section in PROFILE_SECTIONS:
+        cur, ref = getattr(profile, section), getattr(base, section)
+        for f in dataclasses.fields(cur):
+            if getattr(cur, f.name) != getattr(ref, f.name):
+                changes.append(f"{section}.{f.name}={getattr(cur, f.name)}")
+    return " ".join(changes) if changes else "(defaults)"

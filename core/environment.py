@@ -1,0 +1,87 @@
+"""What memlab sees: GPU, driver, torch, CUDA, cuDNN, flash-attn, NVML, git sha. Recorded in every run.json."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    """The commit of memlab's own source tree, when it is a git checkout (editable installs)."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def nvml_info() -> dict[str, Any]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        count = pynvml.nvmlDeviceGetCount()
+        return {"nvml": True, "driver": driver if isinstance(driver, str) else driver.decode(), "nvml_devices": count}
+    except Exception as e:  # noqa: BLE001
+        return {"nvml": False, "nvml_reason": f"{e.__class__.__name__}: {e}".strip()}
+
+
+def resolve_device(name: str) -> torch.device:
+    from memlab.core.errors import DeviceError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}; use --device cpu or auto")
+        return torch.device(name)
+    raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
+
+
+def environment(device: torch.device | None = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "flash_attn": _version("flash-attn"),
+        "flash_attn_4": _version("flash-attn-4"),
+        "memlab": _version("memlab"),
+        "git_sha": git_sha(),
+        "gpu_name": None,
+        "gpu_count": 0,
+        "gpu_memory_bytes": None,
+        "compute_capability": None,
+    }
+    if torch.cuda.is_available():
+        idx = device.index if device is not None and device.type == "cuda" and device.index is not None else 0
+        props = torch.cuda.get_device_properties(idx)
+        info.update(
+            gpu_name=props.name,
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_bytes=props.total_memory,
+            compute_capability=f"{props.major}.{props.minor}",
+        )
+    info.update(nvml_info())
+    return info

@@ -1,0 +1,190 @@
+"""Meters: per-phase time and peak memory, host RSS, and the NVML sampler thread.
+
+Peak memory by phase (DESIGN.md): the allocator's peak is reset at the start of forward, backward and optimizer
+step, and read at each end. The caching allocator keeps its counters on the host as kernels are enqueued, so the
+reads are exact without a device synchronize; time comes from CUDA events, read one step late (the GPU keeps
+working while the host waits on the previous step's last event), so the meters add no bubble to the stream.
+On CPU the same phases are timed with perf_counter, and memory is the process's peak RSS (host memory).
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+PHASES = ("fwd", "bwd", "opt")
+
+
+def host_peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def host_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return None
+
+
+@dataclass
+class StepRecord:
+    """What one optimizer step measured. Times in ms; memory in bytes (None where it does not apply)."""
+
+    step: int
+    fwd_ms: float = 0.0
+    bwd_ms: float = 0.0
+    opt_ms: float = 0.0
+    step_ms: float = 0.0
+    peak: dict[str, int | None] = field(default_factory=lambda: {p: None for p in PHASES})
+    peak_reserved: int | None = None
+    loss: Any = None  # a 0-d tensor until the step is read back
+    grad_norm: Any = None
+
+
+class PhaseMeter:
+    """Marks phase boundaries within a step; `finish_step` returns the record of the step before (lagged)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.cuda = device.type == "cuda"
+        self.enabled = enabled
+        self._marks: list[tuple[str, Any]] = []
+        self._record: StepRecord | None = None
+        self._pending: tuple[StepRecord, list[tuple[str, Any]]] | None = None
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start_step(self, step: int) -> None:
+        self._record = StepRecord(step)
+        self._marks = [("start", self._mark())]
+
+    def begin(self, phase: str) -> None:
+        if self.enabled and self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        self._marks.append((f"{phase}<", self._mark()))
+
+    def end(self, phase: str) -> None:
+        self._marks.append((f"{phase}>", self._mark()))
+        rec = self._record
+        if self.enabled and self.cuda and rec is not None:
+            peak = torch.cuda.max_memory_allocated()
+            rec.peak[phase] = max(rec.peak[phase] or 0, peak)
+            rec.peak_reserved = max(rec.peak_reserved or 0, torch.cuda.max_memory_reserved())
+
+    def finish_step(self, loss: Any, grad_norm: Any = None) -> StepRecord | None:
+        """Close this step; return the previous step's completed record (None on the first call)."""
+        assert self._record is not None
+        self._record.loss, self._record.grad_norm = loss, grad_norm
+        self._marks.append(("end", self._mark()))
+        previous, self._pending = self._pending, (self._record, self._marks)
+        return self._resolve(previous) if previous else None
+
+    def flush(self) -> StepRecord | None:
+        """The last step's record (at the end of training, or before an eval)."""
+        previous, self._pending = self._pending, None
+        return self._resolve(previous) if previous else None
+
+    def _elapsed(self, a: Any, b: Any) -> float:
+        if self.cuda:
+            return a.elapsed_time(b)
+        return (b - a) * 1000.0
+
+    def _resolve(self, pending: tuple[StepRecord, list[tuple[str, Any]]]) -> StepRecord:
+        rec, marks = pending
+        if self.cuda:
+            marks[-1][1].synchronize()  # waits for that step only; the next one is already queued behind it
+        totals = dict.fromkeys(PHASES, 0.0)
+        opened: dict[str, Any] = {}
+        for name, mark in marks[1:-1]:
+            phase, edge = name[:-1], name[-1]
+            if edge == "<":
+                opened[phase] = mark
+            else:
+                totals[phase] += self._elapsed(opened.pop(phase), mark)
+        rec.fwd_ms, rec.bwd_ms, rec.opt_ms = totals["fwd"], totals["bwd"], totals["opt"]
+        rec.step_ms = self._elapsed(marks[0][1], marks[-1][1])
+        return rec
+
+
+class NvmlSampler:
+    """Samples device-wide memory, utilization and power every ~50 ms in a thread (includes the CUDA context).
+
+    Degrades cleanly: without nvidia-ml-py or an NVIDIA driver, `available` is False and nothing is sampled.
+    """
+
+    def __init__(self, device_index: int = 0, interval_s: float = 0.05, on_sample: Callable[[dict], None] | None = None):
+        self.interval_s = interval_s
+        self.on_sample = on_sample
+        self.samples: list[dict[str, float]] = []
+        self.peak_used_bytes: int | None = None
+        self.available = False
+        self.reason = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.time()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            self.available = True
+        except Exception as e:  # noqa: BLE001 (ImportError, NVMLError_LibraryNotFound, driver mismatch...)
+            self.reason = f"{e.__class__.__name__}: {e}".strip()
+
+    def _sample(self) -> dict[str, float] | None:
+        nv = self._nvml
+        try:
+            used = nv.nvmlDeviceGetMemoryInfo(self._handle).used
+            util = nv.nvmlDeviceGetUtilizationRates(self._handle).gpu
+            try:
+                power = nv.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+            except nv.NVMLError:
+                power = None
+        except Exception:  # noqa: BLE001 (a sample lost is not worth a crashed run)
+            return None
+        return {"t": time.time() - self._t0, "used_bytes": int(used), "util_pct": float(util), "power_w": power}
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            s = self._sample()
+            if s is None:
+                continue
+            self.samples.append(s)
+            self.peak_used_bytes = max(self.peak_used_bytes or 0, s["used_bytes"])
+            if self.on_sample:
+                try:
+                    self.on_sample(s)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def start(self) -> NvmlSampler:
+        if self.available:
+            self._t0 = time.time()
+            self._thread = threading.Thread(target=self._loop, name="memlab-nvml", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def nvml_index(device: torch.device) -> int:
+    """NVML's index of a CUDA device (they differ under CUDA_VISIBLE_DEVICES)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        return torch.cuda._get_nvml_device_index(idx)  # private, but it knows CUDA_VISIBLE_DEVICES
+    except Exception:  # noqa: BLE001
+        return idx

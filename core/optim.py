@@ -1,0 +1,61 @@
+"""Optimizers and the learning-rate schedule (linear warm-up, then cosine to lr * min_lr_ratio)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from memlab.core.config import OptimizerConfig, TrainConfig
+from memlab.core.errors import ConfigError, DeviceError
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    # Decay matrices (linear weights, embeddings); never biases or LayerNorm gains (nanoGPT's split).
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    groups = param_groups(model, train.weight_decay)
+    betas = (train.beta1, train.beta2)
+    if cfg.offload:
+        from memlab.core.techniques.optim_offload import build_offloaded
+
+        return build_offloaded(model, cfg, train, device)
+    if cfg.name == "adamw":
+        kind = {"fused": True} if cfg.fused else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, **kind)
+    if cfg.name == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__})")
+        return torch.optim.Adafactor(groups, lr=train.lr)
+    if cfg.name == "adamw8bit":
+        if device.type != "cuda":
+            raise DeviceError("optimizer.name = adamw8bit needs CUDA (its 8-bit kernels are GPU-only); use adamw on CPU")
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError as e:
+            raise ConfigError("optimizer.name = adamw8bit needs torchao: pip install 'memlab[adamw8bit]'") from e
+        return AdamW8bit(groups, lr=train.lr, betas=betas)
+    raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: adamw, adafactor, adamw8bit")
+
+
+def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based)."""
+    if train.warmup_steps and step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    decay_steps = max(1, total_steps - train.warmup_steps)
+    progress = min(1.0, (step - train.warmup_steps) / decay_steps)
+    floor = train.lr * train.min_lr_ratio
+    return floor + 0.5 * (train.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

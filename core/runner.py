@@ -1,0 +1,67 @@
+"""Run one profile into a run folder: creates the folder, wires the run store to the engine, keeps what it had.
+
+This is what `memlab run` calls in its own process (one run = one process: the supervisor spawns it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memlab.core.config import Experiment, Profile, validate_pair
+from memlab.core.engine import Interrupted, train
+from memlab.core.errors import MemlabError
+from memlab.core.events import MultiSink, Sink
+from memlab.core.runstore import RunStore, create_run_dir
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
+def configure_allocator(profile: Profile) -> None:
+    """Allocator settings must be in the environment before CUDA initializes."""
+    if profile.allocator.expandable_segments:
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments" not in conf:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(filter(None, [conf, "expandable_segments:True"]))
+
+
+def run_profile(
+    experiment: Experiment,
+    profile: Profile,
+    *,
+    runs_dir: Path,
+    device: torch.device,
+    sinks: tuple[Sink, ...] = (),
+    meters: bool = True,
+    extra_info: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Path]:
+    validate_pair(experiment, profile)
+    run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
+    store = RunStore(run_dir, run_id)
+    sink = MultiSink(store, *sinks)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _main_thread() else None
+    try:
+        summary = train(experiment, profile, sink, device=device, run_id=run_id, meters=meters, extra_info={"run_dir": str(run_dir), **(extra_info or {})})
+    except MemlabError:
+        # Bad input found while building (before any step): leave no half-made folder behind.
+        store.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    store.close()
+    return summary, run_dir
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

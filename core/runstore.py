@@ -1,0 +1,180 @@
+"""The run store: one folder per run, written atomically, readable at any moment.
+
+runs/<run_id>/ run.json, events.jsonl, steps.parquet, gpu.parquet, summary.parquet (names in schema.py).
+RunStore is a sink: it appends every event to events.jsonl, keeps step and GPU rows, rewrites steps.parquet
+every few seconds (temp file + rename, so a reader never sees half a file) and writes summary.parquet and the
+final status when the run ends, whatever the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from memlab.core import schema
+from memlab.core.errors import MemlabError
+from memlab.core.events import JsonLinesSink
+
+
+def new_run_id(profile: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in profile) or "profile"
+    return f"{stamp}-{safe}-{secrets.token_hex(2)}"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create_run_dir(runs_dir: Path, profile: str) -> tuple[str, Path]:
+    """A fresh, uniquely named folder; two memlab processes never get the same one (mkdir is atomic)."""
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MemlabError(f"runs folder {runs_dir} cannot be created ({e.strerror}); pass a writable --runs-dir") from None
+    if not os.access(runs_dir, os.W_OK):
+        raise MemlabError(f"runs folder {runs_dir} is not writable; pass a writable --runs-dir")
+    for _ in range(100):
+        run_id = new_run_id(profile)
+        path = runs_dir / run_id
+        try:
+            path.mkdir()
+            return run_id, path
+        except FileExistsError:
+            continue
+    raise MemlabError(f"could not create a unique run folder under {runs_dir}")
+
+
+def frame(rows: list[dict], schema_: dict[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame([{k: r.get(k) for k in schema_} for r in rows], schema=schema_, orient="row")
+
+
+class RunStore:
+    """Sink that persists one run. `flush_every_s` bounds what a hard kill (SIGKILL) can lose from steps.parquet."""
+
+    def __init__(self, path: Path, run_id: str, flush_every_s: float = 5.0):
+        self.path = Path(path)
+        self.run_id = run_id
+        self.flush_every_s = flush_every_s
+        self._events = JsonLinesSink(path=str(self.path / schema.EVENTS))
+        self._steps: list[dict] = []
+        self._gpu: list[dict] = []
+        self._last_flush = time.monotonic()
+        self.run_json: dict[str, Any] = {"schema_version": schema.SCHEMA_VERSION, "run_id": run_id, "status": "running"}
+
+    def write_run_json(self, **fields: Any) -> None:
+        self.run_json.update(fields)
+        atomic_write_json(self.path / schema.RUN_JSON, self.run_json)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind != "gpu_sample":  # samples go to gpu.parquet; events.jsonl keeps a thinned stream (see below)
+            self._events.emit(event)
+        if kind == "started":
+            self.write_run_json(
+                status="running",
+                pid=os.getpid(),
+                started_at=event.get("started_at"),
+                **{k: event[k] for k in ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device") if k in event},
+            )
+        elif kind == "step":
+            self._steps.append(event)
+            if time.monotonic() - self._last_flush > self.flush_every_s:
+                self.flush()
+        elif kind == "gpu_sample":
+            self._gpu.append(event)
+            if len(self._gpu) % 10 == 1:  # ~2 per second into the live stream for the TUI; all of them into Parquet
+                self._events.emit(event)
+        elif kind in ("finished", "failed"):
+            self.finalize(event)
+
+    def flush(self) -> None:
+        if self._steps:
+            atomic_write_parquet(self.path / schema.STEPS, frame(self._steps, schema.STEP_SCHEMA))
+        if self._gpu:
+            atomic_write_parquet(self.path / schema.GPU, frame(self._gpu, schema.GPU_SCHEMA))
+        self._last_flush = time.monotonic()
+
+    def finalize(self, event: dict[str, Any]) -> None:
+        self.flush()
+        summary = dict(event.get("summary") or {})
+        status = "finished" if event["event"] == "finished" else event.get("reason", "error")
+        summary.update(schema_version=schema.SCHEMA_VERSION, run_id=self.run_id, status=status)
+        atomic_write_parquet(self.path / schema.SUMMARY, frame([summary], schema.SUMMARY_SCHEMA))
+        self.write_run_json(
+            status=status,
+            reason=event.get("reason"),
+            message=event.get("message"),
+            ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            attention_kernel=summary.get("attention_kernel", self.run_json.get("attention_kernel")),
+        )
+
+    def close(self) -> None:
+        self._events.close()
+
+
+def mark_status(run_dir: Path, status: str, message: str) -> None:
+    """For a child that died without saying how (SIGKILL, segfault): run.json and summary.parquet say so.
+
+    The summary keeps what the folder proves (steps completed, from steps.parquet); every figure it cannot
+    know stays null. A folder that already reached an outcome is left as it is.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / schema.RUN_JSON
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name}
+    if data.get("status") not in (None, "running"):
+        return
+    data.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    atomic_write_json(path, data)
+    if (run_dir / schema.SUMMARY).exists():
+        return
+    try:
+        steps = pl.read_parquet(run_dir / schema.STEPS).height
+    except Exception:  # noqa: BLE001 (missing or torn: nothing proven)
+        steps = 0
+    experiment = data.get("experiment") or {}
+    row = {
+        "schema_version": schema.SCHEMA_VERSION,
+        "run_id": data.get("run_id", run_dir.name),
+        "profile": (data.get("profile") or {}).get("name"),
+        "experiment": experiment.get("name"),
+        "experiment_id": data.get("experiment_id"),
+        "status": status,
+        "device": data.get("device"),
+        "steps": steps,
+        "started_at": data.get("started_at"),
+    }
+    atomic_write_parquet(run_dir / schema.SUMMARY, frame([row], schema.SUMMARY_SCHEMA))

@@ -1,0 +1,30 @@
+"""Techniques applied to a built model, one function each, in one documented order (torchtitan's parallelize).
+
+Order, and why:
+1. activation checkpointing wraps blocks first, so compile sees (and can fuse around) the recompute boundaries;
+2. torch.compile next, over the checkpointed blocks;
+3. distributed wrapping (DDP / FSDP2) last, around the finished module (see memlab.core.distributed).
+Precision, attention kernel, loss and optimizer are chosen when the model and the step are built, not here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.core.config import Profile
+from memlab.core.techniques.checkpointing import apply_checkpointing
+
+
+def apply_compile(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
+    if not profile.compile.enabled:
+        return model
+    mode = None if profile.compile.mode == "default" else profile.compile.mode
+    return torch.compile(model, mode=mode)
+
+
+def apply_techniques(model: torch.nn.Module, profile: Profile) -> tuple[torch.nn.Module, dict[str, str]]:
+    """Returns the model to train (possibly a compiled wrapper) and one line per technique for run.json."""
+    applied = {"checkpointing": apply_checkpointing(model, profile.checkpointing)}
+    model = apply_compile(model, profile)
+    applied["compile"] = profile.compile.mode if profile.compile.enabled else "off"
+    return model, applied

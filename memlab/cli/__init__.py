@@ -1,0 +1,77 @@
+"""The `memlab` command: one Typer app; each command group lives in its own module here.
+
+Errors: a MemlabError (or a bad command line) is printed as one line and exits 2; `--debug` (anywhere on the
+command line, or MEMLAB_DEBUG=1) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+try:  # typer >= 0.20 vendors click as typer._click; older typer (e.g. on GPU images) uses click itself
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as _click_exc
+
+app = typer.Typer(
+    name="memlab",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="A bench for memory-efficient transformer training: same model, same data, technique profiles side by side.",
+)
+
+
+def _register_commands() -> None:
+    # Imported here so that `memlab --help` stays fast and each module owns its commands.
+    from memlab.cli import info, run
+
+    for module in (run, info):
+        module.register(app)
+    for optional in ("data", "table", "sweep", "batch", "tui_cmd"):
+        try:
+            module = __import__(f"memlab.cli.{optional}", fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name != f"memlab.cli.{optional}":
+                raise
+            continue
+        module.register(app)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with status 2."""
+    typer.echo(f"memlab: error: {message}", err=True)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from memlab.core.errors import MemlabError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MEMLAB_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    _register_commands()
+    try:
+        app(args=argv, prog_name="memlab", standalone_mode=False)
+    except MemlabError as e:
+        if debug:
+            raise
+        fail(str(e))
+    except _click_exc.NoArgsIsHelpError:
+        raise SystemExit(0) from None  # the help text is already printed
+    except _click_exc.UsageError as e:
+        if debug:
+            raise
+        hint = f" (see: memlab {e.ctx.command.name} --help)" if e.ctx and e.ctx.command and e.ctx.command.name != "memlab" else " (see: memlab --help)"
+        fail(e.format_message().replace("\n", " ") + hint)
+    except _click_exc.Abort:
+        typer.echo("memlab: aborted", err=True)
+        raise SystemExit(130) from None
+    except _click_exc.Exit as e:
+        raise SystemExit(e.exit_code) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

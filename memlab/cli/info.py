@@ -1,0 +1,60 @@
+"""`memlab profiles`, `memlab experiments` and `memlab env`: what is built in, and what memlab sees."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+
+def profiles() -> None:
+    """The built-in profiles, one line each, with what they change."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memlab.core.config import builtin_names, describe_changes, load_profile
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("profile", "description", "changes"):
+        table.add_column(col, overflow="fold")
+    for name in builtin_names("profile"):
+        p = load_profile(name)
+        table.add_row(name, p.description, describe_changes(p))
+    Console(highlight=False).print(table)
+
+
+def experiments() -> None:
+    """The built-in experiments (what stays fixed in a comparison)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memlab.core.config import builtin_names, load_experiment
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("experiment", "description", "model", "data"):
+        table.add_column(col, overflow="fold")
+    for name in builtin_names("experiment"):
+        e = load_experiment(name)
+        m = e.model
+        table.add_row(name, e.description, f"{m.n_layer}L {m.d_model}d {m.n_head}h T={m.seq_len}", f"{e.data.source} {e.data.tokenizer}")
+    Console(highlight=False).print(table)
+
+
+def env(as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False) -> None:
+    """GPU, driver, torch, CUDA, flash-attn, NVML: what memlab sees."""
+    from memlab.core.environment import environment
+
+    info = environment()
+    if as_json:
+        typer.echo(json.dumps(info, indent=2, default=str))
+        return
+    width = max(map(len, info))
+    for key, value in info.items():
+        typer.echo(f"{key.ljust(width)}  {'—' if value is None else value}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profiles")(profiles)
+    app.command("experiments")(experiments)
+    app.command("env")(env)

@@ -1,0 +1,45 @@
+"""Options shared by commands that pick an experiment and a profile (run, sweep, find-batch, estimate)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment, load_profile
+
+ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a knob: section.key=value (repeatable).")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (overrides train.steps).")]
+RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.")]
+
+
+def data_overrides(data: str | None, text_field: str | None, tokenizer: str | None, streaming: bool | None, max_docs: int | None, epochs: float | None, steps: int | None) -> list[str]:
+    """Turn the convenience flags into --set items (so they are validated the same way)."""
+    items = []
+    for key, value in (("data.source", data), ("data.text_field", text_field), ("data.tokenizer", tokenizer)):
+        if value is not None:
+            items.append(f"{key}={_toml_string(value)}")
+    if streaming is not None:
+        items.append(f"data.streaming={'true' if streaming else 'false'}")
+    if max_docs is not None:
+        items.append(f"data.max_docs={max_docs}")
+    if epochs is not None:
+        items += [f"train.epochs={float(epochs)}", "train.steps=0"]
+    if steps is not None:
+        items.append(f"train.steps={steps}")
+    return items
+
+
+def _toml_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def resolve(experiment: str, profile: str, device_type: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+    if experiment == "auto":
+        experiment = "gpt2s" if device_type == "cuda" else "tiny"
+    exp = load_experiment(experiment)
+    prof = load_profile(profile)
+    apply_overrides(exp, prof, overrides)
+    return exp, prof

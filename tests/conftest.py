@@ -1,0 +1,42 @@
+"""Shared fixtures. Everything here runs on the CPU backend; GPU tests carry the requires_cuda marker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# One token cache for the whole session (tokenizing the tiny corpus once), outside the user's real cache.
+_CACHE = Path(os.environ.get("MEMLAB_TEST_CACHE", Path(__file__).resolve().parent.parent / ".pytest_cache" / "memlab-cache"))
+os.environ.setdefault("MEMLAB_CACHE", str(_CACHE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (requires_cuda); this machine has none")
+    if not torch.cuda.is_available():
+        for item in items:
+            if "requires_cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def tiny():
+    """The tiny experiment, shortened: a handful of steps on CPU."""
+    from memlab.core.config import load_experiment
+
+    e = load_experiment("tiny")
+    e.train.steps = 6
+    e.train.measure_after = 1
+    return e
+
+
+@pytest.fixture
+def profile():
+    from memlab.core.config import load_profile
+
+    return load_profile

@@ -1,0 +1,147 @@
+"""Profiles and experiments: loading, inheritance, overrides, and one-line errors for every bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memlab.core import config as C
+from memlab.core.errors import ConfigError
+
+BAD = Path(__file__).parent / "bad_configs"
+
+REQUIRED_PROFILES = {"baseline", "tf32", "bf16", "fp16", "gradcp", "gradcp_bf16"}
+
+
+def test_builtin_profiles_load_and_describe_themselves():
+    names = set(C.builtin_names("profile"))
+    assert REQUIRED_PROFILES <= names
+    for name in names:
+        p = C.load_profile(name)
+        assert p.name == name
+        assert p.description, f"{name} has no description"
+
+
+def test_extends_inherits_and_overrides():
+    p = C.load_profile("gradcp_bf16")
+    assert p.precision.dtype == "bf16" and p.attention.kernel == "sdpa"  # from bf16
+    assert p.checkpointing.mode == "full"
+    assert C.load_profile("tf32").attention.kernel == "eager"  # from baseline
+    assert C.load_profile("fp16").precision.dtype == "fp16"
+
+
+def test_user_profile_file_extends_builtin(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('description = "mine"\nextends = "gradcp_bf16"\n[attention]\nkernel = "eager"\n')
+    p = C.load_profile(str(f))
+    assert (p.name, p.precision.dtype, p.checkpointing.mode, p.attention.kernel) == ("mine", "bf16", "full", "eager")
+
+
+def test_builtin_experiments():
+    tiny, gpu = C.load_experiment("tiny"), C.load_experiment("gpt2s")
+    assert (gpu.model.n_layer, gpu.model.d_model, gpu.model.n_head, gpu.model.seq_len) == (12, 768, 12, 1024)
+    assert tiny.model.d_model < 128
+    assert tiny.fingerprint() != gpu.fingerprint()
+    assert tiny.fingerprint() == C.load_experiment("tiny").fingerprint()
+
+
+def test_overrides_route_to_the_owning_section():
+    e, p = C.load_experiment("tiny"), C.load_profile("bf16")
+    C.apply_overrides(e, p, ["train.batch_size=32", "model.n_layer=4", "attention.window=16", "data.source=./x.jsonl", "train.lr=3e-4"])
+    assert (e.train.batch_size, e.model.n_layer, p.attention.window, e.data.source, e.train.lr) == (32, 4, 16, "./x.jsonl", 3e-4)
+
+
+def test_int_for_float_is_accepted_and_converted():
+    e, p = C.load_experiment("tiny"), C.load_profile("bf16")
+    C.apply_overrides(e, p, ["train.lr=1"])
+    assert e.train.lr == 1.0 and isinstance(e.train.lr, float)
+
+
+@pytest.mark.parametrize(
+    "item, expect",
+    [
+        ("train.batchsize=3", "unknown key train.batchsize; valid keys in [train]: batch_size"),
+        ("trian.batch_size=3", "unknown section 'trian'; valid sections: model, data, train, precision"),
+        ("train.batch_size=abc", "train.batch_size must be an integer, got 'abc'"),
+        ("train.batch_size=0", "train.batch_size must be at least 1, got 0"),
+        ("precision.dtype=fp8", "'fp8' is not valid; choose one of: fp32, tf32, bf16, fp16"),
+        ("compile.enabled=yes", "compile.enabled must be true or false"),
+        ("batch_size=3", "expected section.key=value"),
+        ("train.batch_size", "expected section.key=value"),
+        ("model.n_head=5", "model.d_model (64) must be divisible by model.n_head (5)"),
+        ("attention.window=-1", "attention.window must be >= 0"),
+    ],
+)
+def test_bad_overrides_raise_one_line_config_errors(item, expect):
+    e, p = C.load_experiment("tiny"), C.load_profile("bf16")
+    with pytest.raises(ConfigError) as err:
+        C.apply_overrides(e, p, [item])
+    assert expect in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name, expect",
+    [
+        ("extra_key.toml", "unknown key precision.speed; valid keys in [precision]: dtype"),
+        ("not_toml.toml", "not valid TOML"),
+        ("wrong_type.toml", "attention.window must be an integer, got 'wide'"),
+        ("unknown_section.toml", "unknown key 'precison'; valid: description, extends, name, [precision]"),
+        ("bad_choice.toml", "'fp8' is not valid; choose one of: fp32, tf32, bf16, fp16"),
+        ("bad_extends.toml", "unknown profile 'no_such_profile'; built-in profiles: baseline"),
+        ("zero_accum.toml", "accumulation.steps must be at least 1"),
+        ("extends_not_string.toml", "extends must be the name of a built-in profile or a path"),
+    ],
+)
+def test_bad_profile_files_raise_naming_the_problem(name, expect):
+    with pytest.raises(ConfigError) as err:
+        C.load_profile(str(BAD / name))
+    message = str(err.value)
+    assert expect in message
+    assert "\n" not in message.strip()
+    if name not in ("bad_extends.toml",):
+        assert name in message  # the file is named
+
+
+def test_empty_section_is_fine():
+    assert C.load_profile(str(BAD / "ok_empty_section.toml")).precision.dtype == "fp32"
+
+
+def test_unknown_profile_lists_the_builtins():
+    with pytest.raises(ConfigError, match="unknown profile 'nope'; built-in profiles: baseline, bf16"):
+        C.load_profile("nope")
+
+
+def test_missing_profile_file():
+    with pytest.raises(ConfigError, match="profile file not found: ./nope.toml"):
+        C.load_profile("./nope.toml")
+
+
+def test_extends_cycle_is_an_error(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(f'extends = "{b}"\n')
+    b.write_text(f'extends = "{a}"\n')
+    with pytest.raises(ConfigError, match="cycle"):
+        C.load_profile(str(a))
+
+
+def test_pair_checks_window_and_accumulation():
+    e, p = C.load_experiment("tiny"), C.load_profile("bf16")
+    p.attention.window = e.model.seq_len
+    with pytest.raises(ConfigError, match=r"attention.window \(64\) must be smaller than model.seq_len \(64\)"):
+        C.validate_pair(e, p)
+    p.attention.window, p.accumulation.steps = 0, 3
+    with pytest.raises(ConfigError, match=r"train.batch_size \(8\) must be divisible by accumulation.steps \(3\)"):
+        C.validate_pair(e, p)
+
+
+def test_round_trip_through_dict():
+    p = C.load_profile("gradcp_bf16")
+    assert C.profile_from_dict(C.to_dict(p)) == p
+    e = C.load_experiment("gpt2s")
+    assert C.experiment_from_dict(C.to_dict(e)) == e
+
+
+def test_describe_changes():
+    assert C.describe_changes(C.load_profile("gradcp_bf16")) == "precision.dtype=bf16 checkpointing.mode=full"
