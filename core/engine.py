@@ -321,6 +321,8 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
     )
     val = data_mod.val_batches(tokens.val, micro_batch=micro, seq_len=e.model.seq_len)
     meter = PhaseMeter(device, enabled=meters)
+    # Activation offload: tensors saved for backward go to pinned host memory and come back when needed.
+    offload = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)) if p.checkpointing.offload else contextlib.nullcontext
     bad_in_a_row = 0
     train_model.train()
     setup_s = time.perf_counter() - run.t0
@@ -373,7 +375,7 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             run.info["phase"] = "forward"
             meter.begin("fwd")
-            with autocast():
+            with autocast(), offload():
                 loss = train_model(x, y) / k
             meter.end("fwd")
             run.info["phase"] = "backward"

@@ -37,7 +37,7 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
         chosen = blocks[:: cfg.every]
         for block in chosen:
             _wrap(block)
-        return f"every_{cfg.every} ({len(chosen)}/{len(blocks)} blocks)"
+        return f"every_n:{cfg.every} ({len(chosen)}/{len(blocks)} blocks)"
     if cfg.mode == "selective":
         for block in blocks:
             _wrap(block.attn if cfg.target == "attention" else block.mlp)

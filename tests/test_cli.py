@@ -1,0 +1,120 @@
+"""The `memlab` command as a user runs it: real subprocesses, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--experiment", "tiny", "--device", "cpu", "--set", "train.steps=4", "--set", "train.measure_after=1"]
+
+
+def memlab(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "memlab", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_run_streams_json_events_on_stdout(tmp_path):
+    r = memlab("run", "--profile", "baseline", *TINY, "--runs-dir", str(tmp_path), "--events", "-")
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [e["event"] for e in events][0] == "started" and events[-1]["event"] == "finished"
+    assert sum(e["event"] == "step" for e in events) == 4
+    run_dir = events[0]["run_dir"]
+    assert os.path.isdir(run_dir) and run_dir.startswith(str(tmp_path))
+
+
+def test_run_prints_progress_and_summary(tmp_path):
+    r = memlab("run", "--profile", "gradcp", *TINY, "--runs-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "step 4/4" in r.stderr  # plain progress lines when not on a terminal
+    for text in ("peak memory", "host RSS", "step time", "tokens/s", "val loss", "ppl", str(tmp_path)):
+        assert text in r.stdout, text
+
+
+def test_profile_from_a_file_that_extends_a_builtin(tmp_path):
+    f = tmp_path / "my_profile.toml"
+    f.write_text('description = "mine"\nextends = "gradcp"\n[checkpointing]\nmode = "every_n"\n')
+    r = memlab("run", "--profile", str(f), *TINY, "--runs-dir", str(tmp_path / "runs"), "--events", "-")
+    assert r.returncode == 0, r.stderr
+    started = json.loads(r.stdout.splitlines()[0])
+    assert started["profile"]["name"] == "my_profile" and started["profile"]["checkpointing"]["mode"] == "every_n"
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["run", "--profile", "nope"], "unknown profile 'nope'; built-in profiles: baseline"),
+        (["run", "--profile", "bf16", "--set", "train.batchsize=3"], "unknown key train.batchsize; valid keys in [train]: batch_size"),
+        (["run", "--profile", "bf16", "--set", "train.batch_size=many"], "train.batch_size must be an integer, got 'many'"),
+        (["run", "--profile", "bf16", "--set", "train.batch_size=0"], "train.batch_size must be at least 1"),
+        (["run", "--profile", "bf16", "--device", "tpu"], "--device 'tpu' is not valid; choose one of: auto, cuda, cpu"),
+        (["run", "--profile", "bf16", "--device", "cuda"], "no CUDA GPU is visible"),
+        (["run", "--profile", "tf32", "--device", "cpu"], "tf32 needs CUDA"),
+        (["run", "--profile", "bf16", "--experiment", "huge"], "unknown experiment 'huge'; built-in experiments: gpt2s"),
+        (["run", "--profile", "bf16", "--bogus"], "No such option: --bogus"),
+        (["run"], "Missing option '--profile'"),
+        (["run", "--profile", "bf16", "--batch-size", "lots"], "--batch-size 'lots': expected a positive integer or 'max'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_no_traceback(args, expect, tmp_path, capsys):
+    """In process through the same entry point as the console script (fast); one real subprocess check below."""
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--runs-dir", str(tmp_path)] if args != ["run"] else args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memlab: error: "), err
+    assert expect in lines[0]
+    assert not any(tmp_path.iterdir())  # no half-made run folder
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+    r = memlab("run", "--profile", "bf16", "--set", "precision.dtype=fp8", "--runs-dir", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+    assert "choose one of: fp32, tf32, bf16, fp16" in r.stderr
+
+
+def test_malformed_toml_is_one_line(tmp_path, capsys):
+    from memlab.cli import main
+
+    f = tmp_path / "broken.toml"
+    f.write_text("[precision\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--profile", str(f), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "not valid TOML" in err and str(f) in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback():
+    r = memlab("run", "--profile", "nope", "--debug")
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_profiles_lists_every_builtin_with_what_it_changes():
+    from memlab.core.config import builtin_names
+
+    r = memlab("profiles")
+    assert r.returncode == 0
+    for name in builtin_names("profile"):
+        assert name in r.stdout
+    assert "checkpointing.mode=full" in r.stdout
+
+
+def test_env_reports_what_it_sees():
+    r = memlab("env", "--json")
+    info = json.loads(r.stdout)
+    assert info["torch"] and info["cuda_available"] is False and info["nvml"] is False
+
+
+def test_console_script_is_installed():
+    import shutil
+
+    exe = shutil.which("memlab")
+    assert exe, "the memlab console script is not on PATH (pip install -e . installs it)"
+    assert subprocess.run([exe, "--help"], capture_output=True, text=True).returncode == 0
