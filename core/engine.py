@@ -114,7 +114,8 @@ class _Run:
         self.info: dict[str, Any] = {}
         self.steps_done = 0
         self.tokens = 0
-        self.first_step_s: float | None = None
+        self.first_step_s: float | None = None  # from process start when the caller knows it (memlab run), else from train()
+        self.first_step_engine_s: float | None = None  # from train()
         self.val_loss: float | None = None
         self.last_loss: float | None = None
         self.skipped = 0
@@ -138,8 +139,9 @@ class _Run:
         stats = torch.cuda.memory_stats(self.device) if cuda else {}
         fpt = info.get("flops_per_token")
         compile_s = None
-        if p.compile.enabled and self.first_step_s is not None and step_ms:
-            compile_s = max(0.0, self.first_step_s - statistics.median(step_ms) / 1000.0 - info.get("setup_s", 0.0))
+        if p.compile.enabled and self.first_step_engine_s is not None and step_ms:
+            # the first step's time beyond a normal step, setup (data, model) excluded: what compiling cost
+            compile_s = max(0.0, self.first_step_engine_s - info.get("setup_s", 0.0) - statistics.median(step_ms) / 1000.0)
         return {
             "run_id": info.get("run_id"),
             "profile": p.name,
@@ -175,9 +177,9 @@ class _Run:
             "max_batch": info.get("max_batch"),
             "step_ms_median": _median(step_ms),
             "step_ms_p90": _p90(step_ms),
-            "fwd_ms_median": _median([r.fwd_ms for r in measured]),
-            "bwd_ms_median": _median([r.bwd_ms for r in measured]),
-            "opt_ms_median": _median([r.opt_ms for r in measured]),
+            "fwd_ms_median": _median([r.fwd_ms for r in measured if r.fwd_ms is not None]),
+            "bwd_ms_median": _median([r.bwd_ms for r in measured if r.bwd_ms is not None]),
+            "opt_ms_median": _median([r.opt_ms for r in measured if r.opt_ms is not None]),
             "tokens_per_s": tps,
             "flops_per_token": fpt,
             "mfu": mfu(tps, fpt, info.get("gpu_name"), p.precision.dtype, info.get("world_size", 1)) if cuda and fpt else None,
@@ -406,7 +408,9 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
         if step == 0:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            run.first_step_s = time.perf_counter() - run.t0
+            run.first_step_engine_s = time.perf_counter() - run.t0
+            start = run.info.get("process_start")
+            run.first_step_s = time.time() - start if start else run.first_step_engine_s
         if done is not None:
             publish(done)
         if e.train.eval_every and (step + 1) % e.train.eval_every == 0 and step + 1 < total_steps:

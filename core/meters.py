@@ -37,9 +37,9 @@ class StepRecord:
     """What one optimizer step measured. Times in ms; memory in bytes (None where it does not apply)."""
 
     step: int
-    fwd_ms: float = 0.0
-    bwd_ms: float = 0.0
-    opt_ms: float = 0.0
+    fwd_ms: float | None = 0.0  # None when the meters are off
+    bwd_ms: float | None = 0.0
+    opt_ms: float | None = 0.0
     step_ms: float = 0.0
     peak: dict[str, int | None] = field(default_factory=lambda: {p: None for p in PHASES})
     peak_reserved: int | None = None
@@ -69,14 +69,18 @@ class PhaseMeter:
         self._marks = [("start", self._mark())]
 
     def begin(self, phase: str) -> None:
-        if self.enabled and self.cuda:
+        if not self.enabled:  # meters off: only the step's own start and end are timed
+            return
+        if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         self._marks.append((f"{phase}<", self._mark()))
 
     def end(self, phase: str) -> None:
+        if not self.enabled:
+            return
         self._marks.append((f"{phase}>", self._mark()))
         rec = self._record
-        if self.enabled and self.cuda and rec is not None:
+        if self.cuda and rec is not None:
             peak = torch.cuda.max_memory_allocated()
             rec.peak[phase] = max(rec.peak[phase] or 0, peak)
             rec.peak_reserved = max(rec.peak_reserved or 0, torch.cuda.max_memory_reserved())
@@ -111,7 +115,10 @@ class PhaseMeter:
                 opened[phase] = mark
             else:
                 totals[phase] += self._elapsed(opened.pop(phase), mark)
-        rec.fwd_ms, rec.bwd_ms, rec.opt_ms = totals["fwd"], totals["bwd"], totals["opt"]
+        if self.enabled:
+            rec.fwd_ms, rec.bwd_ms, rec.opt_ms = totals["fwd"], totals["bwd"], totals["opt"]
+        else:
+            rec.fwd_ms = rec.bwd_ms = rec.opt_ms = None
         rec.step_ms = self._elapsed(marks[0][1], marks[-1][1])
         return rec
 

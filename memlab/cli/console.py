@@ -52,7 +52,8 @@ class ConsoleSink:
                 f" ({ev['micro_batch']} x {ev['grad_accum']}) · {self.total} steps"
             )
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
-            self.console.print(f"  run folder: {ev.get('run_dir', '')}" if ev.get("run_dir") else "", end="")
+            if ev.get("run_dir"):
+                self.console.print(f"  run folder: {ev['run_dir']}")
         elif kind == "step":
             line = self._line(ev)
             if self.interactive:

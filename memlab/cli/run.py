@@ -64,12 +64,22 @@ def run(
         if events:
             sinks.append(JsonLinesSink(path=events))
         sinks.append(ConsoleSink())
-    summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch})
+    summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
     if events != "-":
         print_summary(summary, run_dir)
     for sink in sinks:
         sink.close()
     raise typer.Exit(EXIT_BY_STATUS.get(summary["status"], 1))
+
+
+def _process_start() -> float | None:
+    """When this process started (so time to first step includes imports, as a user waits for them)."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def register(app: typer.Typer) -> None:

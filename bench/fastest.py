@@ -1,0 +1,213 @@
+"""Issue 8 on one GPU: memlab's `fastest` profile against a hand-written plain-PyTorch loop, and the meters' cost.
+
+Everything runs in one process on one GPU, on the GPU default experiment's model and data (gpt2s), in rounds
+A B A B so that clock and thermal drift hit both sides alike:
+  ref_eager    plain loop, bf16 autocast + SDPA, fused AdamW, batch 16
+  ref_compiled the same loop under torch.compile (the brief's "careful engineer" reference)
+  memlab       memlab's engine, `fastest` profile (at --memlab-batch, default 16)
+  meters_on / meters_off  memlab `bf16` with all meters vs meters off: step time within 2% is the target
+Then, in a child process, time to first step of `memlab run --profile bf16` (token cache warm, no compile).
+Writes <out>/fastest.parquet and <out>/fastest.txt; prints the table last.
+
+    python3 bench/fastest.py --out $OUT --steps 40 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ------------------------------------------------------------------------------------------- the reference
+class RefBlock(nn.Module):
+    """nanoGPT's block, written out independently of memlab's model."""
+
+    def __init__(self, C: int, nh: int):
+        super().__init__()
+        self.nh = nh
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc, self.out = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.nh, C // self.nh).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class RefGPT(nn.Module):
+    def __init__(self, V: int, T: int, C: int, L: int, nh: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.blocks = nn.ModuleList(RefBlock(C, nh) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+        self.head = nn.Linear(C, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: bool) -> dict:
+    m = exp.model
+    torch.manual_seed(0)
+    model = RefGPT(vocab, m.seq_len, m.d_model, m.n_layer, m.n_head).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    fwd = torch.compile(model) if compiled else model
+    T = m.seq_len
+    n = (len(tokens) - 1) // T
+    g = torch.Generator().manual_seed(0)
+    data = torch.from_numpy(tokens[: n * T + 1].astype("int64"))
+
+    def batch_at():
+        idx = torch.randint(0, n, (batch,), generator=g) * T
+        x = torch.stack([data[i : i + T] for i in idx]).pin_memory()
+        y = torch.stack([data[i + 1 : i + 1 + T] for i in idx]).pin_memory()
+        return x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+
+    def step():
+        x, y = batch_at()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    for _ in range(4):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    ms = statistics.median(a.elapsed_time(b) for a, b in times)
+    params = sum(p.numel() for p in model.parameters())
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "first_step_s": first, "params": params, "batch": batch}
+
+
+def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters: bool = True) -> dict:
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.engine import train
+    from memlab.core.events import ListSink
+
+    exp, prof = load_experiment(exp_name), load_profile(profile_name)
+    exp.train.steps, exp.train.measure_after, exp.train.batch_size = steps + 5, 5, batch
+    s = train(exp, prof, ListSink(), device="cuda", meters=meters)
+    torch.cuda.empty_cache()
+    if s["status"] != "finished":
+        return {"status": s["status"], "batch": batch}
+    return {k: s[k] for k in ("step_ms_median", "tokens_per_s", "mfu", "params", "attention_kernel", "peak_alloc_bytes", "time_to_first_step_s", "compile_s")} | {"batch": batch, "status": "finished"}
+
+
+def time_to_first_step(runs_dir: Path) -> dict:
+    """`memlab run` in a fresh process, token cache warm, no compile: seconds from process start to first step."""
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "memlab", "run", "--profile", "bf16", "--experiment", "gpt2s", "--steps", "3",
+                        "--runs-dir", str(runs_dir), "--events", "-"], capture_output=True, text=True)
+    wall = time.time() - t0
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    first_step = next((e["t"] for e in events if e["event"] == "step" and e["step"] == 0), None)
+    summary = next((e["summary"] for e in events if e["event"] == "finished"), {})
+    return {"time_to_first_step_s": summary.get("time_to_first_step_s"), "process_to_first_step_event_s": (first_step - t0) if first_step else None, "wall_s": wall, "rc": r.returncode}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--experiment", default="gpt2s")
+    ap.add_argument("--profile", default="fastest")
+    ap.add_argument("--memlab-batch", type=int, default=16)
+    ap.add_argument("--skip", default="", help="comma list of: ref_eager, ref_compiled, memlab, meters, ttfs")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch._dynamo.config.cache_size_limit = 64
+
+    from memlab.core.config import load_experiment
+    from memlab.core.data import load_tokens
+    from memlab.core.engine import padded_vocab
+    from memlab.core.environment import environment
+
+    exp = load_experiment(args.experiment)
+    tok = load_tokens(exp.data)
+    vocab = padded_vocab(tok.vocab_size, exp.model.vocab_size)
+    rows = []
+
+    def record(name: str, rnd: int, res: dict) -> None:
+        rows.append({"case": name, "round": rnd, **res})
+        print(f"{name:14s} round {rnd}: {json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()})}", flush=True)
+
+    for rnd in range(args.rounds):
+        if "ref_eager" not in skip:
+            record("ref_eager", rnd, reference_run(tok.train, exp, vocab, 16, args.steps, compiled=False))
+        if "ref_compiled" not in skip:
+            record("ref_compiled", rnd, reference_run(tok.train, exp, vocab, 16, args.steps, compiled=True))
+        if "memlab" not in skip:
+            record("memlab_" + args.profile, rnd, memlab_run(args.experiment, args.profile, args.steps, args.memlab_batch))
+        if "meters" not in skip:
+            record("meters_on", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=True))
+            record("meters_off", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=False))
+    if "ttfs" not in skip:
+        record("ttfs_bf16", 0, time_to_first_step(Path("/tmp/memlab-ttfs-runs")))
+
+    def med(case: str, key: str = "tokens_per_s") -> float | None:
+        vals = [r[key] for r in rows if r["case"] == case and r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    env = environment(torch.device("cuda"))
+    lines = [f"GPU {env['gpu_name']} · driver {env.get('driver')} · torch {env['torch']} · CUDA {env['cuda']} · experiment {args.experiment}"]
+    ref_c, ours = med("ref_compiled"), med("memlab_" + args.profile)
+    if ref_c and ours:
+        lines.append(f"memlab {args.profile} (batch {args.memlab_batch}) / compiled reference (batch 16): {ours / ref_c:.3f}x  ({ours:,.0f} vs {ref_c:,.0f} tokens/s; target >= 1.15x)")
+    if med("ref_eager"):
+        lines.append(f"reference eager bf16+SDPA batch 16: {med('ref_eager'):,.0f} tokens/s")
+    on, off = med("meters_on", "step_ms_median"), med("meters_off", "step_ms_median")
+    if on and off:
+        lines.append(f"meters on vs off (bf16, batch 16): {on:.2f} ms vs {off:.2f} ms per step: {100 * (on / off - 1):+.2f}% (target within 2%)")
+    tt = [r for r in rows if r["case"] == "ttfs_bf16"]
+    if tt:
+        lines.append(f"time to first step, bf16, no compile, cache warm: {tt[0]['time_to_first_step_s']} s in the engine; {tt[0]['process_to_first_step_event_s']} s from process launch (target < 15 s)")
+    text = "\n".join(lines)
+    print(text)
+    (out / "fastest.txt").write_text(text + "\n" + "command: python3 bench/fastest.py " + " ".join(sys.argv[1:]) + "\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys = sorted({k for r in rows for k in r})
+    table = pa.table({k: [None if (isinstance(r.get(k), float) and math.isnan(r[k])) else r.get(k) for r in rows] for k in keys})
+    pq.write_table(table, out / "fastest.parquet")
+
+
+if __name__ == "__main__":
+    main()
