@@ -239,7 +239,10 @@ def _is_oom(e: BaseException) -> bool:
 def _fail(run: _Run, sink: Sink, reason: str, message: str) -> None:
     summary = run.summary(reason)
     run.info["summary"] = summary
-    sink.emit(make_event("failed", reason=reason, message=message, step=run.steps_done, summary=summary))
+    try:
+        sink.emit(make_event("failed", reason=reason, message=message, step=run.steps_done, summary=summary))
+    except Exception:  # noqa: BLE001 (e.g. the disk is full: the failure is already the run's outcome)
+        pass
 
 
 def _train(run: _Run, sink: Sink, meters: bool) -> None:

@@ -82,10 +82,12 @@ def frame(rows: list[dict], schema_: dict[str, pl.DataType]) -> pl.DataFrame:
 class RunStore:
     """Sink that persists one run. `flush_every_s` bounds what a hard kill (SIGKILL) can lose from steps.parquet."""
 
-    def __init__(self, path: Path, run_id: str, flush_every_s: float = 5.0):
+    FLUSH_EVERY_S = 5.0
+
+    def __init__(self, path: Path, run_id: str, flush_every_s: float | None = None):
         self.path = Path(path)
         self.run_id = run_id
-        self.flush_every_s = flush_every_s
+        self.flush_every_s = self.FLUSH_EVERY_S if flush_every_s is None else flush_every_s
         self._events = JsonLinesSink(path=str(self.path / schema.EVENTS))
         self._steps: list[dict] = []
         self._gpu: list[dict] = []
@@ -126,18 +128,31 @@ class RunStore:
         self._last_flush = time.monotonic()
 
     def finalize(self, event: dict[str, Any]) -> None:
-        self.flush()
+        """Write the outcome. Never raises: on a full or failing disk each file is tried on its own, the
+        earlier complete steps.parquet stays as it was (writes are atomic), and run.json says what failed."""
         summary = dict(event.get("summary") or {})
         status = "finished" if event["event"] == "finished" else event.get("reason", "error")
         summary.update(schema_version=schema.SCHEMA_VERSION, run_id=self.run_id, status=status)
-        atomic_write_parquet(self.path / schema.SUMMARY, frame([summary], schema.SUMMARY_SCHEMA))
-        self.write_run_json(
-            status=status,
-            reason=event.get("reason"),
-            message=event.get("message"),
-            ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            attention_kernel=summary.get("attention_kernel", self.run_json.get("attention_kernel")),
-        )
+        problems = []
+        for what, write in (
+            ("steps", self.flush),
+            ("summary", lambda: atomic_write_parquet(self.path / schema.SUMMARY, frame([summary], schema.SUMMARY_SCHEMA))),
+        ):
+            try:
+                write()
+            except OSError as e:
+                problems.append(f"{what} not written ({e.strerror or e})")
+        message = "; ".join(filter(None, [event.get("message"), *problems]))
+        try:
+            self.write_run_json(
+                status=status,
+                reason=event.get("reason"),
+                message=message or None,
+                ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                attention_kernel=summary.get("attention_kernel", self.run_json.get("attention_kernel")),
+            )
+        except OSError:
+            pass  # nothing more can be written here; the supervisor marks a silent child as crashed
 
     def close(self) -> None:
         self._events.close()

@@ -1,0 +1,241 @@
+"""`memlab table` and `memlab plot`: compare run folders side by side, as a table or as charts.
+
+The frame comes from memlab.core.compare (shared with the TUI); this module only renders it: rich on a terminal,
+markdown / csv / json / parquet for files. Diagnostics (skipped folders, where files went) go to stderr, so that
+`memlab table runs/ --format markdown > results.md` writes only the table.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    import polars as pl
+    from rich.console import Console
+
+
+class Format(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+PathsArg = Annotated[Optional[list[Path]], typer.Argument(help="Run folders, or folders of runs (default: runs).", show_default=False)]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every run, not only the latest of each profile per experiment.")]
+BaselineOpt = Annotated[Optional[str], typer.Option("--baseline", "-b", help="Profile the relative columns compare against (default: 'baseline' if present, else the first run).")]
+SortOpt = Annotated[Optional[str], typer.Option("--sort", help="Sort rows within each experiment by this column (name or header, e.g. step_ms_median or 'peak GiB'); '-' in front for descending.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="A run folder that cannot be read is an error (exit 2) instead of a skipped line.")]
+ExperimentOpt = Annotated[Optional[str], typer.Option("--experiment", "-e", help="Only this experiment (name or id).")]
+
+STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "yellow", "running": "yellow"}
+
+
+def build(paths: list[Path] | None, all_: bool, baseline: str | None, sort: str | None, strict: bool, experiment: str | None, err: Console):
+    """Read, filter and compare: the comparison frame and the paths it came from. Reports skipped folders on `err`."""
+    from memlab.core import compare
+    from memlab.core.errors import MemlabError
+
+    paths = list(paths or [Path("runs")])
+    if not compare.find_run_dirs(paths):
+        raise MemlabError(f"no runs under {', '.join(map(str, paths))} (start one with: memlab run --profile baseline)")
+    result, skipped = compare.load(paths, baseline=baseline, latest_only=not all_, experiment=experiment, sort=sort, strict=strict)
+    # Reported once the options are known to be good, so that a user error stays a one-line message.
+    for folder, reason in skipped:
+        err.print(f"[yellow]skipped[/] {folder}: {reason}", highlight=False, soft_wrap=True)
+    return result, paths
+
+
+def table(
+    paths: PathsArg = None,
+    all_: AllOpt = False,
+    baseline: BaselineOpt = None,
+    format_: Annotated[Format, typer.Option("--format", "-f", help="table (rich, for a terminal) | markdown | csv | json | parquet (to stdout).")] = Format.table,
+    sort: SortOpt = None,
+    strict: StrictOpt = False,
+    experiment: ExperimentOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write comparison.parquet (default: in the first folder given).")] = None,
+) -> None:
+    """Compare runs side by side: memory by phase, speed, quality, and each figure against a baseline."""
+    from rich.console import Console
+
+    from memlab.core import compare
+    from memlab.core.errors import MemlabError
+
+    err = Console(stderr=True, highlight=False)
+    result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
+    if result.height == 0:
+        err.print("no readable runs")
+        return
+
+    target = out if out is not None else paths[0] / "comparison.parquet"
+    try:
+        written = compare.write_parquet(result, target)
+    except OSError as e:
+        if out is not None:
+            raise MemlabError(f"cannot write {target}: {e.strerror or e}") from None
+        err.print(f"[yellow]warning[/] could not write {target}: {e.strerror or e}")
+        written = None
+
+    if format_ is Format.table:
+        console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=240)
+        render_rich(result, console)
+    elif format_ is Format.markdown:
+        sys.stdout.write(render_markdown(result))
+    elif format_ is Format.csv:
+        sys.stdout.write(machine_frame(result).write_csv())
+    elif format_ is Format.json:
+        sys.stdout.write(machine_frame(result).write_json() + "\n")
+    elif format_ is Format.parquet:
+        if sys.stdout.isatty():
+            raise MemlabError("--format parquet writes binary to stdout: redirect it (> results.parquet) or use --out")
+        import io
+
+        buf = io.BytesIO()
+        machine_frame(result).write_parquet(buf)
+        sys.stdout.buffer.write(buf.getvalue())
+        sys.stdout.flush()
+    if written is not None and format_ is Format.table:
+        err.print(f"[dim]comparison frame: {written}[/]")
+
+
+def plot(
+    paths: PathsArg = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="PNG to write (default: compare.png in the first folder given).")] = None,
+    all_: AllOpt = False,
+    baseline: BaselineOpt = None,
+    sort: SortOpt = None,
+    strict: StrictOpt = False,
+    experiment: ExperimentOpt = None,
+) -> None:
+    """Draw the comparison as bar charts (PNG): peak memory by phase, step time, tokens/s, val ppl, max batch."""
+    from rich.console import Console
+
+    from memlab.core.errors import MemlabError
+    from memlab.core.plot import plot_comparison
+
+    err = Console(stderr=True, highlight=False)
+    result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
+    if result.height == 0:
+        err.print("no readable runs: nothing to plot")
+        return
+    target = out if out is not None else paths[0] / "compare.png"
+    if target.suffix.lower() != ".png":
+        raise MemlabError(f"{target}: plot writes PNG; give a file name ending in .png")
+    try:
+        written = plot_comparison(result, target)
+    except OSError as e:
+        raise MemlabError(f"cannot write {target}: {e.strerror or e}") from None
+    n = result["group_index"].n_unique()
+    typer.echo(f"{written}  ({n} experiment{'s' if n != 1 else ''}, {result.height} run{'s' if result.height != 1 else ''})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("table")(table)
+    app.command("plot")(plot)
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+
+def visible_columns(g: pl.DataFrame):
+    """DISPLAY_COLUMNS minus measured figures that are null on every row of `g` (e.g. NVML and MFU on CPU)."""
+    from memlab.core.compare import DISPLAY_COLUMNS
+
+    shown, hidden = [], []
+    for c in DISPLAY_COLUMNS:
+        if c.figure and g[c.name].null_count() == g.height:
+            hidden.append(c)
+        else:
+            shown.append(c)
+    return shown, hidden
+
+
+def _notes(g: pl.DataFrame, hidden) -> list[str]:
+    notes = []
+    base = g["baseline"][0]
+    if base is None:
+        notes.append("no baseline in this experiment: relative columns blank")
+    if not (g["status"] == "finished").any():
+        notes.append("no finished runs in this experiment")
+    elif hidden:
+        notes.append("not measured on these runs: " + ", ".join(c.header for c in hidden))
+    if g["peak_alloc_bytes"].null_count() == g.height and g["peak_host_rss_bytes"].null_count() < g.height:
+        notes.append("memory here is the host process's peak RSS (no device memory on CPU); mem saved compares it")
+    for r in g.filter(g["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
+        if r["reason"]:
+            notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:160]}")
+    return notes
+
+
+def render_rich(result: pl.DataFrame, console: Console) -> None:
+    from rich.table import Table
+
+    from memlab.core.compare import format_value, groups
+
+    n_groups = result["group_index"].n_unique()
+    if n_groups > 1:
+        console.print(f"[bold]{n_groups} experiments[/]: runs of different experiments or hardware are never compared; one table each.")
+    for label, g in groups(result):
+        shown, hidden = visible_columns(g)
+        base = g["baseline"][0]
+        console.print(f"[bold]{label}[/]  ·  baseline: {base or '—'}  ·  {g.height} run{'s' if g.height != 1 else ''}", soft_wrap=True)
+        t = Table(header_style="bold")
+        for c in shown:
+            t.add_column(c.header, justify="left" if c.kind == "text" else "right", overflow="fold")
+        for r in g.iter_rows(named=True):
+            cells = []
+            for c in shown:
+                text = format_value(r[c.name], c.kind)
+                if c.name == "status":
+                    text = f"[{STATUS_STYLE.get(text, 'red')}]{text}[/]"
+                elif c.name == "profile" and r["is_baseline"]:
+                    text = f"[bold]{text}[/] (base)"
+                cells.append(text)
+            t.add_row(*cells)
+        console.print(t)
+        for note in _notes(g, hidden):
+            console.print(f"  [dim]{note}[/]", soft_wrap=True)
+        console.print()
+
+
+def render_markdown(result: pl.DataFrame) -> str:
+    from memlab.core.compare import format_value, groups
+
+    out = []
+    n_groups = result["group_index"].n_unique()
+    if n_groups > 1:
+        out.append(f"_{n_groups} experiments: runs of different experiments or hardware are never compared; one table each._\n")
+    for label, g in groups(result):
+        shown, hidden = visible_columns(g)
+        base = g["baseline"][0]
+        out.append(f"### {_md(label)}\n")
+        out.append(f"Baseline: `{base}` · {g.height} run{'s' if g.height != 1 else ''}\n" if base else f"{g.height} runs\n")
+        out.append("| " + " | ".join(_md(c.header) for c in shown) + " |")
+        out.append("|" + "|".join(":---" if c.kind == "text" else "---:" for c in shown) + "|")
+        for r in g.iter_rows(named=True):
+            cells = [_md(format_value(r[c.name], c.kind)) for c in shown]
+            if r["is_baseline"]:
+                cells[0] = f"**{cells[0]}**"
+            out.append("| " + " | ".join(cells) + " |")
+        notes = _notes(g, hidden)
+        if notes:
+            out.append("")
+            out.extend(f"- {_md(n)}" for n in notes)
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def machine_frame(result: pl.DataFrame) -> pl.DataFrame:
+    """The frame for csv / json / parquet: every column, raw units (bytes, ms, fractions) as the names say."""
+    return result.drop("group_index")

@@ -1,0 +1,481 @@
+"""core.compare: reading run folders (good, incomplete, corrupt), grouping, baselines and relative columns.
+
+The run folders here are written by `write_run` with the run store's own schema (core.schema); the tests that use
+real runs from the engine are in test_cli_table.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from memlab.core import compare, schema
+from memlab.core.errors import MemlabError
+
+GIB = 1024**3
+EXP_ID = "aaaa1111bbbb"
+
+_counter = iter(range(1_000_000))
+
+
+def write_run(
+    root: Path,
+    profile: str,
+    *,
+    status: str = "finished",
+    experiment: str = "tiny",
+    experiment_id: str = EXP_ID,
+    device: str = "cpu",
+    gpu_name: str | None = None,
+    started_at: str | None = None,
+    summary: bool = True,
+    reason: str | None = None,
+    **figures,
+) -> Path:
+    """A run folder as the engine writes it: run.json, and a one-row summary.parquet with SUMMARY_SCHEMA."""
+    n = next(_counter)
+    started_at = started_at or f"2026-01-01T00:{n // 60 % 60:02d}:{n % 60:02d}+00:00"
+    run_id = f"20260101-{n:06d}-{profile}-{n:04x}"
+    d = Path(root) / run_id
+    d.mkdir(parents=True)
+    info = {
+        "schema_version": schema.SCHEMA_VERSION,
+        "run_id": run_id,
+        "status": status,
+        "profile": {"name": profile},
+        "experiment": {"name": experiment, "train": {"batch_size": 8}, "model": {"seq_len": 64}},
+        "experiment_id": experiment_id,
+        "environment": {"device": device, "gpu_name": gpu_name},
+        "started_at": started_at,
+        "ended_at": None,
+        "reason": reason,
+    }
+    (d / schema.RUN_JSON).write_text(json.dumps(info))
+    if summary:
+        row = dict.fromkeys(schema.SUMMARY_SCHEMA)
+        row.update(
+            schema_version=schema.SCHEMA_VERSION, run_id=run_id, profile=profile, experiment=experiment,
+            experiment_id=experiment_id, status=status, device=device, gpu_name=gpu_name, batch_size=8, seq_len=64,
+            started_at=started_at, steps=6, tokens=6 * 8 * 64,
+            peak_alloc_fwd_bytes=1 * GIB, peak_alloc_bwd_bytes=2 * GIB, peak_alloc_opt_bytes=GIB + GIB // 2,
+            peak_alloc_bytes=2 * GIB, peak_reserved_bytes=3 * GIB, step_ms_median=100.0, step_ms_p90=120.0,
+            tokens_per_s=5120.0, total_s=12.5, val_loss=3.9, val_ppl=50.0,
+        )
+        row.update(figures)
+        pl.DataFrame([row], schema=schema.SUMMARY_SCHEMA).write_parquet(d / schema.SUMMARY)
+    return d
+
+
+def row(table: pl.DataFrame, profile: str) -> dict:
+    rows = table.filter(pl.col("profile") == profile).to_dicts()
+    assert len(rows) == 1, f"{profile}: {len(rows)} rows"
+    return rows[0]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(root, "baseline", peak_alloc_bytes=4 * GIB, step_ms_median=100.0, tokens_per_s=5120.0, val_ppl=50.0)
+    write_run(root, "gradcp", peak_alloc_bytes=1 * GIB, step_ms_median=125.0, tokens_per_s=4096.0, val_ppl=50.5)
+    write_run(root, "bf16", peak_alloc_bytes=3 * GIB, step_ms_median=50.0, tokens_per_s=10240.0, val_ppl=49.0, mfu=0.42)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def test_read_runs_one_row_per_folder_with_the_summary_values(runs):
+    frame, skipped = compare.read_runs([runs])
+    assert skipped == []
+    assert frame.height == 3
+    assert set(frame["profile"]) == {"baseline", "gradcp", "bf16"}
+    assert frame.schema == pl.Schema(compare.FRAME_SCHEMA)
+    for d in runs.iterdir():
+        want = pl.read_parquet(d / schema.SUMMARY).row(0, named=True)
+        got = frame.filter(pl.col("run_id") == want["run_id"]).row(0, named=True)
+        assert {k: got[k] for k in want} == want
+        assert got["path"] == str(d) and got["complete"] is True
+
+
+def test_read_runs_accepts_a_run_folder_and_nested_folders(tmp_path):
+    a = write_run(tmp_path / "runs", "baseline")
+    write_run(tmp_path / "runs" / "sweep-1", "gradcp")
+    frame, _ = compare.read_runs([tmp_path / "runs"])
+    assert sorted(frame["profile"]) == ["baseline", "gradcp"]
+    frame, _ = compare.read_runs(a)  # a single run folder
+    assert frame["profile"].to_list() == ["baseline"]
+
+
+def test_read_runs_missing_path_is_an_error(tmp_path):
+    with pytest.raises(MemlabError, match="no such folder"):
+        compare.read_runs([tmp_path / "nope"])
+
+
+def _corrupt(d: Path) -> None:
+    (d / schema.SUMMARY).write_bytes(b"not parquet at all")
+
+
+def _truncate(d: Path) -> None:
+    b = (d / schema.SUMMARY).read_bytes()
+    (d / schema.SUMMARY).write_bytes(b[: len(b) // 2])
+
+
+def _two_rows(d: Path) -> None:
+    df = pl.read_parquet(d / schema.SUMMARY)
+    pl.concat([df, df]).write_parquet(d / schema.SUMMARY)
+
+
+def _no_rows(d: Path) -> None:
+    pl.read_parquet(d / schema.SUMMARY).head(0).write_parquet(d / schema.SUMMARY)
+
+
+def _bad_json(d: Path) -> None:
+    (d / schema.RUN_JSON).write_text('{"schema_version": 1, "run_')
+
+
+def _no_json(d: Path) -> None:
+    (d / schema.RUN_JSON).unlink()
+
+
+def _json_list(d: Path) -> None:
+    (d / schema.RUN_JSON).write_text("[1, 2]")
+
+
+def _newer_json(d: Path) -> None:
+    info = json.loads((d / schema.RUN_JSON).read_text())
+    (d / schema.RUN_JSON).write_text(json.dumps(info | {"schema_version": schema.SCHEMA_VERSION + 1}))
+
+
+def _newer_summary(d: Path) -> None:
+    df = pl.read_parquet(d / schema.SUMMARY)
+    df.with_columns(pl.lit(schema.SCHEMA_VERSION + 1, dtype=pl.Int64).alias("schema_version")).write_parquet(d / schema.SUMMARY)
+
+
+BAD = {
+    "corrupt summary": (_corrupt, "summary.parquet is corrupt or partial"),
+    "truncated summary": (_truncate, "summary.parquet is corrupt or partial"),
+    "two-row summary": (_two_rows, "summary.parquet has 2 rows, expected 1"),
+    "empty summary": (_no_rows, "summary.parquet has 0 rows, expected 1"),
+    "partial run.json": (_bad_json, "run.json is not valid JSON"),
+    "missing run.json": (_no_json, "no run.json"),
+    "run.json not an object": (_json_list, "run.json is not a JSON object"),
+    "newer run.json": (_newer_json, "run.json has schema_version 2, newer than this memlab"),
+    "newer summary": (_newer_summary, "summary.parquet has schema_version 2, newer than this memlab"),
+}
+
+
+@pytest.mark.parametrize("damage, reason", BAD.values(), ids=BAD.keys())
+def test_a_bad_folder_is_skipped_with_its_reason_and_the_rest_still_read(runs, damage, reason):
+    bad = write_run(runs, "broken")
+    damage(bad)
+    frame, skipped = compare.read_runs([runs])
+    assert sorted(frame["profile"]) == ["baseline", "bf16", "gradcp"]
+    assert len(skipped) == 1
+    folder, why = skipped[0]
+    assert folder == str(bad)
+    assert why.startswith(reason), why
+    assert "\n" not in why
+
+    with pytest.raises(MemlabError) as e:
+        compare.read_runs([runs], strict=True)
+    assert str(bad) in str(e.value) and reason in str(e.value)
+
+
+def test_scan_falls_back_and_names_every_bad_file_among_many(tmp_path):
+    root = tmp_path / "runs"
+    dirs = [write_run(root, f"p{i}", step_ms_median=float(i + 1)) for i in range(40)]
+    for i in (3, 17, 31):
+        _corrupt(dirs[i])
+    frame, skipped = compare.read_runs([root])
+    assert frame.height == 37
+    assert [s[0] for s in skipped] == [str(dirs[i]) for i in (3, 17, 31)]
+    # Every good row still carries its own figures after the fallback.
+    for d in dirs:
+        got = frame.filter(pl.col("path") == str(d))
+        if d in (dirs[3], dirs[17], dirs[31]):
+            assert got.height == 0
+        else:
+            i = int(got["profile"][0][1:])
+            assert got["step_ms_median"][0] == float(i + 1)
+
+
+def test_summaries_of_an_older_schema_are_read(runs):
+    # Missing columns, an extra one, and an integer where the schema says float: all read, nulls where missing.
+    d = write_run(runs, "older")
+    df = pl.read_parquet(d / schema.SUMMARY)
+    df.drop("mfu", "val_ppl").with_columns(pl.col("step_ms_median").cast(pl.Int64), pl.lit(1).alias("extra")).write_parquet(d / schema.SUMMARY)
+    frame, skipped = compare.read_runs([runs])
+    assert skipped == []
+    r = row(frame, "older")
+    assert r["step_ms_median"] == 100.0 and r["val_ppl"] is None and r["mfu"] is None
+
+
+def test_folder_without_summary_is_an_incomplete_row(runs):
+    write_run(runs, "killed", status="running", summary=False)
+    write_run(runs, "crashed_one", status="crashed", summary=False, reason="child exited with signal 9")
+    frame, skipped = compare.read_runs([runs])
+    assert skipped == []
+    killed, crashed = row(frame, "killed"), row(frame, "crashed_one")
+    assert killed["status"] == "incomplete" and killed["complete"] is False
+    assert killed["experiment_id"] == EXP_ID and killed["batch_size"] == 8
+    assert crashed["status"] == "crashed" and crashed["reason"] == "child exited with signal 9"
+    table = compare.comparison(frame)
+    assert row(table, "killed")["step_ms_median"] is None
+    assert row(table, "killed")["mem_saved_pct"] is None
+
+
+def test_folder_without_summary_or_profile_is_skipped(runs):
+    d = write_run(runs, "x", status="running", summary=False)
+    (d / schema.RUN_JSON).write_text(json.dumps({"schema_version": 1, "status": "running", "experiment": {"train": {"batch_size": "x"}}}))
+    frame, skipped = compare.read_runs([runs])
+    assert frame.height == 3
+    assert skipped == [(str(d), "no summary.parquet, and run.json names no profile")]
+
+
+def test_folder_without_summary_whose_process_lives_is_running(runs):
+    import os
+
+    d = write_run(runs, "live", status="running", summary=False)
+    info = json.loads((d / schema.RUN_JSON).read_text())
+    (d / schema.RUN_JSON).write_text(json.dumps(info | {"pid": os.getpid()}))
+    r = row(compare.read_runs([runs])[0], "live")
+    assert r["status"] == "running" and r["reason"] == "no summary.parquet yet"
+
+
+def test_folders_that_are_not_runs_are_ignored(runs):
+    (runs / "notes").mkdir()
+    (runs / "notes" / "readme.txt").write_text("hello")
+    (runs / "comparison.parquet").write_bytes(b"x")
+    frame, skipped = compare.read_runs([runs])
+    assert frame.height == 3 and skipped == []
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+
+
+def test_relative_columns_against_the_default_baseline(runs):
+    table = compare.comparison(compare.read_runs([runs])[0])
+    assert table.height == 3
+    assert set(table["baseline"]) == {"baseline"}
+    assert row(table, "baseline")["is_baseline"] is True
+    g = row(table, "gradcp")
+    assert g["mem_saved_pct"] == pytest.approx(75.0)  # 100 (1 - 1/4)
+    assert g["speedup_x"] == pytest.approx(0.8)  # 100 ms / 125 ms
+    assert g["ppl_change_pct"] == pytest.approx(1.0)  # 100 (50.5 / 50 - 1)
+    b = row(table, "bf16")
+    assert b["mem_saved_pct"] == pytest.approx(25.0)
+    assert b["speedup_x"] == pytest.approx(2.0)
+    assert b["ppl_change_pct"] == pytest.approx(-2.0)
+    base = row(table, "baseline")
+    assert (base["mem_saved_pct"], base["speedup_x"], base["ppl_change_pct"]) == (0.0, 1.0, 0.0)
+
+
+def test_the_baseline_against_itself_is_exact(tmp_path):
+    write_run(tmp_path, "baseline", val_ppl=56.54581138127561, step_ms_median=149.93325, peak_alloc_bytes=7 * GIB + 3)
+    write_run(tmp_path, "oom_base", status="oom")
+    for baseline in ("baseline", "oom_base"):
+        base = compare.comparison(compare.read_runs([tmp_path])[0], baseline=baseline).filter(pl.col("is_baseline")).row(0, named=True)
+        want = (0.0, 1.0, 0.0) if baseline == "baseline" else (None, None, None)  # a failed baseline: nothing to compare
+        assert (base["mem_saved_pct"], base["speedup_x"], base["ppl_change_pct"]) == want
+
+
+def test_explicit_baseline(runs):
+    table = compare.comparison(compare.read_runs([runs])[0], baseline="gradcp")
+    assert row(table, "gradcp")["is_baseline"] is True
+    assert row(table, "baseline")["mem_saved_pct"] == pytest.approx(-300.0)  # 4 GiB against 1 GiB
+    assert row(table, "baseline")["speedup_x"] == pytest.approx(1.25)
+
+
+def test_default_baseline_is_the_first_run_when_none_is_called_baseline(tmp_path):
+    write_run(tmp_path, "fp16", peak_alloc_bytes=2 * GIB)
+    write_run(tmp_path, "gradcp", peak_alloc_bytes=1 * GIB)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert set(table["baseline"]) == {"fp16"}
+    assert row(table, "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
+
+
+def test_unknown_baseline_lists_the_profiles_present(runs):
+    with pytest.raises(MemlabError, match=r"unknown baseline 'nope'; profiles present: baseline, bf16, gradcp"):
+        compare.comparison(compare.read_runs([runs])[0], baseline="nope")
+
+
+def test_speedup_uses_throughput_when_the_work_per_step_differs(tmp_path):
+    write_run(tmp_path, "baseline", step_ms_median=100.0, tokens_per_s=5000.0)
+    write_run(tmp_path, "bigbatch", batch_size=32, step_ms_median=200.0, tokens_per_s=10000.0)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert row(table, "bigbatch")["speedup_x"] == pytest.approx(2.0)  # not 0.5: 4x the tokens in 2x the time
+
+
+def test_cpu_groups_compare_host_memory(tmp_path):
+    none = dict(peak_alloc_fwd_bytes=None, peak_alloc_bwd_bytes=None, peak_alloc_opt_bytes=None, peak_alloc_bytes=None, peak_reserved_bytes=None)
+    write_run(tmp_path, "baseline", peak_host_rss_bytes=2 * GIB, **none)
+    write_run(tmp_path, "gradcp", peak_host_rss_bytes=GIB + GIB // 2, **none)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert row(table, "gradcp")["mem_saved_pct"] == pytest.approx(25.0)
+
+
+def test_latest_of_each_profile_unless_all(tmp_path):
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00", step_ms_median=90.0)
+    write_run(tmp_path, "baseline", started_at="2026-01-02T00:00:00+00:00", step_ms_median=100.0)
+    write_run(tmp_path, "gradcp", started_at="2026-01-01T12:00:00+00:00", step_ms_median=200.0)
+    frame = compare.read_runs([tmp_path])[0]
+    latest = compare.comparison(frame)
+    assert latest.height == 2
+    assert row(latest, "baseline")["step_ms_median"] == 100.0
+    assert row(latest, "gradcp")["speedup_x"] == pytest.approx(0.5)
+    every = compare.comparison(frame, latest_only=False)
+    assert every.height == 3
+    # Rows in run order; the baseline is the latest baseline run.
+    assert every["step_ms_median"].to_list() == [90.0, 200.0, 100.0]
+    assert every["is_baseline"].to_list() == [False, False, True]
+
+
+def test_experiments_and_hardware_are_never_mixed(tmp_path):
+    write_run(tmp_path, "baseline", peak_alloc_bytes=4 * GIB)
+    write_run(tmp_path, "gradcp", peak_alloc_bytes=2 * GIB)
+    write_run(tmp_path, "baseline", experiment="gpt2s", experiment_id="cccc2222dddd", peak_alloc_bytes=40 * GIB)
+    write_run(tmp_path, "gradcp", experiment="gpt2s", experiment_id="cccc2222dddd", peak_alloc_bytes=10 * GIB)
+    write_run(tmp_path, "gradcp", device="cuda", gpu_name="NVIDIA H100 80GB HBM3", peak_alloc_bytes=1 * GIB)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    labels = [label for label, _ in compare.groups(table)]
+    assert labels == [
+        "gpt2s (cccc2222dddd) on cpu",
+        "tiny (aaaa1111bbbb) on cpu",
+        "tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3",  # by experiment, then device
+    ]
+    by = {label: g for label, g in compare.groups(table)}
+    assert row(by["gpt2s (cccc2222dddd) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(75.0)
+    assert row(by["tiny (aaaa1111bbbb) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
+    h100 = by["tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3"]
+    assert h100["baseline"].to_list() == ["gradcp"]  # its only run is its own baseline
+    assert table["group_index"].to_list() == sorted(table["group_index"].to_list())
+
+
+def test_explicit_baseline_missing_from_one_group_blanks_only_that_group(tmp_path):
+    write_run(tmp_path, "baseline")
+    write_run(tmp_path, "gradcp")
+    write_run(tmp_path, "gradcp", experiment="gpt2s", experiment_id="cccc2222dddd")
+    table = compare.comparison(compare.read_runs([tmp_path])[0], baseline="baseline")
+    gpt = table.filter(pl.col("experiment") == "gpt2s")
+    assert gpt["baseline"].to_list() == [None] and gpt["mem_saved_pct"].to_list() == [None]
+    assert row(table.filter(pl.col("experiment") == "tiny"), "gradcp")["mem_saved_pct"] == 0.0
+
+
+@pytest.mark.parametrize("status", ["oom", "nan", "interrupted", "crashed", "error"])
+def test_runs_that_did_not_finish_keep_their_status_and_blank_figures(runs, status):
+    write_run(runs, "broken", status=status, reason=status, peak_alloc_bytes=9 * GIB, step_ms_median=1.0, val_ppl=1.0)
+    table = compare.comparison(compare.read_runs([runs])[0])
+    r = row(table, "broken")
+    assert r["status"] == status and r["batch_size"] == 8 and r["reason"] == status
+    for c in compare.DISPLAY_COLUMNS:
+        if c.figure:
+            assert r[c.name] is None, c.name
+
+
+def test_sort_within_groups(runs):
+    frame = compare.read_runs([runs])[0]
+    assert compare.comparison(frame, sort="step_ms_median")["profile"].to_list() == ["bf16", "baseline", "gradcp"]
+    assert compare.comparison(frame, sort="-peak GiB")["profile"].to_list() == ["baseline", "bf16", "gradcp"]
+    with pytest.raises(MemlabError, match="unknown sort column 'nope'; choose one of: profile, status"):
+        compare.comparison(frame, sort="nope")
+
+
+def test_select_experiment_by_name_or_id(tmp_path):
+    write_run(tmp_path, "baseline")
+    write_run(tmp_path, "baseline", experiment="gpt2s", experiment_id="cccc2222dddd")
+    frame = compare.read_runs([tmp_path])[0]
+    assert compare.select_experiment(frame, "gpt2s")["experiment"].to_list() == ["gpt2s"]
+    assert compare.select_experiment(frame, "cccc2222")["experiment"].to_list() == ["gpt2s"]
+    assert compare.select_experiment(frame, EXP_ID)["experiment"].to_list() == ["tiny"]
+    with pytest.raises(MemlabError, match=r"no runs of experiment 'nope'; present: gpt2s \(cccc2222dddd\), tiny \(aaaa1111bbbb\)"):
+        compare.select_experiment(frame, "nope")
+
+
+def test_empty_frame_gives_an_empty_comparison(tmp_path):
+    frame, skipped = compare.read_runs([tmp_path])
+    assert frame.height == 0 and skipped == []
+    table = compare.comparison(frame)
+    assert table.height == 0
+    assert set(c.name for c in compare.DISPLAY_COLUMNS) <= set(table.columns)
+
+
+def test_write_parquet_round_trips(runs, tmp_path):
+    table = compare.comparison(compare.read_runs([runs])[0])
+    path = compare.write_parquet(table, tmp_path / "out" / "comparison.parquet")
+    assert pl.read_parquet(path).equals(table)
+    assert [p.name for p in path.parent.iterdir()] == ["comparison.parquet"]  # no temp file left behind
+
+
+# ---------------------------------------------------------------------------------------------- display
+
+
+@pytest.mark.parametrize(
+    "value, kind, text",
+    [
+        (None, "gib", "—"),
+        (None, "int", "—"),
+        (float("nan"), "ms", "—"),
+        (3 * GIB // 2, "gib", "1.50"),
+        (0, "gib", "0.00"),  # a real zero stays zero; only null is a dash
+        (0.4234, "fraction_pct", "42.3%"),
+        (12.345, "signed_pct", "+12.3%"),
+        (-4.0, "signed_pct", "-4.0%"),
+        (-1e-14, "signed_pct", "+0.0%"),
+        (1.254, "times", "1.25×"),
+        (5120.4, "rate", "5,120"),
+        (123.45, "ms", "123.5"),
+        (64, "int", "64"),
+        ("oom", "text", "oom"),
+    ],
+)
+def test_format_value(value, kind, text):
+    assert compare.format_value(value, kind) == text
+
+
+def test_display_columns_are_in_the_comparison_frame(runs):
+    table = compare.comparison(compare.read_runs([runs])[0])
+    for c in compare.DISPLAY_COLUMNS:
+        assert c.name in table.columns, c.name
+    headers = [c.header for c in compare.DISPLAY_COLUMNS]
+    assert len(headers) == len(set(headers))
+
+
+def test_core_compare_and_plot_do_not_import_ui_libraries():
+    code = (
+        "import sys, memlab.core.compare, memlab.core.plot\n"
+        "bad = [m for m in ('rich', 'typer', 'textual', 'matplotlib.pyplot') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_reading_many_folders_is_fast(tmp_path):
+    import time
+
+    root = tmp_path / "runs"
+    for i in range(300):
+        write_run(root, f"p{i % 7}")
+    t = time.perf_counter()
+    frame, skipped = compare.read_runs([root])
+    compare.comparison(frame)
+    elapsed = time.perf_counter() - t
+    assert frame.height == 300 and not skipped
+    assert elapsed < 2.0, f"{elapsed:.2f} s for 300 folders"
+
+
+def test_load_reads_filters_and_compares(tmp_path):
+    write_run(tmp_path, "baseline", peak_alloc_bytes=2 * GIB)
+    write_run(tmp_path, "gradcp", peak_alloc_bytes=GIB)
+    write_run(tmp_path, "baseline", experiment="gpt2s", experiment_id="cccc2222dddd")
+    bad = write_run(tmp_path, "broken")
+    _corrupt(bad)
+    table, skipped = compare.load([tmp_path], experiment="tiny", sort="-mem_saved_pct")
+    assert table["profile"].to_list() == ["gradcp", "baseline"]
+    assert table["mem_saved_pct"].to_list() == [50.0, 0.0]
+    assert [s[0] for s in skipped] == [str(bad)]
