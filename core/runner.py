@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from memlab.core.config import Experiment, Profile, validate_pair
+from memlab.core.config import Experiment, Profile, to_dict, validate_pair
 from memlab.core.engine import Interrupted, train
 from memlab.core.errors import MemlabError
 from memlab.core.events import MultiSink, Sink
@@ -45,6 +45,8 @@ def run_profile(
     validate_pair(experiment, profile)
     run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
     store = RunStore(run_dir, run_id)
+    # What was asked for is on disk from the start, so even a run that dies in setup says what it was.
+    store.write_run_json(profile=to_dict(profile), experiment=to_dict(experiment), experiment_id=experiment.fingerprint(), device=device.type)
     sink = MultiSink(store, *sinks)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _main_thread() else None
     try:
