@@ -46,7 +46,7 @@ def test_profile_from_a_file_that_extends_a_builtin(tmp_path):
 @pytest.mark.parametrize(
     "args, expect",
     [
-        (["run", "--profile", "nope"], "unknown profile 'nope'; built-in profiles: baseline"),
+        (["run", "--profile", "nope"], "unknown profile 'nope'; built-in profiles: accum"),
         (["run", "--profile", "bf16", "--set", "train.batchsize=3"], "unknown key train.batchsize; valid keys in [train]: batch_size"),
         (["run", "--profile", "bf16", "--set", "train.batch_size=many"], "train.batch_size must be an integer, got 'many'"),
         (["run", "--profile", "bf16", "--set", "train.batch_size=0"], "train.batch_size must be at least 1"),

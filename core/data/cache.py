@@ -1,0 +1,136 @@
+"""The token cache: one folder per (source, field, document cap, tokenizer), built once, trusted only when complete.
+
+    <root>/tokens/<slug>-<hash>/
+        tokens.bin      every token of every document, EOS after each, raw uint16 or uint32 (memory-mapped)
+        tokenizer.json  the tokenizer that made them (for a trained BPE, the only copy)
+        meta.json       written last: format, key, descriptions, vocab, EOS id, dtype, token and document counts
+
+An entry is built in <root>/tokens/.tmp-<name>-<host>-<pid>-<rand>/ and renamed into place at the end, so a build
+killed at any moment leaves nothing a later run would trust (its temp folder is removed by the next build on this
+host once its process is gone). A lock file per entry makes concurrent runs of one experiment build it once.
+Root: $MEMLAB_CACHE, else $XDG_CACHE_HOME/memlab, else ~/.cache/memlab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from memlab.core.errors import DataError
+
+FORMAT = 1  # bump when the layout or the way tokens are made changes: old entries are then simply not found
+
+
+def cache_root() -> Path:
+    if os.environ.get("MEMLAB_CACHE"):
+        return Path(os.environ["MEMLAB_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "memlab"
+    return Path.home() / ".cache" / "memlab"
+
+
+def tokens_dir() -> Path:
+    return cache_root() / "tokens"
+
+
+def entry_name(slug: str, key: dict) -> str:
+    digest = hashlib.sha256(json.dumps({"format": FORMAT, **key}, sort_keys=True).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", slug).strip("-.")[:48] or "data"
+    return f"{slug}-{digest}"
+
+
+def read_meta(entry: Path) -> dict | None:
+    """The entry's meta.json if the entry is complete and consistent, else None (a later build replaces it)."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        size = (entry / "tokens.bin").stat().st_size
+        ok = meta["format"] == FORMAT and size == int(meta["n_tokens"]) * np.dtype(meta["dtype"]).itemsize
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return meta if ok else None
+
+
+def write_meta(folder: Path, meta: dict) -> None:
+    tmp = folder / "meta.json.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, **meta}, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, folder / "meta.json")
+
+
+def open_tokens(entry: Path, meta: dict, start: int, stop: int) -> np.ndarray:
+    """Tokens [start, stop) of an entry as a read-only memory map (its own offset, so it travels to loader workers)."""
+    dtype = np.dtype(meta["dtype"])
+    return np.memmap(entry / "tokens.bin", dtype=dtype, mode="r", offset=start * dtype.itemsize, shape=(stop - start,))
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """An exclusive lock for building entry `name` (POSIX flock; elsewhere none, and the rename still keeps it safe)."""
+    root = tokens_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(root / f".{name}.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname()) or "host"
+
+
+def clean_stale() -> None:
+    """Remove temp folders left by builds on this host whose process is gone (killed, crashed)."""
+    for tmp in tokens_dir().glob(".tmp-*"):
+        m = re.fullmatch(r"\.tmp-.+-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]+", tmp.name)
+        if m and m["host"] == _host() and not _alive(int(m["pid"])):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staging(name: str) -> Iterator[Path]:
+    """A temp folder to build entry `name` in; renamed to the entry when the block ends normally, removed otherwise.
+    The block should hold `locked(name)`."""
+    root = tokens_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    clean_stale()
+    tmp = root / f".tmp-{name}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        shutil.rmtree(tmp / "scratch", ignore_errors=True)
+        final = root / name
+        if final.exists():  # an incomplete or stale entry with this name: it was not trusted, replace it
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError as e:
+            raise DataError(f"cannot move the token cache entry into place at {final}: {e.strerror}") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""`memlab data prepare`: tokenizes once, reports the cache entry; a second call is a cache hit; errors are one line."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from data_helpers import sentences, write_jsonl
+from memlab.cli import data as data_cli
+from memlab.core.errors import ConfigError, DataError
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "memlab-cache"))
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    data_cli.register(app)
+
+    @app.callback()
+    def _root() -> None:  # keep `data` a sub-command even with one group
+        pass
+
+    return app
+
+
+def test_prepare_then_cache_hit(app, tmp_path):
+    f = write_jsonl(tmp_path / "posts.jsonl", [{"Id": i, "Body": t} for i, t in enumerate(sentences(30))])
+    args = ["data", "prepare", "--data", str(f), "--text-field", "Body", "--tokenizer", "bpe:300", "--val-tokens", "64"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    out = first.stdout
+    assert f"{f} (30 documents)" in out and "bpe:300 (trained on posts.jsonl)" in out and "vocab 300" in out
+    assert "in 30 documents" in out and " 64 val" in out and "uint16" in out
+    assert "cache hit  no" in out and "posts.jsonl-bpe300-" in out
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "cache hit  yes" in second.stdout
+
+
+def test_prepare_reports_too_small_for_the_default_val_slice(app, tmp_path):
+    f = write_jsonl(tmp_path / "posts.jsonl", [{"Body": "short"}])
+    result = CliRunner().invoke(app, ["data", "prepare", "--data", str(f), "--text-field", "Body", "--tokenizer", "bpe:300"])
+    assert isinstance(result.exception, DataError) and "data.val_tokens=131072" in str(result.exception)
+
+
+def test_prepare_starts_from_an_experiment_and_validates_options(app):
+    result = CliRunner().invoke(app, ["data", "prepare", "--experiment", "tiny", "--max-docs", "-1"])
+    assert isinstance(result.exception, ConfigError) and "data.max_docs must be >= 0" in str(result.exception)
+
+
+def test_memlab_main_prints_one_line_and_exits_2(tmp_path, capsys):
+    from memlab.cli import main
+
+    f = write_jsonl(tmp_path / "posts.jsonl", [{"Id": 1, "Body": "hello"}])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "prepare", "--data", str(f), "--text-field", "body", "--tokenizer", "bpe:300"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memlab: error: ") and "has no field 'body'; its fields: Id, Body" in err
+    assert "\n" not in err
