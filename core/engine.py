@@ -17,10 +17,12 @@ from typing import Any
 import torch
 
 from memlab.core import data as data_mod
+from memlab.core import distributed
 from memlab.core.attention import build_attention
 from memlab.core.config import Experiment, Profile, describe_changes, to_dict, validate_pair
 from memlab.core.environment import environment
 from memlab.core.errors import DeviceError, MemlabError
+from memlab.core.estimate import peak_for_run
 from memlab.core.events import Sink, make_event
 from memlab.core.flops import flops_per_token, mfu
 from memlab.core.meters import NvmlSampler, PhaseMeter, StepRecord, host_peak_rss_bytes, host_rss_bytes, nvml_index
@@ -120,6 +122,7 @@ class _Run:
         self.last_loss: float | None = None
         self.skipped = 0
         self.nvml: NvmlSampler | None = None
+        self.dist: distributed.DistContext | None = None  # this rank among the run's ranks (memlab.core.distributed)
 
     def summary(self, status: str) -> dict[str, Any]:
         e, p, info = self.experiment, self.profile, self.info
@@ -228,6 +231,8 @@ def train(
     finally:
         if run.nvml:
             run.nvml.stop()
+        if run.dist:
+            run.dist.close()  # ends the one-process group made for ddp/fsdp outside torchrun
     return run.info["summary"]
 
 
@@ -236,11 +241,20 @@ def _is_oom(e: BaseException) -> bool:
     return any(s in text for s in ("CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory"))
 
 
+def _final_summary(run: _Run, status: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's summary; distributed, rank 0 gathers every rank's and the event carries one row per rank."""
+    summary = run.summary(status)
+    if run.dist is None:
+        return summary, {}
+    summary, ranks = run.dist.finish(summary)
+    return summary, ({"ranks": ranks} if ranks is not None else {})
+
+
 def _fail(run: _Run, sink: Sink, reason: str, message: str) -> None:
-    summary = run.summary(reason)
+    summary, ranks = _final_summary(run, reason)
     run.info["summary"] = summary
     try:
-        sink.emit(make_event("failed", reason=reason, message=message, step=run.steps_done, summary=summary))
+        sink.emit(make_event("failed", reason=reason, message=message, step=run.steps_done, summary=summary, **ranks))
     except Exception:  # noqa: BLE001 (e.g. the disk is full: the failure is already the run's outcome)
         pass
 
@@ -249,13 +263,17 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
     e, p, device = run.experiment, run.profile, run.device
     validate_pair(e, p)
     check_device_support(p, device)
+    run.dist = dctx = distributed.setup(p, device)  # rank, world size; a one-process group for ddp/fsdp alone
+    run.device = device = dctx.device
+    dctx.check(e, p)  # e.g. the global batch must divide by ranks x accumulation.steps
+    run.info.update(world_size=dctx.world_size, rank=dctx.rank)
     torch.manual_seed(e.train.seed)
     autocast, amp_dtype = set_precision(p.precision.dtype, device)
 
     run.info["phase"] = "data"
     tokens = data_mod.load_tokens(e.data)
     k = p.accumulation.steps
-    micro = e.train.batch_size // k
+    micro = e.train.batch_size // (k * dctx.world_size)  # per rank: train.batch_size is the global batch
     run.info.update(micro_batch=micro, tokens_per_step=e.train.batch_size * e.model.seq_len)
     per_epoch = data_mod.steps_per_epoch(len(tokens.train), e.train.batch_size, e.model.seq_len)
     total_steps = e.train.steps or max(1, math.ceil(e.train.epochs * per_epoch))
@@ -275,9 +293,9 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
     model.loss_chunk_size = p.loss.chunk_size if p.loss.chunked else 0
     n_params = model.num_params()
     flops_token = flops_per_token(n_params - model.wpe.weight.numel(), cfg.n_layer, cfg.d_model, cfg.seq_len, p.attention.window)
-    optimizer = build_optimizer(model, p.optimizer, e.train, device)
-    train_model, applied = apply_techniques(model, p)
-    scaler = torch.amp.GradScaler(device.type) if p.precision.dtype == "fp16" else None
+    train_model, applied = apply_techniques(model, p, dctx)
+    optimizer = build_optimizer(model, p.optimizer, e.train, device)  # after wrapping: FSDP2 swaps in sharded parameters
+    scaler = dctx.grad_scaler(device) if p.precision.dtype == "fp16" else None  # FSDP: ShardedGradScaler
     env = environment(device)
     run.info.update(
         kernel=kernel,
@@ -287,6 +305,7 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
         optimizer=p.optimizer.name + (":fused" if p.optimizer.fused else "") + (":offload" if p.optimizer.offload else ""),
         **applied,
     )
+    run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=cfg.vocab_size, micro_batch=micro, device=device.type, world_size=run.info.get("world_size", 1)))
     if device.type == "cuda" and meters:
         run.nvml = NvmlSampler(nvml_index(device), on_sample=lambda s: sink.emit(make_event("gpu_sample", **s))).start()
 
@@ -307,6 +326,8 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
             total_steps=total_steps,
             micro_batch=micro,
             grad_accum=k,
+            world_size=dctx.world_size,  # ranks (processes, GPUs on CUDA); micro_batch is per rank
+            distributed=run.info.get("distributed", "none"),
             tokens_per_step=run.info["tokens_per_step"],
             data={"source": tokens.source, "tokenizer": tokens.tokenizer, "train_tokens": int(len(tokens.train)), "val_tokens": int(len(tokens.val)), "cache_hit": tokens.cache_hit},
             attention_kernel=kernel.name,
@@ -321,6 +342,8 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
         seq_len=e.model.seq_len,
         seed=e.train.seed,
         steps=total_steps,
+        rank=dctx.rank,  # each rank takes a disjoint slice of the same global batch
+        world_size=dctx.world_size,
         pin_memory=p.loader.pin_memory,
         workers=p.loader.workers,
     )
@@ -335,7 +358,7 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
 
     def publish(rec: StepRecord) -> None:
         nonlocal bad_in_a_row
-        loss = rec.loss.item() if isinstance(rec.loss, torch.Tensor) else rec.loss
+        loss = dctx.read_loss(rec.loss)  # the mean over ranks; raises StopRequested on every rank alike
         grad_norm = rec.grad_norm.item() if isinstance(rec.grad_norm, torch.Tensor) else rec.grad_norm
         finite = loss is not None and math.isfinite(loss)
         if not finite:
@@ -376,7 +399,8 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
         set_lr(optimizer, lr)
         meter.start_step(step)
         loss_sum = None
-        for x, y in micro_batches:
+        for i, (x, y) in enumerate(micro_batches):
+            dctx.set_grad_sync(train_model, i == k - 1)  # DDP: all-reduce in the last micro-batch's backward only
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             run.info["phase"] = "forward"
             meter.begin("fwd")
@@ -405,6 +429,7 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         meter.end("opt")
+        loss_sum = dctx.reduce_loss(loss_sum)  # all-reduced on the device, read one step late (no host sync)
         done = meter.finish_step(loss_sum, grad_norm)
         run.steps_done = step + 1
         run.tokens += run.info["tokens_per_step"]
@@ -429,6 +454,6 @@ def _train(run: _Run, sink: Sink, meters: bool) -> None:
     run.info["phase"] = "eval"
     run.val_loss = evaluate(train_model, val, autocast, device)
     sink.emit(make_event("eval", step=run.steps_done, val_loss=run.val_loss, val_ppl=math.exp(min(run.val_loss, 700))))
-    summary = run.summary("finished")
+    summary, ranks = _final_summary(run, "finished")  # distributed: gathered on rank 0, one row per rank
     run.info["summary"] = summary
-    sink.emit(make_event("finished", summary=summary))
+    sink.emit(make_event("finished", summary=summary, **ranks))

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from memlab.core.batchfind import apply_memory_cap
+from memlab.core import distributed
 from memlab.core.config import Experiment, Profile, to_dict, validate_pair
 from memlab.core.engine import Interrupted, train
 from memlab.core.errors import MemlabError
@@ -21,6 +23,11 @@ from memlab.core.runstore import RunStore, create_run_dir
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    # Several ranks: a first signal asks every rank to stop at the same step (the flag travels with the loss's
+    # all-reduce, see memlab.core.distributed), so the run still ends with one summary; a second one stops now.
+    if distributed.world_size() > 1 and not distributed.stop_requested():
+        distributed.request_stop()
+        return
     raise Interrupted(f"signal {signum}")
 
 
@@ -41,25 +48,34 @@ def run_profile(
     sinks: tuple[Sink, ...] = (),
     meters: bool = True,
     extra_info: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], Path]:
+) -> tuple[dict[str, Any], Path | None]:  # run folder: None on ranks other than 0
     validate_pair(experiment, profile)
-    run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
-    store = RunStore(run_dir, run_id)
-    # What was asked for is on disk from the start, so even a run that dies in setup says what it was.
-    store.write_run_json(profile=to_dict(profile), experiment=to_dict(experiment), experiment_id=experiment.fingerprint(), device=device.type)
+    apply_memory_cap(device)  # MEMLAB_GPU_MEMORY_BYTES (find-batch --gpu-memory): before any CUDA allocation
+    run_id = run_dir = store = None
+    if distributed.env_rank() == 0:  # under torchrun only rank 0 writes the run folder; the others report to it
+        run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
+        store = RunStore(run_dir, run_id)
+        # What was asked for is on disk from the start, so even a run that dies in setup says what it was.
+        store.write_run_json(profile=to_dict(profile), experiment=to_dict(experiment), experiment_id=experiment.fingerprint(), device=device.type)
     sink = MultiSink(store, *sinks)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _main_thread() else None
+    # several ranks: SIGINT too raises the stop flag first (torchrun forwards a Ctrl-C to each rank as SIGINT)
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupted) if _main_thread() and distributed.world_size() > 1 else None
     try:
-        summary = train(experiment, profile, sink, device=device, run_id=run_id, meters=meters, extra_info={"run_dir": str(run_dir), **(extra_info or {})})
+        summary = train(experiment, profile, sink, device=device, run_id=run_id, meters=meters, extra_info={"run_dir": str(run_dir) if run_dir else None, **(extra_info or {})})
     except MemlabError:
         # Bad input found while building (before any step): leave no half-made folder behind.
-        store.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if store is not None:
+            store.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    store.close()
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+    if store is not None:
+        store.close()
     return summary, run_dir
 
 

@@ -79,6 +79,23 @@ def frame(rows: list[dict], schema_: dict[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame([{k: r.get(k) for k in schema_} for r in rows], schema=schema_, orient="row")
 
 
+# ranks.parquet (schema.RANKS), distributed runs only: one row per rank, each rank's own measurements (its memory,
+# its step time, its share of the tokens); summary.parquet holds the max over ranks. Rows: memlab.core.distributed.
+RANK_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64,
+    "local_rank": pl.Int64,
+    "world_size": pl.Int64,
+    "hostname": pl.String,
+    "device": pl.String,  # e.g. cuda:1
+    **{k: schema.SUMMARY_SCHEMA[k] for k in (
+        "status", "steps", "tokens", "peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes",
+        "peak_alloc_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "peak_host_rss_bytes", "alloc_retries", "ooms",
+        "step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median", "opt_ms_median", "tokens_per_s",
+        "time_to_first_step_s", "total_s", "final_loss",
+    )},
+}
+
+
 class RunStore:
     """Sink that persists one run. `flush_every_s` bounds what a hard kill (SIGKILL) can lose from steps.parquet."""
 
@@ -107,7 +124,7 @@ class RunStore:
                 status="running",
                 pid=os.getpid(),
                 started_at=event.get("started_at"),
-                **{k: event[k] for k in ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device") if k in event},
+                **{k: event[k] for k in ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device", "world_size", "distributed") if k in event},
             )
         elif kind == "step":
             self._steps.append(event)
@@ -134,9 +151,11 @@ class RunStore:
         status = "finished" if event["event"] == "finished" else event.get("reason", "error")
         summary.update(schema_version=schema.SCHEMA_VERSION, run_id=self.run_id, status=status)
         problems = []
+        ranks = event.get("ranks")  # distributed runs: every rank's own figures, gathered on rank 0
         for what, write in (
             ("steps", self.flush),
             ("summary", lambda: atomic_write_parquet(self.path / schema.SUMMARY, frame([summary], schema.SUMMARY_SCHEMA))),
+            *([("ranks", lambda: atomic_write_parquet(self.path / schema.RANKS, frame(ranks, RANK_SCHEMA)))] if ranks else []),
         ):
             try:
                 write()

@@ -62,7 +62,14 @@ def window_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
     return mask
 
 
+_BUILTIN_LOADED = False
+
+
 def _load_builtin() -> None:
-    if _REGISTRY:
+    # A flag, not "is the registry empty": importing one kernel module first (flash imports sdpa) registers some.
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
         return
     from memlab.core.attention import eager, flash, flex, sdpa  # noqa: F401  (each registers itself)
+
+    _BUILTIN_LOADED = True

@@ -1,1 +1,157 @@
-"""flash-attn (FA2 `flash_attn` or FA4 `flash_attn.cute`): see memlab issue 4. Registered when implemented."""
+"""flash-attn: FA4 (`flash_attn.cute`, package flash-attn-4) or FA2 (`flash_attn`, package flash-attn).
+
+Both take (B, T, nh, hs) in bf16 or fp16 and window with `window_size=(W-1, 0)` next to `causal=True` (W-1 keys
+to the left, none to the right: each query sees itself and the W-1 tokens before it). FA4 returns `(out, lse)`
+and has no dropout; FA2 returns `out` and has. FA4 runs on Hopper and Blackwell (compute capability 9.x-11.x),
+where it is preferred when both are installed; FA2 otherwise. flash-attn is optional (`pip install memlab[flash]`):
+without it (or on the CPU backend, where flash-attn cannot run) the kernel falls back to SDPA and its name says
+so, e.g. `sdpa:flash (flash-attn not installed)`, never silently. SDPA's flash backend cannot window, so a window
+without flash-attn is an error on CUDA (use flex); on CPU it falls back to the masked SDPA, `sdpa:masked (...)`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from memlab.core.attention import AttentionKernel, KernelSpec, register
+from memlab.core.attention.sdpa import SDPAAttention
+from memlab.core.config import AttentionConfig
+from memlab.core.errors import ConfigError
+
+INSTALL = "pip install 'memlab[flash]'"
+
+
+@dataclass(frozen=True)
+class FlashImpl:
+    """One importable flash-attn: its call, what it is called in the summary, and how it spells things."""
+
+    func: Callable
+    label: str  # e.g. "flash_attn.cute 4.0.0b36"
+    fa4: bool  # FA4: returns (out, lse), no dropout, Hopper or newer only
+
+
+class Fallback:
+    """A kernel that stands in for the one asked for; its name says what ran and why, e.g.
+    `sdpa:flash (flash-attn not installed)`. The inner name is read live: SDPA's `auto` names its backend on the
+    first call."""
+
+    def __init__(self, inner: AttentionKernel, reason: str):
+        self.inner = inner
+        self.reason = reason
+        self.window = inner.window
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} ({self.reason})"
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0):
+        return self.inner(q, k, v, dropout_p=dropout_p)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed() -> dict[str, str | None]:
+    """Versions of the flash-attn distributions present (None when absent), without importing them."""
+    return {"fa4": _version("flash-attn-4"), "fa2": _version("flash-attn")}
+
+
+def _import_fa4() -> FlashImpl | str:
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 (an import that fails for any reason means "not usable here")
+        return f"flash_attn.cute: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return FlashImpl(flash_attn_func, f"flash_attn.cute {_version('flash-attn-4') or '?'}", fa4=True)
+
+
+def _import_fa2() -> FlashImpl | str:
+    try:
+        from flash_attn import flash_attn_func
+    except Exception as e:  # noqa: BLE001
+        return f"flash_attn: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return FlashImpl(flash_attn_func, f"flash_attn {_version('flash-attn') or '?'}", fa4=False)
+
+
+def find_impl(device: torch.device) -> tuple[FlashImpl | None, str]:
+    """The flash-attn to use on `device`, or None and the reason there is none (for the fallback's name)."""
+    have = installed()
+    if not any(have.values()):
+        return None, "flash-attn not installed"
+    if device.type != "cuda":
+        return None, "flash-attn needs CUDA"
+    major, _ = torch.cuda.get_device_capability(device)
+    hopper_or_newer = 9 <= major <= 11
+    if not hopper_or_newer and not have["fa2"]:
+        return None, f"flash-attn-4 needs compute capability 9.0 or newer, this GPU is {major}.x"
+    # FA4 first where it runs (it is the faster on Hopper and Blackwell), FA2 otherwise.
+    order = (("fa4", _import_fa4), ("fa2", _import_fa2)) if hopper_or_newer else (("fa2", _import_fa2),)
+    errors = []
+    for dist, load in order:
+        if not have[dist]:
+            continue
+        impl = load()
+        if isinstance(impl, FlashImpl):
+            return impl, ""
+        errors.append(impl)
+    return None, "flash-attn not importable: " + "; ".join(errors)
+
+
+class FlashAttention:
+    def __init__(self, impl: FlashImpl, window: int):
+        self.impl = impl
+        self.window = window
+        self.name = impl.label
+        # FA2 spells "no window" (-1, -1), FA4 (None, None); both take (W-1, 0) for a causal window of W.
+        self.window_size = (window - 1, 0) if window else ((None, None) if impl.fa4 else (-1, -1))
+        # FA4's CuTe-DSL kernels are not traceable by torch.compile: keep them out of the graph explicitly
+        # (one graph break per call) rather than leave it to Dynamo's guesswork. FA2 registers torch custom ops.
+        self._call = torch.compiler.disable(self._fa4) if impl.fa4 else self._fa2
+
+    def _fa4(self, q, k, v):
+        out, _lse = self.impl.func(q, k, v, causal=True, window_size=self.window_size)
+        return out
+
+    def _fa2(self, q, k, v, dropout_p):
+        return self.impl.func(q, k, v, dropout_p=dropout_p, causal=True, window_size=self.window_size)
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0):
+        # (B, nh, T, hs) -> (B, T, nh, hs): a view of the qkv projection's layout, last dim contiguous as required
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.impl.fa4:
+            if dropout_p:
+                raise ConfigError(f"attention.kernel = flash runs {self.name}, which has no dropout; set model.dropout = 0 (got {dropout_p})")
+            out = self._call(q, k, v)
+        else:
+            out = self._call(q, k, v, dropout_p)
+        return out.transpose(1, 2)  # (B, nh, T, hs)
+
+
+def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
+    if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+        # flash-attn and SDPA's flash backend alike take 16-bit inputs only (fp32 and tf32 keep q, k, v in fp32).
+        raise ConfigError("attention.kernel = flash needs 16-bit inputs: set precision.dtype = bf16 or fp16 (fp32 and tf32 are not supported by flash-attn)")
+    impl, reason = find_impl(device)
+    if impl is not None:
+        return FlashAttention(impl, cfg.window)
+    if cfg.window:
+        if device.type == "cuda":
+            raise ConfigError(
+                f"attention.window = {cfg.window} with attention.kernel = flash needs flash-attn ({reason}; {INSTALL}): "
+                "SDPA's flash backend cannot window. Use attention.kernel = flex for a sliding window without it"
+            )
+        return Fallback(SDPAAttention("math", cfg.window, masked=True), reason)
+    if device.type == "cuda":
+        return Fallback(SDPAAttention("flash"), reason)
+    # CPU: SDPA picks (its flash backend when it can; math with dropout, which CPU flash lacks); the name says which.
+    return Fallback(SDPAAttention("auto"), reason)
+
+
+register(KernelSpec("flash", _build, f"flash-attn: FA4 on Hopper+, else FA2; windows; falls back to SDPA's flash backend without it ({INSTALL})"))

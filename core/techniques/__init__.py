@@ -22,9 +22,14 @@ def apply_compile(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
     return torch.compile(model, mode=mode)
 
 
-def apply_techniques(model: torch.nn.Module, profile: Profile) -> tuple[torch.nn.Module, dict[str, str]]:
-    """Returns the model to train (possibly a compiled wrapper) and one line per technique for run.json."""
+def apply_techniques(model: torch.nn.Module, profile: Profile, dist=None) -> tuple[torch.nn.Module, dict[str, str]]:
+    """Returns the model to train (possibly a compiled / DDP wrapper) and one line per technique for run.json.
+
+    `dist` is the engine's memlab.core.distributed.DistContext; without one, no distributed wrapping.
+    """
     applied = {"checkpointing": apply_checkpointing(model, profile.checkpointing)}
     model = apply_compile(model, profile)
     applied["compile"] = profile.compile.mode if profile.compile.enabled else "off"
+    if dist is not None:  # 3. DDP / FSDP2 last, around (FSDP2: inside) the finished module
+        model, applied["distributed"] = dist.wrap(model, profile)
     return model, applied

@@ -28,17 +28,9 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     # Imported here so that `memlab --help` stays fast and each module owns its commands.
-    from memlab.cli import info, run
+    from memlab.cli import batch, data, info, run, sweep, table, tui_cmd
 
-    for module in (run, info):
-        module.register(app)
-    for optional in ("data", "table", "sweep", "batch", "tui_cmd"):
-        try:
-            module = __import__(f"memlab.cli.{optional}", fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name != f"memlab.cli.{optional}":
-                raise
-            continue
+    for module in (run, sweep, table, batch, data, info, tui_cmd):
         module.register(app)
 
 
@@ -68,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         hint = f" (see: memlab {e.ctx.command.name} --help)" if e.ctx and e.ctx.command and e.ctx.command.name != "memlab" else " (see: memlab --help)"
         fail(e.format_message().replace("\n", " ") + hint)
-    except _click_exc.Abort:
+    except typer.Abort:
         typer.echo("memlab: aborted", err=True)
         raise SystemExit(130) from None
-    except _click_exc.Exit as e:
+    except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -91,6 +91,8 @@ def print_summary(summary: dict[str, Any], run_dir: Any, console: Console | None
     if s["device"] == "cuda":
         table.add_row("peak memory", f"fwd {gib(s['peak_alloc_fwd_bytes'])} · bwd {gib(s['peak_alloc_bwd_bytes'])} · opt {gib(s['peak_alloc_opt_bytes'])}")
         table.add_row("", f"allocated {gib(s['peak_alloc_bytes'])} · reserved {gib(s['peak_reserved_bytes'])} · device (NVML) {gib(s['peak_nvml_bytes'])}")
+        if s.get("estimate_peak_bytes") and s.get("peak_alloc_bytes"):
+            table.add_row("", f"estimated {gib(s['estimate_peak_bytes'])} ({(s['estimate_peak_bytes'] - s['peak_alloc_bytes']) / s['peak_alloc_bytes']:+.1%} against allocated; memlab estimate)")
     else:
         table.add_row("peak memory", f"host RSS {gib(s['peak_host_rss_bytes'])} (CPU backend: no device memory)")
     table.add_row("step time", f"median {num(s['step_ms_median'], '{:.1f}')} ms · p90 {num(s['step_ms_p90'], '{:.1f}')} ms")

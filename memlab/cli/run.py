@@ -29,6 +29,8 @@ def run(
     epochs: Annotated[Optional[float], typer.Option("--epochs", help="Train for this many epochs (sets train.steps = 0).")] = None,
     events: Annotated[Optional[str], typer.Option("--events", help="Stream events as JSON lines: '-' for stdout, or a file path.")] = None,
     no_meters: Annotated[bool, typer.Option("--no-meters", help="Turn off per-phase memory resets and the NVML sampler (to measure the meters' cost).")] = False,
+    memory_snapshot: Annotated[bool, typer.Option("--memory-snapshot", help="CUDA: record the allocator over the first measured steps; writes memory_snapshot.pickle (pytorch.org/memory_viz) and a breakdown beside the estimate.")] = False,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run N ranks on this host through torchrun (one GPU each on CUDA); the profile picks ddp or fsdp (e.g. ddp_bf16, fsdp_bf16).")] = None,
 ) -> None:
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
     from memlab.core.environment import resolve_device
@@ -38,8 +40,18 @@ def run(
 
     from memlab.cli.console import ConsoleSink, print_summary
 
+    from memlab.core import distributed
+
     dev = resolve_device(device)
     overrides = list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
+    # Several ranks (issue 9): `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
+    # the user's, multi-host included) every rank runs this same command and only rank 0 speaks and writes.
+    if nproc is not None and distributed.launched_by_torchrun():
+        raise MemlabError("--nproc starts torchrun itself; under torchrun leave it out (torchrun's --nproc-per-node sets the ranks)")
+    if batch_size == "max" and (nproc is not None or distributed.world_size() > 1):
+        raise MemlabError("--batch-size max probes one GPU at a time; find it without --nproc, then pass --batch-size <that x ranks>")
+    dev = distributed.init_from_env(dev)  # under torchrun: the process group, and this rank's device (cuda:LOCAL_RANK)
+    rank0 = distributed.env_rank() == 0
     max_batch = None
     if batch_size is not None:
         if batch_size == "max":
@@ -55,25 +67,92 @@ def run(
                 raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'") from None
             overrides.append(f"train.batch_size={value}")
     exp, prof = resolve(experiment, profile, dev.type, overrides)
+    if nproc is not None:  # checked here, so a bad combination is one line before any process starts
+        args = ["run", "--profile", profile, "--experiment", experiment, "--device", device, "--runs-dir", runs_dir]
+        args += [a for item in overrides for a in ("--set", item)] + (["--events", events] if events else [])
+        args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
+        _exec_torchrun(nproc, args, exp, prof, dev)
     configure_allocator(prof)
 
     sinks = []
-    if events == "-":
+    if not rank0:
+        sinks.append(_RankFailures(distributed.env_rank()))  # other ranks: no progress, no events; a failure is one line
+    elif events == "-":
         sinks.append(JsonLinesSink(stream=sys.stdout))
     else:
         if events:
             sinks.append(JsonLinesSink(path=events))
         sinks.append(ConsoleSink())
+    snapshot = None
+    if memory_snapshot and rank0:
+        from memlab.core.memsnapshot import SnapshotSink  # issue 5: CUDA only (a DeviceError on CPU)
+
+        snapshot = SnapshotSink(dev)
+        sinks.append(snapshot)
     summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
-    if events != "-":
+    if events != "-" and rank0:
         print_summary(summary, run_dir)
+        if snapshot is not None:
+            from memlab.cli.batch import print_memory_report
+
+            print_memory_report(snapshot.result, snapshot.estimate)
     for sink in sinks:
         sink.close()
     raise typer.Exit(EXIT_BY_STATUS.get(summary["status"], 1))
 
 
+class _RankFailures:
+    """The sink of ranks other than 0 under torchrun: silent, but for their own failure as one line on stderr."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def emit(self, ev: dict) -> None:
+        if ev["event"] == "failed" and ev.get("reason") != "interrupted":
+            typer.echo(f"memlab: rank {self.rank}: {ev['reason']}: {ev.get('message')}", err=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _exec_torchrun(nproc: int, args: list[str], exp, prof, dev) -> None:
+    """Replace this process by `python -m torch.distributed.run --standalone --nproc_per_node N -m memlab <args>`.
+
+    Replacing (not spawning) keeps the pid, so a supervisor's SIGINT reaches torchrun, which forwards it to every rank.
+    """
+    import os
+
+    import torch
+
+    from memlab.core import distributed
+    from memlab.core.config import validate_pair
+    from memlab.core.errors import DeviceError, MemlabError
+
+    if nproc < 1:
+        raise MemlabError(f"--nproc must be at least 1, got {nproc}")
+    validate_pair(exp, prof)
+    distributed.check(exp, prof, nproc, dev.type)
+    if dev.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise DeviceError(f"--nproc {nproc}: this host has {torch.cuda.device_count()} visible GPU(s); one rank needs one GPU")
+    env = dict(os.environ)
+    start = _process_start()
+    if start is not None:
+        env["MEMLAB_PROCESS_START"] = repr(start)  # time to first step counts from this command, not from the ranks
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # (torchrun would say 1, loudly)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, distributed.torchrun_argv(nproc, args), env)
+
+
 def _process_start() -> float | None:
     """When this process started (so time to first step includes imports, as a user waits for them)."""
+    import os
+
+    if os.environ.get("MEMLAB_PROCESS_START"):  # set by `memlab run --nproc` for the ranks it starts
+        try:
+            return float(os.environ["MEMLAB_PROCESS_START"])
+        except ValueError:
+            pass
     try:
         import psutil
 

@@ -18,6 +18,7 @@ def sweep(
     runs_dir: RunsDirOpt = "runs",
     steps: StepsOpt = None,
     set_: SetOpt = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run each profile on N ranks through torchrun (memlab run --nproc); profiles must be ddp or fsdp.")] = None,
 ) -> None:
     """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on."""
     from memlab.core.config import load_profile
@@ -51,7 +52,8 @@ def sweep(
         for i, name in enumerate(names, 1):
             if stopping:
                 break
-            spec = ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides)
+            spec = ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides,
+                             extra_args=["--nproc", str(nproc)] if nproc is not None else [])  # the child becomes torchrun
             t0 = time.monotonic()
             typer.echo(f"[{i}/{len(names)}] {name} ...", err=True)
             last_step: dict = {}

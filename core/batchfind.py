@@ -1,0 +1,436 @@
+"""The largest micro-batch that fits: grow (doubling) then bisect, one fresh child process per probe.
+
+Answers to the usual complaints about batch finders:
+- A probe is k (default 3) full training steps of the profile in its own process (forward, backward, clipping,
+  optimizer step, so the optimizer state exists from the second step on), with a fresh CUDA context and allocator;
+  a batch that passes has already run as training will, and the probe reports the allocator's retries and its
+  fragmentation (1 - allocated / reserved at the peak) so a batch that fits only just is visible as such.
+- No blind halving: the search grows from a start (the estimator's guess, or 1) by doubling until a probe runs out
+  of memory, then bisects between the largest fit and the smallest OOM: exact to one batch unit, in O(log n) probes.
+- Out of memory (torch.OutOfMemoryError, cuDNN / cuBLAS allocation failures; the engine reports them as `oom`) is
+  the only result that means "does not fit". Any other failure is a ProbeError, never counted as a fit or a miss.
+- `--gpu-memory` caps each probe with torch.cuda.set_per_process_memory_fraction (MEMLAB_GPU_MEMORY_BYTES, read by
+  the child before any CUDA work), so a 24 / 40 / 48 GB card can be emulated on an 80 GB one.
+- Answers are cached per (experiment, profile, GPU, memory cap) as known bounds, so a later search starts there.
+
+`search_max_batch` is the pure search over an injected probe (tests drive it with a predicate); `ChildProbe` is
+the real probe, through memlab.core.supervisor.run_child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from memlab.core.config import Experiment, Profile, to_dict
+from memlab.core.errors import ConfigError, DeviceError, MemlabError
+
+MEMORY_ENV = "MEMLAB_GPU_MEMORY_BYTES"
+GIB = 1024**3
+
+# ---------------------------------------------------------------------------------------------- sizes
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str, what: str = "--gpu-memory") -> int:
+    """'24GiB', '40GB', '48G', '25769803776' -> bytes. K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB
+    powers of 1000 (so '40GB' is 40e9 bytes, 37.25 GiB); a bare number is bytes."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"{what} {text!r}: not a size; expected e.g. 24GiB, 40GB, 48G or a number of bytes")
+    number, unit = m.group(1), m.group(2).lower()
+    if unit not in _UNITS:
+        raise ConfigError(f"{what} {text!r}: unknown unit {m.group(2)!r}; use B, K/KiB, M/MiB, G/GiB, T/TiB (1024s) or KB, MB, GB, TB (1000s)")
+    value = float(number) * _UNITS[unit]
+    if value < 1:
+        raise ConfigError(f"{what} {text!r}: must be more than zero")
+    return int(value)
+
+
+def format_size(n: int | None) -> str:
+    return "—" if n is None else f"{n / GIB:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------- the child's cap
+
+
+def apply_memory_cap(device: Any) -> int | None:
+    """In the process that trains: cap the caching allocator at MEMLAB_GPU_MEMORY_BYTES, before any CUDA work.
+    Returns the cap in bytes (None when unset). The cap applies to the allocator's reserved memory; the CUDA
+    context (~0.5 GiB on a real card) is outside it."""
+    raw = os.environ.get(MEMORY_ENV)
+    if not raw:
+        return None
+    cap = parse_size(raw, MEMORY_ENV)
+    if getattr(device, "type", str(device)) != "cuda":
+        raise DeviceError(f"{MEMORY_ENV}={raw} caps GPU memory and needs CUDA; unset it to run on {device}")
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    if cap > props.total_memory:
+        raise DeviceError(f"{MEMORY_ENV}={raw} ({format_size(cap)}) is more than this GPU has ({props.name}: {format_size(props.total_memory)})")
+    torch.cuda.set_per_process_memory_fraction(cap / props.total_memory, device)
+    return cap
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    total_bytes: int
+
+
+def gpu_info(index: int = 0) -> GpuInfo | None:
+    """Name and memory of the CUDA device `index` WITHOUT creating a CUDA context in this process (a context here
+    would take memory from the probes on the same card): NVML, else a short-lived child process."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            import torch
+
+            nvml_idx = torch.cuda._get_nvml_device_index(index)
+        except Exception:  # noqa: BLE001
+            nvml_idx = index
+        h = pynvml.nvmlDeviceGetHandleByIndex(nvml_idx)
+        name = pynvml.nvmlDeviceGetName(h)
+        return GpuInfo(name if isinstance(name, str) else name.decode(), int(pynvml.nvmlDeviceGetMemoryInfo(h).total))
+    except Exception:  # noqa: BLE001 (no NVML: ask a child)
+        pass
+    code = f"import json, torch; p = torch.cuda.get_device_properties({index}); print(json.dumps([p.name, p.total_memory]))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        name, total = json.loads(out.stdout.strip().splitlines()[-1])
+        return GpuInfo(name, int(total))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- the search
+
+
+@dataclass
+class ProbeResult:
+    batch: int
+    fits: bool
+    seconds: float = 0.0
+    peak_alloc_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    alloc_retries: int | None = None
+    message: str = ""
+
+    @property
+    def fragmentation(self) -> float | None:
+        """1 - allocated / reserved at the peak: the share of reserved memory not holding tensors."""
+        if not self.peak_alloc_bytes or not self.peak_reserved_bytes:
+            return None
+        return max(0.0, 1.0 - self.peak_alloc_bytes / self.peak_reserved_bytes)
+
+
+class ProbeError(MemlabError):
+    """A probe failed for a reason other than running out of memory: reported, never counted as "does not fit"."""
+
+
+class DoesNotFitError(MemlabError):
+    """Not even the smallest micro-batch fits."""
+
+
+@dataclass
+class SearchResult:
+    max_batch: int  # the largest batch that fits (exact when `exact`)
+    min_oom: int | None  # the smallest batch known not to fit (None: the limit fits)
+    probes: list[ProbeResult] = field(default_factory=list)
+    seconds: float = 0.0
+    limit_reached: bool = False  # the largest allowed batch fits: the true maximum may be larger
+
+    @property
+    def exact(self) -> bool:
+        return not self.limit_reached
+
+
+Probe = Callable[[int], ProbeResult]
+
+
+def search_max_batch(
+    probe: Probe,
+    *,
+    start: int = 1,
+    limit: int | None = None,
+    candidates: Sequence[int] | None = None,
+    known_fit: int = 0,
+    known_oom: int | None = None,
+    on_probe: Callable[[ProbeResult], None] | None = None,
+    what: str = "micro-batch",
+) -> SearchResult:
+    """Largest batch b (from `candidates`, or any integer 1..limit) with probe(b).fits, assuming fitting is
+    monotone. Grows from `start` by doubling until a probe does not fit, then bisects; `known_fit` / `known_oom`
+    (from a cache) narrow the search before any probe. Raises DoesNotFitError when the smallest batch does not
+    fit, ProbeError (from the probe) on a failure that is not out-of-memory."""
+    if candidates is not None:
+        vals = sorted({int(c) for c in candidates if c >= 1})
+        if not vals:
+            raise MemlabError(f"no {what} to try")
+    else:
+        vals = None
+    top = len(vals) if vals is not None else limit  # the largest index allowed (None: unbounded)
+
+    def value(i: int) -> int:
+        return vals[i - 1] if vals is not None else i
+
+    def index_at_least(v: int) -> int:
+        """Smallest index whose value >= v (may exceed top)."""
+        if vals is None:
+            return max(1, v)
+        for i, x in enumerate(vals, 1):
+            if x >= v:
+                return i
+        return len(vals) + 1
+
+    def index_at_most(v: int) -> int:
+        """Largest index whose value <= v (0 when none)."""
+        if vals is None:
+            return max(0, v)
+        best = 0
+        for i, x in enumerate(vals, 1):
+            if x <= v:
+                best = i
+        return best
+
+    lo = index_at_most(known_fit) if known_fit else 0  # index of the largest known fit (0: none)
+    hi = index_at_least(known_oom) if known_oom else None  # index of the smallest known OOM (None: unknown)
+    if top is not None and hi is not None and hi > top:
+        hi = None
+    if hi is not None and hi <= lo:
+        hi = None  # inconsistent bounds (a stale cache): trust the fit
+    t0 = time.monotonic()
+    probes: list[ProbeResult] = []
+
+    def run(i: int) -> bool:
+        b = value(i)
+        result = probe(b)
+        result.batch = b
+        probes.append(result)
+        if on_probe:
+            on_probe(result)
+        return result.fits
+
+    limit_reached = False
+    # grow: doubling from the start (or from the largest known fit) until something does not fit
+    while hi is None:
+        if lo == 0:
+            i = index_at_least(max(1, start))
+        else:
+            i = index_at_least(2 * value(lo))
+        if top is not None and i > top:
+            if lo == top:
+                limit_reached = True
+                break
+            i = top
+        if run(i):
+            lo = i
+            if top is not None and lo == top:
+                limit_reached = True
+                break
+        else:
+            hi = i
+    # bisect between the largest fit and the smallest miss
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        smallest = value(1)
+        last = probes[-1] if probes else None
+        detail = f": {last.message}" if last and last.message else ""
+        raise DoesNotFitError(f"even {what} {smallest} runs out of memory{detail}")
+    return SearchResult(
+        max_batch=value(lo),
+        min_oom=value(hi) if hi is not None else None,
+        probes=probes,
+        seconds=time.monotonic() - t0,
+        limit_reached=limit_reached,
+    )
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---------------------------------------------------------------------------------------------- the real probe
+
+
+class ChildProbe:
+    """probe(b): train `steps` full steps at micro-batch b (times `accumulation` micro-batches per step) in a
+    fresh `memlab run` child, capped at `cap_bytes`; a short validation slice keeps the final eval cheap.
+    Probe run folders go to a temporary folder, removed after each probe."""
+
+    def __init__(
+        self,
+        profile_ref: str,
+        experiment_ref: str,
+        overrides: Sequence[str],
+        *,
+        seq_len: int,
+        steps: int = 3,
+        accumulation: int = 1,
+        cap_bytes: int | None = None,
+        device: str = "cuda",
+        runs_dir: Path | None = None,
+    ):
+        if steps < 1:
+            raise ConfigError(f"--steps must be at least 1 (full training steps per probe), got {steps}")
+        self.profile_ref, self.experiment_ref = profile_ref, experiment_ref
+        self.overrides = list(overrides)
+        self.seq_len, self.steps, self.accumulation = seq_len, steps, accumulation
+        self.cap_bytes, self.device = cap_bytes, device
+        self._own_dir = runs_dir is None
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="memlab-probes-"))
+
+    def spec(self, b: int):
+        from memlab.core.supervisor import ChildSpec
+
+        a = self.accumulation
+        items = self.overrides + [
+            f"train.batch_size={b * a}",
+            f"accumulation.steps={a}",
+            f"train.steps={self.steps}",
+            f"train.measure_after={min(1, self.steps - 1)}",  # step 0 creates the optimizer state
+            "train.eval_every=0",
+            f"data.val_tokens={self.seq_len + 1}",  # one window: the final eval costs one forward
+        ]
+        env = {MEMORY_ENV: str(self.cap_bytes)} if self.cap_bytes else {}
+        return ChildSpec(profile=self.profile_ref, experiment=self.experiment_ref, device=self.device, runs_dir=str(self.runs_dir), overrides=items, env=env)
+
+    def __call__(self, b: int) -> ProbeResult:
+        from memlab.core.supervisor import run_child
+
+        t0 = time.monotonic()
+        result = run_child(self.spec(b))
+        seconds = time.monotonic() - t0
+        if result.run_dir:
+            shutil.rmtree(result.run_dir, ignore_errors=True)
+        s = result.summary or {}
+        if result.status == "finished":
+            return ProbeResult(b, True, seconds, s.get("peak_alloc_bytes"), s.get("peak_reserved_bytes"), s.get("alloc_retries"))
+        if result.status == "oom":
+            return ProbeResult(b, False, seconds, s.get("peak_alloc_bytes"), s.get("peak_reserved_bytes"), s.get("alloc_retries"), result.message)
+        tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
+        detail = result.message or (tail[-1] if tail else "")
+        raise ProbeError(f"probe at micro-batch {b} ended with '{result.status}', not out of memory: {detail}".rstrip(": "))
+
+    def close(self) -> None:
+        if self._own_dir:
+            shutil.rmtree(self.runs_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the cache
+
+
+def cache_path() -> Path:
+    from memlab.core.data import cache_root
+
+    return cache_root() / "max_batch.json"
+
+
+def _canonical_experiment(e: Experiment) -> dict:
+    """What decides memory: the model and the data (the vocabulary); not the batch, steps or learning rate."""
+    d = to_dict(e)
+    return {"model": d["model"], "data": {k: v for k, v in d["data"].items() if k not in ("val_tokens", "max_docs", "split", "streaming")}}
+
+
+def _canonical_profile(p: Profile, accumulation: int) -> dict:
+    d = to_dict(p)
+    d.pop("name", None)
+    d.pop("description", None)
+    d["accumulation"] = {"steps": accumulation}
+    return d
+
+
+def cache_key(experiment: Experiment, profile: Profile, gpu_name: str, cap_bytes: int | None, *, steps: int, accumulation: int = 1) -> str:
+    import torch
+
+    blob = {
+        "experiment": _canonical_experiment(experiment),
+        "profile": _canonical_profile(profile, accumulation),
+        "gpu": gpu_name,
+        "cap_bytes": cap_bytes,
+        "steps": steps,
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_path().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) and isinstance(data.get("entries"), dict) else {"entries": {}}
+    except (OSError, ValueError):
+        return {"entries": {}}
+
+
+def cached_bounds(key: str) -> tuple[int, int | None, dict]:
+    """(largest known fit or 0, smallest known OOM or None, the entry)."""
+    entry = _read_cache()["entries"].get(key) or {}
+    fit = entry.get("max_fit") or 0
+    oom = entry.get("min_oom")
+    return int(fit), (int(oom) if oom else None), entry
+
+
+def record_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict[str, Any]) -> dict:
+    """Merge probe outcomes into the cache entry (atomic write); returns the entry."""
+    data = _read_cache()
+    entry = dict(data["entries"].get(key) or {})
+    fit = max([entry.get("max_fit") or 0, *fits])
+    oom_candidates = [x for x in [entry.get("min_oom"), *ooms] if x]
+    oom = min(oom_candidates) if oom_candidates else None
+    if oom is not None and oom <= fit:
+        oom = None  # contradicts a newer fit (a changed environment): forget the miss
+    entry.update(meta)
+    entry.update(max_fit=fit or None, min_oom=oom, exact=bool(fit and oom == fit + 1), updated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    data["entries"][key] = entry
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a later search its head start
+    return entry
+
+
+def outcome_lists(probes: Sequence[ProbeResult]) -> tuple[list[int], list[int]]:
+    return [p.batch for p in probes if p.fits], [p.batch for p in probes if not p.fits]
+
+
+def result_dict(result: SearchResult) -> dict[str, Any]:
+    return {
+        "max_batch": result.max_batch,
+        "exact": result.exact,
+        "min_oom": result.min_oom,
+        "probes": [dataclasses.asdict(p) | {"fragmentation": p.fragmentation} for p in result.probes],
+        "n_probes": len(result.probes),
+        "seconds": result.seconds,
+    }

@@ -1,0 +1,609 @@
+"""Peak GPU memory of one training step, predicted from the configuration alone: config in, bytes out.
+
+Existing estimators (accelerate's `estimate-memory`, DeepSpeed's ZeRO estimators) count weights, gradients and
+optimizer state and leave activations out; at the shapes memlab trains, activations and the B x T x V logits are
+most of the peak. This one walks the step the engine runs (memlab.core.model, loss, optim) and counts every tensor
+that is alive at each moment where the peak can fall:
+
+    forward, last block      all saved activations below it, plus that block's forward temporaries
+    loss forward             every block's saved activations, the logits (fp32 copy + log-softmax output)
+    loss backward            the same, with the log-softmax output and two B*T*V fp32 gradients
+    block backward           top-down, block by block: what is still saved, the recomputed block (checkpointing),
+                             the backward temporaries, and the parameter gradients made so far
+    optimizer step           weights, gradients, optimizer state and the optimizer's own temporaries
+
+and reports the largest, split by component. Sizes come from how PyTorch stores things (what autograd saves for
+each op under autocast, which dtype each tensor has), written out once per op below. The one thing that cannot be
+derived is the allocator's and the libraries' own overhead (cuBLAS workspaces, kernel scratch, block rounding):
+a measured constant (WORKSPACE_BYTES), recorded with where it was measured.
+
+Notation (as in model.py): L layers, C d_model, H heads, F d_ff, T seq_len, V padded vocabulary, b the micro-batch;
+e = bytes of a matmul output (2 under bf16/fp16 autocast, 4 in fp32/tf32). The residual stream is always fp32:
+the embeddings are fp32 parameters and fp32 + bf16 promotes to fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlab.core.config import Experiment, Profile
+from memlab.core.errors import ConfigError, MemlabError
+
+MIB = 1024**2
+GIB = 1024**3
+
+# ---------------------------------------------------------------------------------------------- measured constants
+
+# Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
+# workspaces (one per handle and stream: the forward runs on the main thread, backward on autograd's device
+# thread), cuDNN and attention-kernel scratch, and block rounding. NOT YET MEASURED: first-principles placeholder
+# (2 x 32 MiB cuBLAS workspaces on Hopper + 32 MiB for kernels' scratch), to be replaced by the H100 figures of
+# bench/estimate_vs_measured.py (median of measured - predicted-without-workspace over the profiles of one kernel).
+WORKSPACE_BYTES: dict[str, int] = {
+    "default": 96 * MIB,
+}
+
+# Device memory taken by the CUDA context (not through the allocator) on a card used whole, and the share of the
+# allocator's limit lost to fragmentation when the batch is at its largest. Placeholders until measured (see above).
+CUDA_CONTEXT_BYTES = 512 * MIB
+FRAGMENTATION_MARGIN = 0.03
+
+# Compiled profiles: the blocks' saved tensors were checked on the CPU (AOTAutograd's min-cut partitioner with
+# Inductor's decompositions, torch 2.13: the same bytes as eager); the fused cross-entropy keeps bf16 logits only.
+# COMPILE_ACTIVATION_SCALE corrects the blocks' figure once measured on a GPU (1.0 = not yet measured).
+COMPILE_ACTIVATION_SCALE = 1.0
+
+COMPONENTS = ("weights", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "workspace")
+
+
+# ---------------------------------------------------------------------------------------------- result
+
+
+@dataclass
+class Estimate:
+    """Predicted peak of one training step. `components` are the bytes alive at the peak moment (`peak_phase`)."""
+
+    profile: str
+    experiment: str
+    micro_batch: int
+    accumulation: int
+    vocab_size: int
+    params: int
+    components: dict[str, int]
+    peak_phase: str
+    phases: dict[str, int]  # the peak of each candidate moment, for the curious
+    notes: list[str] = field(default_factory=list)
+    method: str = "analytic"  # analytic | fake (measured on fake tensors, memlab.core.memsnapshot)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": self.method,
+            "profile": self.profile,
+            "experiment": self.experiment,
+            "micro_batch": self.micro_batch,
+            "accumulation": self.accumulation,
+            "vocab_size": self.vocab_size,
+            "params": self.params,
+            "peak_phase": self.peak_phase,
+        }
+        out.update({f"{k}_bytes": v for k, v in self.components.items()})
+        out["total_bytes"] = self.total_bytes
+        out["phases_bytes"] = dict(self.phases)
+        out["notes"] = list(self.notes)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True)
+class _Shape:
+    L: int
+    C: int
+    H: int
+    F: int
+    T: int
+    V: int
+    b: int
+
+    @property
+    def BT(self) -> int:
+        return self.b * self.T
+
+    @property
+    def BTC(self) -> int:
+        return self.b * self.T * self.C
+
+    @property
+    def BTF(self) -> int:
+        return self.b * self.T * self.F
+
+    @property
+    def BHTT(self) -> int:
+        return self.b * self.H * self.T * self.T
+
+
+def block_params(C: int, F: int) -> dict[str, int]:
+    """Parameter counts of one block: matrices (decayed) and vectors (biases, LayerNorm; not decayed)."""
+    return {"matrix": 3 * C * C + C * C + C * F + F * C, "vector": 2 * C + 3 * C + C + 2 * C + F + C}
+
+
+def param_count(L: int, C: int, F: int, T: int, V: int) -> int:
+    """Parameters counted once (tied embeddings): wte V x C, wpe T x C, L blocks, ln_f."""
+    bp = block_params(C, F)
+    return V * C + T * C + L * (bp["matrix"] + bp["vector"]) + 2 * C
+
+
+def param_shapes(L: int, C: int, F: int, T: int, V: int) -> list[tuple[int, ...]]:
+    """Every parameter's shape, as the optimizer sees them (for per-tensor rules: Adafactor, 8-bit)."""
+    shapes: list[tuple[int, ...]] = [(V, C), (T, C)]
+    for _ in range(L):
+        shapes += [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (F, C), (F,), (C, F), (C,)]
+    return shapes + [(C,), (C,)]
+
+
+def padded(vocab: int) -> int:
+    """The engine's padding of the tokenizer's vocabulary (engine.padded_vocab): up to a multiple of 64."""
+    return -(-vocab // 64) * 64
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+
+
+def optimizer_state_bytes(profile: Profile, shapes: list[tuple[int, ...]]) -> int:
+    """Device bytes of optimizer state, by optimizer and precision (parameters are fp32 in every profile).
+
+    adamw (foreach or fused): two fp32 moments, 8 bytes a parameter (fused also keeps a 4-byte step per tensor).
+    adafactor (torch.optim.Adafactor): no first moment; a matrix R x C keeps a row and a column factor,
+        (R + C) x 4 bytes; a vector keeps a full fp32 second moment.
+    adamw8bit (torchao): tensors of >= 4096 elements divisible by the 256-element block keep two uint8 moments
+        plus an fp32 scale per block (2 x (1 + 4/256) bytes); smaller tensors keep fp32 moments.
+    optimizer.offload: the state (and fp32 master copies) live in host memory: 0 on the GPU.
+    """
+    opt = profile.optimizer
+    if opt.offload:
+        return 0
+    if opt.name == "adamw":
+        return sum(8 * math.prod(s) for s in shapes) + (4 * len(shapes) if opt.fused else 0)
+    if opt.name == "adafactor":
+        total = 0
+        for s in shapes:
+            total += 4 * (s[0] + s[1]) if len(s) >= 2 else 4 * s[0]
+        return total
+    if opt.name == "adamw8bit":
+        total = 0
+        for s in shapes:
+            n = math.prod(s)
+            total += 2 * (n + 4 * (n // 256)) + 2 * 256 * 4 if n >= 4096 and n % 256 == 0 else 8 * n
+        return total
+    raise ConfigError(f"estimate: unknown optimizer.name {opt.name!r}; valid: adamw, adafactor, adamw8bit")
+
+
+def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device: str = "cuda") -> int:
+    """Temporaries of one optimizer step. The foreach implementations work on whole parameter groups at once:
+    AdamW's `_foreach_sqrt(exp_avg_sqs)` and Adafactor's `row_var @ col_var` variance estimates are one fp32 copy
+    of the largest group (the decayed matrices). Fused AdamW and torchao's compiled 8-bit step fuse them away;
+    an offloaded optimizer steps on the host. On the CPU, Adafactor defaults to its per-tensor loop (the engine
+    asks AdamW for foreach explicitly), so only the largest tensor's temporaries exist at once."""
+    opt = profile.optimizer
+    if opt.offload or opt.name == "adamw8bit" or (opt.name == "adamw" and opt.fused):
+        return 0
+    matrices = [math.prod(s) for s in shapes if len(s) >= 2]
+    vectors = [math.prod(s) for s in shapes if len(s) < 2]
+    if opt.name == "adafactor":
+        if device != "cuda":
+            return 4 * max(max(matrices), 2 * max(vectors))
+        return 4 * max(sum(matrices), 2 * sum(vectors))  # vectors: grad*grad, then a clone of the variance
+    return 4 * max(sum(matrices), sum(vectors))
+
+
+# ---------------------------------------------------------------------------------------------- activations
+
+
+def _attention_kind(profile: Profile) -> str:
+    """eager and SDPA's math backend materialize the T x T scores; every other kernel keeps O(T) per head."""
+    a = profile.attention
+    if a.kernel == "eager" or (a.kernel == "sdpa" and a.sdpa_backend == "math"):
+        return "materialized"
+    return "fused"
+
+
+@dataclass(frozen=True)
+class _Precision:
+    autocast: bool
+    e: int  # bytes of a matmul output / linear input under this precision
+
+
+def _precision(profile: Profile) -> _Precision:
+    amp = profile.precision.dtype in ("bf16", "fp16")
+    return _Precision(amp, 2 if amp else 4)
+
+
+def _dropout_mask_bytes(experiment: Experiment, pr: _Precision, device: str) -> int:
+    """Bytes per element of a dropout mask (0 = no dropout). CUDA's fused native_dropout keeps a bool mask; the
+    CPU's keeps its scaled noise tensor in the input's dtype."""
+    if experiment.model.dropout <= 0:
+        return 0
+    return 1 if device == "cuda" else pr.e
+
+
+def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str = "all") -> dict[str, int]:
+    """Bytes autograd keeps for backward from one un-checkpointed block (or only its "attn" / "mlp" half).
+
+    attention half: ln_1 input (fp32 residual) and its mean/rstd; the qkv Linear's input (its bf16 cast under
+    autocast, else the fp32 LayerNorm output); then the kernel's saves:
+      fused (SDPA flash/cuDNN/efficient, flash-attn, flex): q, k, v (views of the qkv output, 3e BTC), the output
+        (e BTC, also the proj Linear's input: the same storage) and the fp32 log-sum-exp (4 bHT);
+      materialized (eager): contiguous copies of q, k, v made by matmul's reshape (3e BTC), the fp32 softmax output
+        (4 bHT^2; under autocast also its bf16 cast, 2 bHT^2) and the contiguous copy of the output (e BTC).
+    MLP half: ln_2 input (fp32 residual) and mean/rstd, the fc input (e BTC), fc output and GELU output (e BTF each).
+    Under autocast the bf16 copies of the four weight matrices are saved too (for the input gradients).
+    Dropout (p > 0; `dropout` = mask bytes per element): a mask per residual dropout; eager attention dropout
+    keeps its mask and its fp32 output (the softmax output stays saved by the softmax).
+    """
+    e, amp = pr.e, pr.autocast
+    out: dict[str, int] = {}
+    if parts in ("all", "attn"):
+        out["residual"] = 4 * s.BTC
+        out["ln_stats"] = 8 * s.BT
+        out["attn_in"] = e * s.BTC
+        out["qkv"] = 3 * e * s.BTC
+        out["attn_out"] = e * s.BTC
+        if kind == "materialized":
+            out["scores"] = (4 + (2 if amp else 0)) * s.BHTT
+            if dropout:
+                out["scores"] += ((1 if dropout == 1 else 4) + 4) * s.BHTT
+        else:
+            out["lse"] = 4 * s.b * s.H * s.T
+        if amp:
+            out["weight_copies"] = e * 4 * s.C * s.C
+        if dropout:
+            out["dropout_masks"] = dropout * s.BTC
+    if parts in ("all", "mlp"):
+        out["residual"] = out.get("residual", 0) + 4 * s.BTC
+        out["ln_stats"] = out.get("ln_stats", 0) + 8 * s.BT
+        out["mlp_in"] = e * s.BTC
+        out["mlp_hidden"] = 2 * e * s.BTF
+        if amp:
+            out["weight_copies"] = out.get("weight_copies", 0) + e * 2 * s.C * s.F
+        if dropout:
+            out["dropout_masks"] = out.get("dropout_masks", 0) + dropout * s.BTC
+    return out
+
+
+def _block_layout(profile: Profile, L: int) -> list[str]:
+    """Per block: plain | full (checkpointed whole) | sel_attn | sel_mlp (one sub-layer checkpointed)."""
+    ck = profile.checkpointing
+    if ck.mode == "none":
+        return ["plain"] * L
+    if ck.mode == "full":
+        return ["full"] * L
+    if ck.mode == "every_n":
+        return ["full" if i % ck.every == 0 else "plain" for i in range(L)]
+    if ck.mode == "selective":
+        return ["sel_attn" if ck.target == "attention" else "sel_mlp"] * L
+    raise ConfigError(f"estimate: unknown checkpointing.mode {ck.mode!r}")
+
+
+def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int) -> int:
+    """Bytes one block keeps between its forward and its backward."""
+    if layout == "plain":
+        return sum(block_saved(s, pr, kind, dropout).values())
+    if layout == "full":
+        return 4 * s.BTC  # the non-reentrant checkpoint keeps only the block's input (the fp32 residual)
+    if layout == "sel_attn":
+        # attention recomputed: keep ln_1's input and stats, the attention sub-layer's input (fp32 LN output)
+        return 4 * s.BTC + 8 * s.BT + 4 * s.BTC + sum(block_saved(s, pr, kind, dropout, "mlp").values())
+    if layout == "sel_mlp":
+        return sum(block_saved(s, pr, kind, dropout, "attn").values()) + 4 * s.BTC + 8 * s.BT + 4 * s.BTC
+    raise AssertionError(layout)
+
+
+def _weight_copy_bytes(layout: str, s: _Shape, pr: _Precision) -> int:
+    """bf16 weight copies autocast caches during forward (all blocks) but autograd does not keep for this block."""
+    if not pr.autocast:
+        return 0
+    biases = pr.e * (3 * s.C + s.C + s.F + s.C)
+    if layout == "full":
+        return biases + pr.e * (4 * s.C * s.C + 2 * s.C * s.F)
+    if layout == "sel_attn":
+        return biases + pr.e * 4 * s.C * s.C
+    if layout == "sel_mlp":
+        return biases + pr.e * 2 * s.C * s.F
+    return biases
+
+
+def _block_fwd_extra(s: _Shape, pr: _Precision, kind: str) -> int:
+    """Forward temporaries of one block beyond what it saves: the largest set alive at once.
+    MLP: fc output and GELU output coexist (2e BTF) in a checkpointed block; in a plain block both are saved, and
+    the temporaries are the fp32 LayerNorm output (4 BTC) and the proj output. Eager attention: the scaled and
+    masked scores coexist before the softmax (fp32: 4 bHT^2 besides the saved output; autocast: the bf16 masked
+    scores and the fp32 softmax input, 6 bHT^2)."""
+    extra = 4 * s.BTC + pr.e * s.BTC
+    if kind == "materialized":
+        extra = max(extra, (6 if pr.autocast else 4) * s.BHTT)
+    return extra
+
+
+def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int], dropout: int = 0) -> int:
+    """Backward temporaries of one block beyond its saved tensors (each freed once the last node using it ran).
+
+    MLP (all of the block's saves still alive): the fp32 residual gradient (4 BTC) and, under autocast, its cast
+    for the bf16 branch (e BTC); proj's backward makes the GELU-output gradient (e BTF) and proj's weight
+    gradient (e CF). Later nodes free more than they make.
+    Attention, once the MLP's saves, v and the proj input are freed: the residual gradient and v's gradient
+    (4 + e BTC); eager: the gradient of the probabilities and of the scores while the fp32 softmax output lives
+    (8 bHT^2 in fp32; 6 under autocast, where the bf16 probabilities are freed first; 4 with dropout, whose saved
+    output and mask are freed as its gradient is made); fused kernels: dq, dk, dv and the concatenated d(qkv)
+    (6e BTC) plus flash's fp32 dq accumulator (4 BTC).
+    """
+    e = pr.e
+    mlp = 4 * s.BTC + (e * s.BTC if pr.autocast else 0) + e * s.BTF + e * s.C * s.F
+    freed = saved.get("mlp_hidden", 0) + saved.get("mlp_in", 0) + 4 * s.BTC + 2 * e * s.BTC
+    grads_made = 4 * (2 * s.C * s.F + s.C * s.C)  # by then: the MLP's and attention proj's fp32 weight gradients
+    if kind == "materialized":
+        attn = 4 * s.BTC + e * s.BTC + (4 if dropout else 6 if pr.autocast else 8) * s.BHTT
+    else:
+        attn = 4 * s.BTC + 4 * s.BTC + 6 * e * s.BTC
+    return max(mlp, attn - freed + grads_made)
+
+
+# ---------------------------------------------------------------------------------------------- the estimate
+
+
+def _check(profile: Profile, experiment: Experiment, micro_batch: int, vocab_size: int) -> None:
+    if micro_batch < 1:
+        raise ConfigError(f"estimate: the micro-batch must be at least 1, got {micro_batch}")
+    if vocab_size < 1:
+        raise ConfigError(f"estimate: the vocabulary size must be at least 1, got {vocab_size}")
+
+
+def estimate(
+    experiment: Experiment,
+    profile: Profile,
+    *,
+    vocab_size: int,
+    micro_batch: int | None = None,
+    world_size: int = 1,
+    device: str = "cuda",
+) -> Estimate:
+    """Predicted peak allocated bytes of a training step of `profile` on `experiment` at `micro_batch`
+    (default: train.batch_size / accumulation.steps). `vocab_size` is the model's (already padded) vocabulary.
+    `device` = "cpu" predicts the tensors of the CPU backend (no workspace; Adafactor's per-tensor loop)."""
+    m, p = experiment.model, profile
+    k = p.accumulation.steps
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // k)
+    _check(p, experiment, b, vocab_size)
+    F = m.d_ff or 4 * m.d_model
+    s = _Shape(m.n_layer, m.d_model, m.n_head, F, m.seq_len, vocab_size, b)
+    pr = _precision(p)
+    kind = _attention_kind(p)
+    dropout = _dropout_mask_bytes(experiment, pr, device)
+    compiled = p.compile.enabled
+    offload = p.checkpointing.offload
+    chunked = p.loss.chunked
+    notes: list[str] = []
+
+    # ---- static: weights, gradients, optimizer state (fp32 parameters in every profile)
+    shapes = param_shapes(s.L, s.C, F, s.T, s.V)
+    N = param_count(s.L, s.C, F, s.T, s.V)
+    shard = world_size if p.distributed.mode == "fsdp" else 1
+    weights = 4 * N // shard
+    grads_full = 4 * N // shard
+    opt_state = optimizer_state_bytes(p, shapes) // shard
+    opt_temp = optimizer_temp_bytes(p, shapes, device) // shard
+    if p.distributed.mode == "ddp":
+        grads_full *= 2  # DDP's gradient buckets: a second fp32 copy of every gradient
+        notes.append("ddp: gradient buckets counted as a second copy of the gradients (not calibrated)")
+    elif p.distributed.mode == "fsdp":
+        notes.append(f"fsdp: weights, gradients and optimizer state sharded {world_size} ways (not calibrated)")
+    workspace = WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if device == "cuda" else 0
+    # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
+    grads_fwd = grads_full if k > 1 else 0
+    bp = block_params(s.C, F)
+    head_grads = 4 * (s.V * s.C + 2 * s.C) // shard  # wte (tied LM head) and ln_f: the first gradients made
+    block_grads = 4 * (bp["matrix"] + bp["vector"]) // shard
+
+    # ---- saved activations, per block
+    layout = _block_layout(p, s.L)
+    # Compiled blocks save what eager ones do: AOTAutograd's min-cut partitioner (with Inductor's decompositions)
+    # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
+    # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
+    plain = block_saved(s, pr, kind, dropout)
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout) for lay in layout]
+    if compiled:
+        saved = [int(x * COMPILE_ACTIVATION_SCALE) for x in saved]
+        notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
+    if offload:
+        # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
+        # is a reference the checkpoint holds, not a saved tensor).
+        saved = [4 * s.BTC if lay == "full" else 0 for lay in layout]
+    A_blocks = sum(saved)
+
+    # ---- model-level saved: tokens, ln_f, the LM head's input and weight, the loss
+    c = min(p.loss.chunk_size, s.BT) if chunked else s.BT  # rows of logits alive at once
+    tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
+    if dropout:
+        tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
+    final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
+    if chunked:
+        head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
+    else:
+        head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
+        head_w = pr.e * s.V * s.C if pr.autocast else 0  # its bf16 weight, saved for the input gradient
+    if offload:
+        final = head_in = head_w = 0
+    model_saved = tokens + final + head_in + head_w
+
+    # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
+    # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
+    cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if offload else lay, s, pr) for lay in layout)
+    if chunked and pr.autocast and not compiled:
+        cache_extra += pr.e * s.V * s.C
+    h_fp32 = 4 * s.BTC if pr.autocast and not chunked else 0  # GPT.forward holds the fp32 h while the loss runs
+
+    phases: dict[str, dict[str, int]] = {}
+
+    def put(name: str, grads: int, acts: int, loss: int, temps: int) -> None:
+        phases[name] = {
+            "weights": weights, "gradients": grads, "optimizer_state": opt_state, "activations": acts,
+            "logits_loss": loss, "temporaries": temps, "workspace": workspace,
+        }
+
+    # forward, in the last block: the blocks below keep their saves; this one adds its temporaries
+    last = layout[-1]
+    if last == "plain" and not offload:
+        fwd_block = saved[-1] + _block_fwd_extra(s, pr, kind)
+    else:  # a checkpointed block's internals are temporaries: fc and GELU outputs coexist, or the scores
+        fwd_block = saved[-1] + max(2 * pr.e * s.BTF, _block_fwd_extra(s, pr, kind))
+    put("forward (last block)", grads_fwd, A_blocks - saved[-1] + tokens, 0, fwd_block + cache_extra)
+
+    # the loss, forward and backward
+    if compiled and not chunked:
+        # Inductor fuses upcast, log-softmax and NLL: it keeps the logits in the matmul's dtype with the row max and
+        # log-sum-exp, and writes the logits' gradient in that dtype in one kernel
+        put("loss forward", grads_fwd, A_blocks + model_saved, pr.e * s.BT * s.V, h_fp32)
+        put("loss backward", grads_fwd, A_blocks + model_saved, 2 * pr.e * s.BT * s.V, 0)
+    else:
+        # forward: inside cross_entropy the fp32 logits and the log-softmax output coexist (8 bytes a logit);
+        # the log-softmax output (4) is kept for backward unless the chunk is checkpointed
+        # (a chunk also keeps its bf16 logits alive in a local variable: e more)
+        fwd_logits = (8 + (pr.e if chunked and pr.autocast else 0)) * c * s.V
+        put("loss forward", grads_fwd, A_blocks + model_saved, fwd_logits, h_fp32 + cache_extra)
+        # backward: the log-softmax output, NLL's gradient and log-softmax's gradient, all fp32 (12 bytes a logit)
+        loss_tmp = 0
+        grads_loss = grads_fwd
+        if chunked:
+            # per chunk: the recomputed bf16 head weight and input rows, and the fp32 gradient of h summed over the
+            # chunks (4 BTC); between chunks the sum and the next chunk's full-size slice gradient (8 BTC) coexist
+            with_chunk = (pr.e * s.V * s.C if pr.autocast else 0) + pr.e * c * s.C + 4 * s.BTC
+            loss_tmp = max(with_chunk, 8 * s.BTC - 12 * c * s.V)
+            grads_loss = grads_fwd or 4 * s.V * s.C  # the head's gradient exists after the first chunk
+        put("loss backward", grads_loss, A_blocks + model_saved, 12 * c * s.V, loss_tmp)
+
+    # block backward, top down: what is still saved, the block being differentiated (recomputed if checkpointed),
+    # its backward temporaries, and the parameter gradients made so far
+    best: tuple[int, int, int, int, int] | None = None  # (total, block, grads, live, extra)
+    remaining = A_blocks + tokens
+    for i in reversed(range(s.L)):
+        lay = layout[i]
+        extra = _block_bwd_extra(s, pr, kind, plain, dropout)
+        if offload:
+            live = remaining + pr.e * s.BTF  # the node's tensors, unpacked back from the host
+        elif lay == "full":
+            live = remaining - 4 * s.BTC + sum(plain.values())  # recomputed whole (its input is counted already)
+        elif lay in ("sel_attn", "sel_mlp"):
+            half = "attn" if lay == "sel_attn" else "mlp"
+            live = remaining + sum(block_saved(s, pr, kind, dropout, half).values()) - 4 * s.BTC - 8 * s.BT
+        else:
+            live = remaining
+        g = grads_full if k > 1 else head_grads + block_grads * (s.L - 1 - i)
+        total = g + live + extra
+        if best is None or total > best[0]:
+            best = (total, i, g, live, extra)
+        remaining -= saved[i]
+    assert best is not None
+    _, top, g_b, live_b, extra_b = best
+    block_phase = f"block backward (block {top})"
+    put(block_phase, g_b, live_b, 0, extra_b)
+
+    # the optimizer step: every gradient, the state, the step's temporaries
+    put("optimizer step", grads_full, tokens, 0, opt_temp)
+
+    totals = {name: sum(v.values()) for name, v in phases.items()}
+    peak = max(totals, key=lambda n: totals[n])
+    return Estimate(
+        profile=p.name,
+        experiment=experiment.name,
+        micro_batch=b,
+        accumulation=k,
+        vocab_size=s.V,
+        params=N,
+        components=dict(phases[peak]),
+        peak_phase=peak,
+        phases=totals,
+        notes=notes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- max batch
+
+
+def usable_bytes(memory_bytes: int, *, capped: bool) -> int:
+    """What the allocator can hand out as tensors: a capped process's limit (set_per_process_memory_fraction
+    applies to the allocator alone), or a whole card less the CUDA context; less the fragmentation margin."""
+    avail = memory_bytes if capped else memory_bytes - CUDA_CONTEXT_BYTES
+    return int(avail * (1 - FRAGMENTATION_MARGIN))
+
+
+def predict_max_batch(
+    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, capped: bool, limit: int = 1 << 20
+) -> int:
+    """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits).
+    Peak memory grows monotonically with the batch, so grow-then-bisect on the pure function finds it exactly."""
+    budget = usable_bytes(memory_bytes, capped=capped)
+
+    def fits(b: int) -> bool:
+        return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b).total_bytes <= budget
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# ---------------------------------------------------------------------------------------------- vocabulary
+
+
+def vocab_for(experiment: Experiment) -> tuple[int, str]:
+    """The padded vocabulary the engine will build, and where the figure came from. Not pure: it reads the token
+    cache's meta.json when the corpus was tokenized already. model.vocab_size wins; a trained BPE (`bpe:N`) has N
+    tokens; otherwise the cached entry says; otherwise a ConfigError asks for model.vocab_size."""
+    if experiment.model.vocab_size:
+        return experiment.model.vocab_size, "model.vocab_size"
+    try:
+        from memlab.core.data import cache as cache_mod
+        from memlab.core.data.tokens import cache_entry
+
+        _, spec, name = cache_entry(experiment.data)
+        meta = cache_mod.read_meta(cache_mod.tokens_dir() / name)
+        if meta is not None:
+            return padded(int(meta["vocab_size"])), "the token cache"
+        if spec.kind == "bpe":
+            return padded(spec.vocab), f"{experiment.data.tokenizer} (not tokenized yet: assumed {spec.vocab} tokens)"
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a source that cannot be opened here: say what to do)
+        raise ConfigError(
+            f"cannot tell the vocabulary size of {experiment.data.tokenizer} ({e.__class__.__name__}: {e}); "
+            "set it with --set model.vocab_size=N or tokenize first with memlab data prepare"
+        ) from None
+    raise ConfigError(
+        f"the vocabulary of {experiment.data.tokenizer} is unknown until the corpus is tokenized; run memlab data "
+        "prepare first, or set --set model.vocab_size=N"
+    )
+
+
+def peak_for_run(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, device: str, world_size: int = 1) -> int | None:
+    """The engine's `estimate_peak_bytes`: the prediction recorded beside the measured peak. Never fails a run."""
+    try:
+        return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, device=device, world_size=world_size).total_bytes
+    except Exception:  # noqa: BLE001 (an estimate is a nicety; a run must not die of it)
+        return None

@@ -1,0 +1,355 @@
+"""Measured memory breakdowns, to check the analytic estimate (memlab.core.estimate) against:
+
+1. `fake_estimate`: one training step on fake tensors (torch FakeTensorMode: shapes and dtypes, no storage) under
+   torch.distributed._tools.mem_tracker.MemTracker, which follows every tensor's storage and sorts it into
+   parameters, gradients, optimizer state, activations and backward temporaries. Needs no GPU and no memory: a
+   GPT-2-small step at batch 64 takes seconds on a laptop. It measures tensors, not the allocator (no workspaces,
+   no rounding), with the kernels of the device it runs on (on a CPU-only machine, the CPU's).
+2. `SnapshotSink`: `memlab run --memory-snapshot` records the CUDA caching allocator's history over the first
+   measured steps (torch.cuda.memory._record_memory_history), writes torch's own snapshot (a pickle, for
+   https://pytorch.org/memory_viz; memlab writes it and never loads one) and a breakdown at the peak by category
+   (parameters, gradients, optimizer state, activations, other), read from the allocation stacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from memlab.core.config import Experiment, Profile
+from memlab.core.errors import DeviceError, MemlabError
+from memlab.core.estimate import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+
+
+def estimate_categories(est: Estimate) -> dict[str, int]:
+    """An estimate's components in the measured categories, to print side by side."""
+    c = est.components
+    opt_peak = est.peak_phase.startswith("optimizer")
+    return {
+        "parameters": c["weights"],
+        "gradients": c["gradients"],
+        "optimizer_state": c["optimizer_state"],
+        "activations": c["activations"] + c["logits_loss"] + (0 if opt_peak else c["temporaries"]),
+        "other": c["workspace"] + (c["temporaries"] if opt_peak else 0),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- fake tensors
+
+
+def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int | None = None) -> Estimate:
+    """Measure one training step (forward, backward, clip, optimizer step, after a first step that creates the
+    optimizer state) on fake tensors. Kernels that cannot run on fake tensors are replaced by one that saves the
+    same tensors (flash-attn and FlexAttention by SDPA), torch.compile is left off; the notes say so."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memlab.core.attention import build_attention
+    from memlab.core.config import validate_pair
+    from memlab.core.engine import check_device_support
+    from memlab.core.model import GPT, GPTConfig
+    from memlab.core.optim import build_optimizer
+    from memlab.core.techniques import apply_techniques
+
+    validate_pair(experiment, profile)
+    p = copy.deepcopy(profile)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    notes = [f"fake tensors on {device.type}: tensors only (no allocator rounding or library workspaces)"]
+    if p.attention.kernel in ("flash", "flex"):
+        notes.append(f"attention.kernel = {p.attention.kernel} measured as SDPA (the same saved tensors; it cannot run on fake tensors)")
+        p.attention.kernel, p.attention.sdpa_backend = "sdpa", "auto"
+        p.attention.window = 0  # a fused kernel's memory does not depend on the window (O(T) per head either way)
+    if p.compile.enabled:
+        notes.append("compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)")
+        p.compile.enabled = False
+    if not cuda:
+        if p.precision.dtype == "tf32":
+            p.precision.dtype = "fp32"  # same storage; TF32 is a matmul mode
+        if p.checkpointing.offload or p.optimizer.offload:
+            raise DeviceError("--method fake cannot measure offloading to the host without CUDA (host and device are one here); use --method analytic")
+        p.loader.pin_memory = False
+        p.allocator.expandable_segments = False
+        if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
+            notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured with the CPU's SDPA (the same saved tensors)")
+            p.attention.sdpa_backend = "auto"
+        if p.optimizer.name == "adamw8bit":
+            raise DeviceError("--method fake cannot run the 8-bit optimizer without CUDA; use --method analytic")
+    check_device_support(p, device)
+    m_ = experiment.model
+    k = p.accumulation.steps
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // k)
+    if b < 1:
+        raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
+    amp = p.precision.dtype in ("bf16", "fp16")
+    amp_dtype = torch.bfloat16 if p.precision.dtype == "bf16" else torch.float16
+
+    class _Scalars(TorchDispatchMode):
+        """`.item()` has no value on a fake tensor (Adafactor, clipping read one): any number does for memory."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                return 1.0 if args[0].dtype.is_floating_point else 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = GPTConfig(m_.n_layer, m_.n_head, m_.d_model, m_.d_ff or 4 * m_.d_model, vocab_size, m_.seq_len, m_.dropout)
+    offload = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)) if p.checkpointing.offload else contextlib.nullcontext
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp else contextlib.nullcontext
+    try:
+        with FakeTensorMode(), _Scalars():
+            kernel = build_attention(p.attention, device, amp_dtype if amp else torch.float32)
+            with device:  # parameters made on the device (moving fake parameters with .to() is not supported)
+                model = GPT(cfg, kernel)
+            model.loss_chunk_size = p.loss.chunk_size if p.loss.chunked else 0
+            optimizer = build_optimizer(model, p.optimizer, experiment.train, device)
+            train_model, _ = apply_techniques(model, p)
+            tracker: list[Any] = [None]
+
+            def step() -> None:
+                for _ in range(k):
+                    if tracker[0] is not None:
+                        tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
+                    x = torch.randint(0, vocab_size, (b, m_.seq_len), device=device)
+                    y = torch.randint(0, vocab_size, (b, m_.seq_len), device=device)
+                    with autocast(), offload():
+                        loss = train_model(x, y) / k
+                    loss.backward()
+                if experiment.train.clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), experiment.train.clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            step()  # the first step creates the optimizer state, as the engine's warm-up steps do
+            mt = MemTracker()
+            mt.track_external(model, optimizer)
+            tracker[0] = mt
+            with mt:
+                step()
+            peak = mt.get_tracker_snapshot("peak")
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
+        raise MemlabError(f"--method fake could not run this profile ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); use --method analytic") from None
+    snap = next((v for d, v in peak.items() if torch.device(d).type == device.type), {})
+    by = {str(getattr(key, "value", key)): int(v) for key, v in snap.items()}
+    comps = dict.fromkeys(COMPONENTS, 0)
+    comps["weights"] = by.get("Parameter", 0) + by.get("Buffer", 0)
+    comps["gradients"] = by.get("Gradient", 0)
+    comps["optimizer_state"] = by.get("Optstate", 0)
+    comps["activations"] = by.get("Activation", 0)
+    comps["temporaries"] = by.get("Temp", 0) + by.get("Other", 0)
+    if cuda:
+        comps["workspace"] = WORKSPACE_BYTES.get(profile.attention.kernel, WORKSPACE_BYTES["default"])
+        notes.append("workspace: the analytic constant, added (fake tensors have none)")
+    F = m_.d_ff or 4 * m_.d_model
+    return Estimate(
+        profile=profile.name,
+        experiment=experiment.name,
+        micro_batch=b,
+        accumulation=k,
+        vocab_size=vocab_size,
+        params=param_count(m_.n_layer, m_.d_model, F, m_.seq_len, vocab_size),
+        components=comps,
+        peak_phase="measured step (fake tensors)",
+        phases={},
+        notes=notes,
+        method="fake",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- allocator snapshots
+
+SNAPSHOT_FILE = "memory_snapshot.pickle"
+BREAKDOWN_FILE = "memory_breakdown.json"
+MAX_ENTRIES = 500_000
+
+
+def _names(frames: list[dict] | None) -> list[tuple[str, str]]:
+    return [(str(f.get("filename", "")).replace("\\", "/"), str(f.get("name", ""))) for f in (frames or [])]
+
+
+def _any(frames: list[tuple[str, str]], files: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> bool:
+    return any(any(x in fn for x in files) or name in names for fn, name in frames)
+
+
+_OPTIM_FILES = ("torch/optim/", "torchao/optim", "memlab/core/optim.py", "optim_offload.py")
+_PARAM_NAMES = ("_apply", "to_empty")
+
+
+def classify(alloc_frames: list[dict] | None, free_frames: list[dict] | None, alive_at_cut: bool, allocated_before_cut: bool) -> str:
+    """The category of one allocation, from its Python stacks (torch records them with stacks="python").
+
+    gradients: freed by `optimizer.zero_grad` (set_to_none frees every .grad); made in backward on autograd's
+      thread, where no Python frame exists, so the free is what tells them apart.
+    optimizer state: made under torch.optim / torchao.optim and still alive at the end of the last full step.
+    parameters: made by Module._apply (model.to(device)) and still alive.
+    activations: made in forward or backward (model, loss, attention, checkpoint, autograd) and freed within the step.
+    other: the rest: library workspaces (made once, kept), the input batch, optimizer temporaries.
+    """
+    af, ff = _names(alloc_frames), _names(free_frames)
+    if _any(ff, names=("zero_grad",)):
+        return "gradients"
+    if alive_at_cut:
+        if _any(af, files=_OPTIM_FILES):
+            return "optimizer_state"
+        if _any(af, names=_PARAM_NAMES):
+            return "parameters"
+        return "other"
+    if _any(af, files=_OPTIM_FILES):
+        return "other"
+    if not af or _any(af, files=("memlab/core/model.py", "memlab/core/loss.py", "memlab/core/attention", "torch/utils/checkpoint.py", "torch/nn/", "torch/autograd/", "memlab/core/techniques")):
+        return "activations"
+    return "other"
+
+
+def breakdown(snapshot: dict, device: int = 0) -> dict[str, Any]:
+    """Replay the allocator's trace of one device and split the allocated bytes at their peak by category.
+
+    The trace window may start after some blocks were allocated (a ring buffer): blocks still active at the dump
+    (listed in `segments`) and blocks whose free appears without their allocation were alive from the start.
+    The analysis ends at the last `zero_grad` (the end of the last complete step), so that a step in flight at the
+    dump is not mistaken for long-lived memory; an OOM in the trace ends it there instead.
+    """
+    traces = snapshot.get("device_traces") or []
+    events = [ev for ev in (traces[device] if device < len(traces) else []) if ev.get("action") in ("alloc", "free_requested", "free_completed", "oom")]
+    # allocation records: [alloc index or -1, free index or None, size, alloc frames, free frames]
+    records: list[list[Any]] = []
+    open_by_addr: dict[int, list[Any]] = {}
+    oom_at: int | None = None
+    for i, ev in enumerate(events):
+        action, addr = ev["action"], ev.get("addr")
+        if action == "alloc":
+            rec = [i, None, int(ev.get("size", 0)), ev.get("frames"), None]
+            records.append(rec)
+            open_by_addr[addr] = rec
+        elif action in ("free_requested", "free_completed"):
+            rec = open_by_addr.pop(addr, None)
+            if rec is None:
+                if action == "free_completed":
+                    continue  # the second half of a free already counted
+                rec = [-1, None, int(ev.get("size", 0)), None, None]  # allocated before the window
+                records.append(rec)
+            rec[1], rec[4] = i, ev.get("frames")
+        elif action == "oom" and oom_at is None:
+            oom_at = i
+    # blocks active at the dump that the window never saw allocated
+    for seg in snapshot.get("segments") or []:
+        if seg.get("device", device) != device:
+            continue
+        for blk in seg.get("blocks") or []:
+            if blk.get("state") != "active_allocated":
+                continue
+            if blk.get("address") in open_by_addr:
+                continue  # its allocation is in the window: counted already
+            frames = blk.get("frames")
+            if frames is None and blk.get("history"):
+                frames = blk["history"][-1].get("frames")
+            records.append([-1, None, int(blk.get("size", 0)), frames, None])
+
+    zero_grads = [r[1] for r in records if r[1] is not None and _any(_names(r[4]), names=("zero_grad",))]
+    cut = oom_at if oom_at is not None else (max(zero_grads) if zero_grads else len(events))
+    # sweep: live bytes after each event up to the cut
+    delta = [0] * (len(events) + 1)
+    base = 0
+    for r in records:
+        start = r[0]
+        if start < 0:
+            base += r[2]
+        else:
+            delta[start] += r[2]
+        if r[1] is not None:
+            delta[r[1]] -= r[2]
+    live, peak, peak_at = base, base, -1
+    for i in range(min(cut + 1, len(events))):
+        live += delta[i]
+        if live > peak:
+            peak, peak_at = live, i
+    cats = dict.fromkeys(CATEGORIES, 0)
+    for r in records:
+        alive_at_peak = r[0] <= peak_at and (r[1] is None or r[1] > peak_at)
+        if not alive_at_peak:
+            continue
+        alive_at_cut = r[1] is None or r[1] > cut
+        cats[classify(r[3], r[4], alive_at_cut, r[0] <= cut)] += r[2]
+    return {"peak_bytes": peak, "categories": cats, "events": len(events), "oom": oom_at is not None, "complete_steps": len(zero_grads)}
+
+
+class SnapshotSink:
+    """A sink for the engine that records the allocator from construction (before the model exists) until
+    `steps` measured steps are done (or the run ends), then writes the snapshot and the breakdown into the run
+    folder. Construct it before the run starts: recording must begin before the first allocation."""
+
+    def __init__(self, device: Any, steps: int = 3):
+        import torch
+
+        if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
+            raise DeviceError("--memory-snapshot records the CUDA caching allocator and needs CUDA; on CPU use memlab estimate (add --method fake for a measured breakdown)")
+        if steps < 1:
+            raise MemlabError(f"memory snapshot: steps must be at least 1, got {steps}")
+        self.steps = steps
+        self.run_dir: Path | None = None
+        self.measure_after = 0
+        self.result: dict[str, Any] | None = None
+        self.path: Path | None = None
+        self.estimate: Estimate | None = None
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+        self._recording = True
+
+    def emit(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "started":
+            self.run_dir = Path(ev["run_dir"]) if ev.get("run_dir") else None
+            self.measure_after = int(ev.get("experiment", {}).get("train", {}).get("measure_after", 0))
+            self.estimate = self._estimate(ev)
+        elif kind == "step" and self._recording and ev.get("step", 0) >= self.measure_after + self.steps - 1:
+            self._dump(f"after {ev['step'] + 1} steps")
+        elif kind in ("finished", "failed") and self._recording:
+            self._dump("at the end of the run" if kind == "finished" else f"at the failure ({ev.get('reason')})")
+
+    @staticmethod
+    def _estimate(ev: dict) -> Estimate | None:
+        from memlab.core.config import experiment_from_dict, profile_from_dict
+        from memlab.core.estimate import estimate
+
+        try:
+            exp, prof = experiment_from_dict(ev["experiment"]), profile_from_dict(ev["profile"])
+            return estimate(exp, prof, vocab_size=int(ev["vocab_size"]), micro_batch=int(ev["micro_batch"]))
+        except Exception:  # noqa: BLE001 (the breakdown stands without it)
+            return None
+
+    def _dump(self, when: str) -> None:
+        import torch
+
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self._recording = False
+        folder = self.run_dir or Path(".")
+        self.path = folder / SNAPSHOT_FILE
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(snap, f)  # torch's own snapshot format (what _dump_snapshot writes), for memory_viz
+        os.replace(tmp, self.path)
+        result = breakdown(snap, torch.cuda.current_device())
+        result["when"] = when
+        result["snapshot"] = str(self.path)
+        if self.estimate is not None:
+            result["estimate_categories"] = estimate_categories(self.estimate)
+            result["estimate_total_bytes"] = self.estimate.total_bytes
+        self.result = result
+        (folder / BREAKDOWN_FILE).write_text(json.dumps(result, indent=2))
+
+    def close(self) -> None:
+        if self._recording:
+            import torch
+
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._recording = False

@@ -1,0 +1,381 @@
+"""`memlab find-batch` (the largest micro-batch that fits, measured) and `memlab estimate` (the peak, predicted),
+and `resolve_max_batch` behind `memlab run --batch-size max`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from memlab.cli.options import SetOpt
+
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+
+    from memlab.core.batchfind import GpuInfo, ProbeResult, SearchResult
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.estimate import Estimate
+
+GIB = 1024**3
+DEFAULT_CARD = "80GiB"  # what `memlab estimate` assumes without a GPU to ask: an 80 GB H100
+FRAGMENTATION_HINT = 0.10
+
+ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s (the GPU default, wherever this runs).")]
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name (memlab profiles) or a TOML file.")]
+GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory to fit in, e.g. 24GiB, 40GB, 48G or bytes (G/GiB = 1024^3, GB = 1000^3). find-batch caps each probe at it (set_per_process_memory_fraction) to emulate a smaller card.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (bytes) instead of a table.")]
+
+
+def _gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def _err_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+    """auto = gpt2s: both commands are about a GPU, wherever they run."""
+    from memlab.cli.options import resolve
+    from memlab.core.config import validate_pair
+
+    exp, prof = resolve("gpt2s" if experiment == "auto" else experiment, profile, "cuda", overrides)
+    validate_pair(exp, prof)
+    return exp, prof
+
+
+# ---------------------------------------------------------------------------------------------- estimate
+
+
+def estimate(
+    profile: ProfileOpt,
+    experiment: ExperimentOpt = "auto",
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size); the micro-batch is it divided by accumulation.steps.")] = None,
+    gpu_memory: GpuMemoryOpt = None,
+    method: Annotated[str, typer.Option("--method", help="analytic (from the configuration) | fake (one step measured on fake tensors: no GPU, no memory).")] = "analytic",
+    as_json: JsonOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
+    from memlab.core import estimate as est_mod
+    from memlab.core.batchfind import gpu_info, parse_size
+    from memlab.core.errors import ConfigError
+
+    if method not in ("analytic", "fake"):
+        raise ConfigError(f"--method {method!r} is not valid; choose one of: analytic, fake")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
+    overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
+    exp, prof = _load(experiment, profile, overrides)
+    notes: list[str] = []
+    if gpu_memory is not None:
+        memory, capped, where = parse_size(gpu_memory), True, f"--gpu-memory {gpu_memory}"
+    else:
+        info = gpu_info() if _cuda_visible() else None
+        if info is not None:
+            memory, capped, where = info.total_bytes, False, info.name
+        else:
+            memory, capped, where = parse_size(DEFAULT_CARD), False, f"{DEFAULT_CARD} (no GPU here: an 80 GB H100 assumed)"
+    vocab, vocab_from = est_mod.vocab_for(exp)
+    analytic = est_mod.estimate(exp, prof, vocab_size=vocab)
+    result = analytic
+    if method == "fake":
+        from memlab.core.memsnapshot import fake_estimate
+
+        result = fake_estimate(exp, prof, vocab_size=vocab)
+    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped)
+    notes += result.notes
+    if as_json:
+        out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from}
+        if method == "fake":
+            out["analytic_total_bytes"] = analytic.total_bytes
+        typer.echo(json.dumps(out))
+        return
+    _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from)
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from memlab.core.estimate import COMPONENTS
+
+    console = Console(highlight=False)
+    console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate")
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    t.add_column("component")
+    t.add_column("GiB", justify="right")
+    t.add_column("bytes", justify="right")
+    for c in COMPONENTS:
+        t.add_row(c.replace("_", " "), f"{result.components[c] / GIB:.2f}", f"{result.components[c]:,}")
+    t.add_row("[bold]total (peak)[/]", f"[bold]{result.total_bytes / GIB:.2f}[/]", f"[bold]{result.total_bytes:,}[/]")
+    console.print(t)
+    console.print(f"peak at: {result.peak_phase} · {result.params / 1e6:.1f}M parameters · vocabulary {result.vocab_size:,} (from {vocab_from})")
+    if analytic is not None:
+        diff = (analytic.total_bytes - result.total_bytes) / max(result.total_bytes, 1)
+        console.print(f"analytic estimate: {_gib(analytic.total_bytes)} ({diff:+.1%} against the fake-tensor measurement)")
+    if max_batch:
+        console.print(f"predicted max micro-batch in {_gib(memory)} ({where}): [bold]{max_batch}[/]")
+    else:
+        console.print(f"predicted: not even micro-batch 1 fits in {_gib(memory)} ({where})")
+    for n in result.notes:
+        console.print(f"  [dim]{n}[/]")
+
+
+# ---------------------------------------------------------------------------------------------- find-batch
+
+
+def _require_cuda(what: str) -> None:
+    from memlab.core.errors import DeviceError
+
+    if not _cuda_visible():
+        raise DeviceError(
+            f"{what} needs CUDA: it trains real steps on the GPU until one runs out of memory, and no CUDA GPU is "
+            "visible here. What works without one: memlab estimate --profile NAME (predicted peak and max batch)"
+        )
+
+
+def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
+    from memlab.core.batchfind import parse_size
+    from memlab.core.errors import DeviceError
+
+    if gpu_memory is None:
+        return None
+    cap = parse_size(gpu_memory)
+    if gpu is not None and cap > gpu.total_bytes:
+        raise DeviceError(f"--gpu-memory {gpu_memory} ({_gib(cap)}) is more than this GPU has ({gpu.name}: {_gib(gpu.total_bytes)})")
+    return cap
+
+
+def _probe_line(i: int, r: ProbeResult) -> str:
+    verdict = "fits" if r.fits else "out of memory"
+    frag = f"{r.fragmentation:.1%}" if r.fragmentation is not None else "—"
+    return (
+        f"probe {i}: micro-batch {r.batch} {verdict} · peak {_gib(r.peak_alloc_bytes)} · reserved {_gib(r.peak_reserved_bytes)}"
+        f" · fragmentation {frag} · retries {r.alloc_retries if r.alloc_retries is not None else '—'} · {r.seconds:.1f} s"
+    )
+
+
+def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: bool) -> str | None:
+    best = next((p for p in reversed(probes) if p.fits and p.batch == max_batch), None)
+    if best is None or expandable:
+        return None
+    retries, frag = best.alloc_retries or 0, best.fragmentation or 0.0
+    if retries or frag > FRAGMENTATION_HINT:
+        return (
+            f"at micro-batch {max_batch} the allocator retried {retries} time(s) and {frag:.0%} of reserved memory held no "
+            "tensors: expandable segments may fit more and avoid a later OOM: --set allocator.expandable_segments=true "
+            "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
+        )
+    return None
+
+
+def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, capped: bool) -> tuple[int, int | None]:
+    """A power of two a little under the predicted max: the doubling then starts close to the answer."""
+    from memlab.core import estimate as est_mod
+
+    try:
+        vocab, _ = est_mod.vocab_for(exp)
+        pred = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped)
+    except Exception:  # noqa: BLE001 (a hint only)
+        return 1, None
+    start = 1
+    while start * 2 <= max(1, int(pred * 0.9)):
+        start *= 2
+    return start, pred or None
+
+
+def find_batch(
+    profile: ProfileOpt,
+    experiment: ExperimentOpt = "auto",
+    gpu_memory: GpuMemoryOpt = None,
+    steps: Annotated[int, typer.Option("--steps", "-k", help="Full training steps per probe (forward, backward, optimizer).")] = 3,
+    start: Annotated[Optional[int], typer.Option("--start", help="First micro-batch to try (default: a power of two under the estimator's prediction).")] = None,
+    max_: Annotated[Optional[int], typer.Option("--max", help="Largest micro-batch to try.")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached answers for this experiment, profile, GPU and cap.")] = False,
+    as_json: JsonOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe."""
+    from memlab.core import batchfind as bf
+    from memlab.core.errors import ConfigError
+
+    for name, v in (("--start", start), ("--max", max_)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {v}")
+    if steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {steps}")
+    exp, prof = _load(experiment, profile, list(set_ or []))
+    if gpu_memory is not None:
+        bf.parse_size(gpu_memory)  # bad input is reported before anything else
+    _require_cuda("find-batch")
+    gpu = bf.gpu_info()
+    cap = _cap_for(gpu_memory, gpu)
+    gpu_name = gpu.name if gpu else "unknown GPU"
+    memory = cap or (gpu.total_bytes if gpu else 0)
+    key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps)
+    fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
+    hint, predicted = _start_from_estimate(exp, prof, memory, cap is not None) if memory else (1, None)
+    start = start or hint
+    err = _err_console()
+    exp_ref = "gpt2s" if experiment == "auto" else experiment
+    err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {_gib(cap)}" if cap else "") + f" · {steps} steps a probe"
+              + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
+    probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap)
+    seen: list[ProbeResult] = []
+
+    def on_probe(r: ProbeResult) -> None:
+        seen.append(r)
+        err.print(_probe_line(len(seen), r))
+
+    meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": steps}
+    t0 = time.monotonic()
+    try:
+        result = bf.search_max_batch(probe, start=start, limit=max_, known_fit=fit, known_oom=oom, on_probe=on_probe)
+    finally:
+        probe.close()
+        fits, ooms = bf.outcome_lists(seen)
+        if seen:
+            bf.record_bounds(key, fits, ooms, meta)  # what was learned stays, even after an error
+    seconds = time.monotonic() - t0
+    advice = _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments)
+    if as_json:
+        out = bf.result_dict(result) | {
+            "profile": prof.name, "experiment": exp.name, "gpu": gpu_name, "memory_cap_bytes": cap,
+            "steps": steps, "predicted_max_batch": predicted, "cached": not result.probes, "seconds": seconds,
+            "advice": advice,
+        }
+        typer.echo(json.dumps(out))
+        return
+    exact = f"{result.min_oom} runs out of memory" if result.min_oom else f"the limit {max_} fits: the true maximum may be larger"
+    typer.echo(f"max micro-batch: {result.max_batch} ({exact})")
+    typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {seconds:.1f} s · {gpu_name}" + (f" · cap {_gib(cap)}" if cap else ""))
+    if predicted:
+        typer.echo(f"estimator predicted: {predicted} ({(predicted - result.max_batch) / result.max_batch:+.1%})")
+    if advice:
+        typer.echo(f"note: {advice}")
+
+
+# ---------------------------------------------------------------------------------------------- run --batch-size max
+
+
+def resolve_max_batch(
+    exp: Experiment,
+    prof: Profile,
+    dev: torch.device,
+    *,
+    profile_ref: str,
+    experiment_ref: str,
+    overrides: list[str],
+) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) for `memlab run --batch-size max`: the largest divisor of the effective
+    batch (train.batch_size) that fits, measured by probes (cached); accumulation = batch / micro, so the
+    optimisation is exactly the experiment's. When accumulation remains, the pick is verified with two
+    micro-batches a step (gradients alive while the second runs), stepping down a divisor if that runs out."""
+    import os
+
+    from memlab.core import batchfind as bf
+
+    if dev.type != "cuda":
+        from memlab.core.errors import DeviceError
+
+        raise DeviceError("--batch-size max measures what fits on the GPU and needs CUDA; on CPU give a number (memlab estimate --profile NAME predicts the max batch)")
+    B = exp.train.batch_size
+    cands = bf.divisors(B)
+    gpu = bf.gpu_info(dev.index or 0)
+    gpu_name = gpu.name if gpu else "unknown GPU"
+    raw_cap = os.environ.get(bf.MEMORY_ENV)
+    cap = bf.parse_size(raw_cap, bf.MEMORY_ENV) if raw_cap else None
+    err = _err_console()
+    meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": 3}
+    t0 = time.monotonic()
+    n_probes = 0
+
+    def on_probe(r: ProbeResult) -> None:
+        nonlocal n_probes
+        n_probes += 1
+        err.print("--batch-size max: " + _probe_line(n_probes, r))
+
+    key = bf.cache_key(exp, prof, gpu_name, cap, steps=3)
+    fit, oom, _ = bf.cached_bounds(key)
+    probe = bf.ChildProbe(profile_ref, experiment_ref, overrides, seq_len=exp.model.seq_len, steps=3, cap_bytes=cap)
+    try:
+        result = bf.search_max_batch(probe, start=B, candidates=cands, known_fit=fit, known_oom=oom, on_probe=on_probe)
+        bf.record_bounds(key, *bf.outcome_lists(result.probes), meta)
+        micro = result.max_batch
+        # verify with accumulation: the gradients of the first micro-batch are alive during the second
+        key2 = bf.cache_key(exp, prof, gpu_name, cap, steps=3, accumulation=2)
+        verify = bf.ChildProbe(profile_ref, experiment_ref, overrides, seq_len=exp.model.seq_len, steps=3, accumulation=2, cap_bytes=cap)
+        try:
+            while B // micro > 1:
+                fit2, oom2, _ = bf.cached_bounds(key2)
+                if fit2 >= micro:
+                    break
+                if oom2 is None or micro < oom2:
+                    r = verify(micro)
+                    on_probe(r)
+                    bf.record_bounds(key2, *bf.outcome_lists([r]), meta)
+                    if r.fits:
+                        break
+                smaller = [d for d in cands if d < micro]
+                if not smaller:
+                    raise bf.DoesNotFitError(f"micro-batch 1 with gradient accumulation runs out of memory ({prof.name})")
+                micro = smaller[-1]
+        finally:
+            verify.close()
+    finally:
+        probe.close()
+    accum = B // micro
+    err.print(f"--batch-size max: micro-batch {micro} x {accum} accumulation = batch {B} (largest divisor of {B} that fits"
+              + (f", {n_probes} probes, {time.monotonic() - t0:.1f} s" if n_probes else ", from the cache") + ")")
+    return micro, accum
+
+
+# ---------------------------------------------------------------------------------------------- memory snapshot
+
+
+def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, console: Console | None = None) -> None:
+    """`memlab run --memory-snapshot`: the measured breakdown at the peak beside the estimate's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memlab.core.memsnapshot import CATEGORIES, estimate_categories
+
+    console = console or Console(highlight=False)
+    if not result:
+        console.print("memory snapshot: nothing recorded")
+        return
+    predicted = estimate_categories(est) if est is not None else {}
+    console.print(f"[bold]memory at the peak[/], measured by the allocator ({result.get('when', '')})")
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for col, just in (("category", "left"), ("measured GiB", "right"), ("estimate GiB", "right"), ("diff", "right")):
+        t.add_column(col, justify=just)
+    for c in CATEGORIES:
+        m, e = result["categories"].get(c, 0), predicted.get(c)
+        diff = f"{(e - m) / m:+.0%}" if e is not None and m else "—"
+        t.add_row(c.replace("_", " "), f"{m / GIB:.2f}", "—" if e is None else f"{e / GIB:.2f}", diff)
+    total_e = est.total_bytes if est is not None else None
+    t.add_row("[bold]total[/]", f"[bold]{result['peak_bytes'] / GIB:.2f}[/]", "—" if total_e is None else f"[bold]{total_e / GIB:.2f}[/]",
+              f"{(total_e - result['peak_bytes']) / result['peak_bytes']:+.1%}" if total_e and result["peak_bytes"] else "—")
+    console.print(t)
+    console.print(f"snapshot: {result.get('snapshot')} (open it at https://pytorch.org/memory_viz)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("find-batch")(find_batch)
+    app.command("estimate")(estimate)

@@ -1,0 +1,43 @@
+"""`memlab tui`: the interactive app (queue of profiles, live view, results). Textual is imported only here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt
+
+
+def tui(
+    runs_dir: RunsDirOpt = "runs",
+    experiment: ExperimentOpt = "auto",
+    device: DeviceOpt = "auto",
+    set_: SetOpt = None,
+    profiles_dir: Annotated[Optional[Path], typer.Option("--profiles-dir", help="Also list the profile TOML files in this folder (default: the current folder).")] = None,
+    light: Annotated[bool, typer.Option("--light", help="Start with the light theme (t toggles).")] = False,
+) -> None:
+    """Open the terminal UI: queue profiles, watch each run live (one child process each), compare the results."""
+    from memlab.core.config import apply_overrides, load_experiment, load_profile
+    from memlab.core.errors import MemlabError
+
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise MemlabError(f"--device {device!r} is not valid; choose one of: auto, cuda, cpu")
+    # Check the command line now, in one line, rather than in every child later.
+    exp = load_experiment("tiny" if experiment == "auto" else experiment)
+    apply_overrides(exp, load_profile("baseline"), list(set_ or []))
+    if profiles_dir is not None and not profiles_dir.is_dir():
+        raise MemlabError(f"--profiles-dir {profiles_dir}: no such folder")
+
+    from memlab.tui.app import MemlabApp
+
+    app = MemlabApp(
+        runs_dir=runs_dir, experiment=experiment, device=device, overrides=list(set_ or []),
+        profiles_dir=profiles_dir, theme="textual-light" if light else "textual-dark",
+    )
+    app.run()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tui")(tui)

@@ -1,0 +1,233 @@
+"""find-batch's search against injected probes (exact boundary, logarithmic probes, OOM at 1, failures that are not
+OOM), sizes, the cache, the memory cap, and the real child probe on the CPU backend."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from memlab.core import batchfind as bf
+from memlab.core.config import load_experiment, load_profile
+from memlab.core.errors import ConfigError, DeviceError
+
+
+def predicate_probe(max_fit: int, calls: list[int] | None = None, fail_at: int | None = None):
+    def probe(b: int) -> bf.ProbeResult:
+        if calls is not None:
+            calls.append(b)
+        if fail_at is not None and b == fail_at:
+            raise bf.ProbeError(f"probe at micro-batch {b} ended with 'error', not out of memory: RuntimeError: CUDA illegal memory access")
+        return bf.ProbeResult(b, b <= max_fit, message="" if b <= max_fit else "CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    return probe
+
+
+@pytest.mark.parametrize("answer", [1, 2, 3, 37, 64, 100, 1000, 4097])
+@pytest.mark.parametrize("start", [1, 16, 256])
+def test_finds_the_exact_boundary_in_logarithmic_probes(answer, start):
+    calls: list[int] = []
+    r = bf.search_max_batch(predicate_probe(answer, calls), start=start)
+    assert r.max_batch == answer and r.min_oom == answer + 1 and r.exact
+    assert len(r.probes) == len(calls)
+    assert len(calls) <= 2 * math.ceil(math.log2(max(answer, start) + 1)) + 2
+    assert len(set(calls)) == len(calls)  # never the same batch twice
+
+
+def test_grows_by_doubling_then_bisects():
+    calls: list[int] = []
+    bf.search_max_batch(predicate_probe(37, calls), start=1)
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]  # grow until the first OOM, no blind halving from the top
+    assert calls[7:] == [48, 40, 36, 38, 37]  # then bisect between 32 (fits) and 64 (does not)
+
+
+def test_oom_at_batch_one_is_a_clear_error():
+    with pytest.raises(bf.DoesNotFitError, match="even micro-batch 1 runs out of memory: CUDA out of memory"):
+        bf.search_max_batch(predicate_probe(0), start=8)
+
+
+def test_a_failure_that_is_not_oom_is_an_error_not_a_miss():
+    calls: list[int] = []
+    with pytest.raises(bf.ProbeError, match="not out of memory: RuntimeError: CUDA illegal memory access"):
+        bf.search_max_batch(predicate_probe(100, calls, fail_at=16), start=1)
+    assert calls == [1, 2, 4, 8, 16]  # stopped there: 16 was not taken for "does not fit"
+
+
+def test_candidates_and_known_bounds():
+    calls: list[int] = []
+    r = bf.search_max_batch(predicate_probe(20, calls), start=48, candidates=bf.divisors(48))
+    assert r.max_batch == 16 and r.min_oom == 24 and set(calls) <= set(bf.divisors(48))
+    calls.clear()
+    r = bf.search_max_batch(predicate_probe(20, calls), known_fit=20, known_oom=21)
+    assert r.max_batch == 20 and calls == []  # an exact cached answer costs no probe
+    r = bf.search_max_batch(predicate_probe(37, calls), known_fit=32)
+    assert r.max_batch == 37 and calls[0] == 64  # grows from the known fit
+
+
+def test_limit():
+    r = bf.search_max_batch(predicate_probe(1000), start=1, limit=50)
+    assert r.max_batch == 50 and r.limit_reached and not r.exact and r.min_oom is None
+
+
+def test_search_over_the_estimator_finds_what_it_predicts():
+    """A simulated card: probe(b) fits when the estimator's peak fits; the search and predict_max_batch agree."""
+    from memlab.core import estimate as E
+
+    e, p = load_experiment("gpt2s"), load_profile("gradcp_bf16")
+    budget = E.usable_bytes(40 * 2**30, capped=True)
+
+    def probe(b):
+        return bf.ProbeResult(b, E.estimate(e, p, vocab_size=8192, micro_batch=b).total_bytes <= budget)
+
+    r = bf.search_max_batch(probe)
+    assert r.max_batch == E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=40 * 2**30, capped=True)
+    assert len(r.probes) <= 2 * math.ceil(math.log2(r.max_batch + 1)) + 1
+
+
+def test_fragmentation_from_allocated_and_reserved():
+    assert bf.ProbeResult(8, True, peak_alloc_bytes=90, peak_reserved_bytes=100).fragmentation == pytest.approx(0.10)
+    assert bf.ProbeResult(8, True).fragmentation is None
+
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [("24GiB", 24 * 2**30), ("40GB", 40 * 10**9), ("48G", 48 * 2**30), ("25769803776", 25769803776), ("512MiB", 512 * 2**20), ("1.5TiB", int(1.5 * 2**40)), ("80 gib", 80 * 2**30)],
+)
+def test_sizes(text, expect):
+    assert bf.parse_size(text) == expect
+
+
+@pytest.mark.parametrize("text, expect", [("0", "more than zero"), ("0GiB", "more than zero"), ("-1G", "not a size"), ("", "not a size"), ("GiB", "not a size"), ("24XB", "unknown unit"), ("1e9", "not a size")])
+def test_bad_sizes(text, expect):
+    with pytest.raises(ConfigError, match=expect):
+        bf.parse_size(text)
+
+
+def test_cache_keeps_bounds_per_experiment_profile_gpu_and_cap(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    e, p = load_experiment("gpt2s"), load_profile("bf16")
+    key = bf.cache_key(e, p, "NVIDIA H100 80GB HBM3", None, steps=3)
+    assert bf.cached_bounds(key)[:2] == (0, None)
+    bf.record_bounds(key, [32, 64], [128], {"profile": "bf16"})
+    bf.record_bounds(key, [96], [100, 97], {"profile": "bf16"})
+    fit, oom, entry = bf.cached_bounds(key)
+    assert (fit, oom, entry["exact"]) == (96, 97, True) and bf.cache_path().parent == tmp_path
+    # accumulation does not change the micro-batch that fits: one entry; the batch and steps do not either
+    accum = load_profile("accum")
+    e2 = load_experiment("gpt2s")
+    e2.train.batch_size, e2.train.steps = 64, 10
+    assert bf.cache_key(e2, accum, "NVIDIA H100 80GB HBM3", None, steps=3) == key
+    for other in (
+        bf.cache_key(e, p, "NVIDIA H100 80GB HBM3", 24 * 2**30, steps=3),
+        bf.cache_key(e, p, "NVIDIA A100-SXM4-40GB", None, steps=3),
+        bf.cache_key(e, load_profile("gradcp_bf16"), "NVIDIA H100 80GB HBM3", None, steps=3),
+        bf.cache_key(e, p, "NVIDIA H100 80GB HBM3", None, steps=3, accumulation=2),
+    ):
+        assert other != key
+    bf.record_bounds(key, [120], [], {})  # a fit above a cached miss: the miss is forgotten, not trusted
+    assert bf.cached_bounds(key)[:2] == (120, None)
+
+
+def test_child_probe_overrides_and_cap():
+    probe = bf.ChildProbe("bf16", "gpt2s", ["attention.window=0"], seq_len=1024, steps=3, accumulation=2, cap_bytes=24 * 2**30)
+    spec = probe.spec(12)
+    probe.close()
+    assert spec.device == "cuda" and spec.overrides[0] == "attention.window=0"
+    for item in ("train.batch_size=24", "accumulation.steps=2", "train.steps=3", "train.measure_after=1", "data.val_tokens=1025"):
+        assert item in spec.overrides
+    assert spec.env == {bf.MEMORY_ENV: str(24 * 2**30)}
+
+
+def test_memory_cap_env(monkeypatch):
+    monkeypatch.delenv(bf.MEMORY_ENV, raising=False)
+    assert bf.apply_memory_cap(torch.device("cpu")) is None
+    monkeypatch.setenv(bf.MEMORY_ENV, "24GiB")
+    with pytest.raises(DeviceError, match="needs CUDA"):
+        bf.apply_memory_cap(torch.device("cpu"))
+    monkeypatch.setenv(bf.MEMORY_ENV, "nonsense")
+    with pytest.raises(ConfigError, match=bf.MEMORY_ENV):
+        bf.apply_memory_cap(torch.device("cpu"))
+
+
+def test_real_child_probe_on_cpu(tmp_path):
+    """The real probe in a child process (CPU backend): a finished run fits; a child that fails for another
+    reason (here: bad input, exit 2) is a ProbeError, not a miss; probe folders are removed."""
+    over = ["train.seed=1"]
+    probe = bf.ChildProbe("baseline", "tiny", over, seq_len=64, steps=2, device="cpu", runs_dir=tmp_path)
+    r = probe(4)
+    assert r.fits and r.batch == 4 and r.seconds > 0
+    bad = bf.ChildProbe("baseline", "tiny", ["model.vocab_size=3"], seq_len=64, steps=2, device="cpu", runs_dir=tmp_path)
+    with pytest.raises(bf.ProbeError, match="ended with 'rejected', not out of memory: model.vocab_size"):
+        bad(4)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.requires_cuda
+def test_find_batch_on_a_gpu(tmp_path, monkeypatch):
+    """On a GPU: real probes (child processes) under a 2 GiB cap find an exact boundary, or the limit."""
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    probe = bf.ChildProbe("bf16", "gpt2s", ["model.n_layer=2"], seq_len=1024, steps=2, cap_bytes=2 * 2**30)
+    try:
+        r = bf.search_max_batch(probe, start=1, limit=64)
+    finally:
+        probe.close()
+    assert r.max_batch >= 1 and all(p.fits == (p.batch <= r.max_batch) for p in r.probes)
+
+
+def test_divisors():
+    assert bf.divisors(12) == [1, 2, 3, 4, 6, 12] and bf.divisors(1) == [1]
+
+
+def test_env_name_is_documented():
+    assert bf.MEMORY_ENV == "MEMLAB_GPU_MEMORY_BYTES" and bf.MEMORY_ENV in (bf.__doc__ or "")
+    assert os.environ.get(bf.MEMORY_ENV) is None
+
+
+class FakeChildProbe:
+    """Stands in for ChildProbe: fits up to `limits[accumulation]` (gradients alive with accumulation cost more)."""
+
+    limits = {1: 12, 2: 8}
+    calls: list[tuple[int, int]] = []
+
+    def __init__(self, profile_ref, experiment_ref, overrides, *, seq_len, steps=3, accumulation=1, cap_bytes=None, device="cuda", runs_dir=None):
+        self.accumulation = accumulation
+
+    def __call__(self, b):
+        FakeChildProbe.calls.append((b, self.accumulation))
+        return bf.ProbeResult(b, b <= self.limits[self.accumulation])
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("limits, expect", [({1: 12, 2: 8}, (8, 2)), ({1: 12, 2: 6}, (4, 4)), ({1: 40, 2: 40}, (16, 1))])
+def test_batch_size_max_keeps_the_effective_batch(limits, expect, monkeypatch, tmp_path):
+    """--batch-size max: the largest divisor of train.batch_size that fits, accumulation = batch / micro, and the
+    pick verified with accumulation (stepping down a divisor when gradients alive make it OOM)."""
+    from types import SimpleNamespace
+
+    from memlab.cli.batch import resolve_max_batch
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(bf, "ChildProbe", FakeChildProbe)
+    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(FakeChildProbe, "limits", limits)
+    FakeChildProbe.calls = []
+    e, p = load_experiment("gpt2s"), load_profile("bf16")
+    assert e.train.batch_size == 16
+    micro, accum = resolve_max_batch(e, p, SimpleNamespace(type="cuda", index=0), profile_ref="bf16", experiment_ref="gpt2s", overrides=[])
+    assert (micro, accum) == expect and micro * accum == 16
+    assert all(16 % b == 0 for b, _ in FakeChildProbe.calls)
+    n = len(FakeChildProbe.calls)
+    assert resolve_max_batch(e, p, SimpleNamespace(type="cuda", index=0), profile_ref="bf16", experiment_ref="gpt2s", overrides=[]) == expect
+    assert len(FakeChildProbe.calls) == n  # the second time, all from the cache
+
+
+def test_gpu_memory_larger_than_the_card_is_refused():
+    from memlab.cli.batch import _cap_for
+
+    with pytest.raises(DeviceError, match="more than this GPU has"):
+        _cap_for("100GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30))
+    assert _cap_for("24GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30)) == 24 * 2**30

@@ -1,0 +1,294 @@
+"""`memlab tui` driven through Textual's pilot: real child processes on the CPU backend (tiny experiment, 4 steps),
+synthetic events for what a CPU cannot do (an OOM, a GPU) and for the 20-events-a-second responsiveness check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_tui_helpers import GIB, fixed_runs, wait_for
+from typer.testing import CliRunner
+
+from memlab.core import schema
+from memlab.core.supervisor import ChildResult
+from memlab.tui.app import MemlabApp
+from memlab.tui.screens.help import HelpScreen
+from memlab.tui.widgets.metric_row import MetricRow
+from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList
+from memlab.tui.widgets.queue_view import QueueView
+
+FAST = ["train.steps=4", "train.measure_after=1"]
+
+
+def make_app(tmp_path, overrides=FAST, **kw) -> MemlabApp:
+    return MemlabApp(runs_dir=tmp_path / "runs", experiment="tiny", device="cpu", overrides=overrides, **kw)
+
+
+async def pick(pilot, app: MemlabApp, profile: str) -> None:
+    """Add a profile to the queue the way a user does: focus the list, walk down to it, press enter."""
+    plist = app.main.query_one(ProfileList)
+    plist.focus()
+    await pilot.press("home")
+    index = [o.id for o in plist.options].index(profile)
+    await pilot.press(*["down"] * index, "enter")
+
+
+def statuses(app: MemlabApp) -> list[tuple[str, str]]:
+    return [(i.profile, i.status) for i in app.queue.items()]
+
+
+def run_json(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / schema.RUN_JSON).read_text())
+
+
+# ---------------------------------------------------------------------------------------------- real children
+
+
+async def test_two_profiles_run_in_child_processes_and_fill_charts_and_results(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pick(pilot, app, "baseline")
+        await pick(pilot, app, "gradcp")
+        assert statuses(app) == [("baseline", "queued"), ("gradcp", "queued")]
+        await pilot.press("r")
+        await wait_for(pilot, lambda: all(i.done for i in app.queue.items()) and app.results.row_count == 2, what="two runs and two result rows")
+
+        assert statuses(app) == [("baseline", "finished"), ("gradcp", "finished")]
+        assert sorted(app.results.row_profiles) == ["baseline", "gradcp"]
+        # The sparklines got the last run's 4 steps; on CPU the memory row is host RSS, and the panel says so.
+        live = app.live
+        assert len(live.query_one("#metric-loss", MetricRow).data) == 4
+        assert len(live.query_one("#metric-step", MetricRow).data) == 4
+        assert all(v > 0 for v in live.query_one("#metric-host", MetricRow).data)
+        assert live.has_class("-cpu") and "CPU backend: no device memory" in str(live.query_one("#live-peaks").render())
+        assert app.live_state.profile == "gradcp" and app.live_state.step == 4 and app.live_state.status == "finished"
+        log = "\n".join(app.event_log.lines_text)
+        assert "✓ baseline: finished" in log and "✓ gradcp: finished" in log and "eval @ step 4" in log
+        # Each run trained in a child process of its own, not in the app's.
+        pids = {run_json(i.run_dir)["pid"] for i in app.queue.items()}
+        assert len(pids) == 2 and os.getpid() not in pids
+
+
+async def test_a_crash_a_cancel_and_a_rejected_profile_each_end_only_their_run(tmp_path):
+    app = make_app(tmp_path, overrides=[])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("e", "tab", *"100000", "enter")  # knobs: experiment, then steps = 100000 (long runs, stopped by hand below)
+        assert app.settings.steps == 100000
+        await pick(pilot, app, "baseline")
+        await pick(pilot, app, "gradcp")
+        app.queue.add(str(tmp_path / "deleted_since.toml"))  # a profile file removed after it was listed
+        await pilot.press("r")
+
+        await wait_for(pilot, lambda: app.live_state.profile == "baseline" and app.live_state.step >= 1, what="baseline's first step")
+        os.kill(app._child.proc.pid, signal.SIGKILL)  # a crash the child cannot report
+        await wait_for(pilot, lambda: app.live_state.profile == "gradcp" and app.live_state.step >= 1, what="gradcp's first step")
+        await pilot.press("c")  # cancel the running profile: SIGINT, it keeps its folder as `interrupted`
+        await wait_for(pilot, lambda: all(i.done for i in app.queue.items()), what="the queue to finish")
+        await wait_for(pilot, lambda: "rejected" in "".join(app.event_log.lines_text), what="the log line")
+
+        items = app.queue.items()
+        assert [i.status for i in items] == ["crashed", "interrupted", "rejected"]
+        assert run_json(items[0].run_dir)["status"] == "crashed"
+        assert run_json(items[1].run_dir)["status"] == "interrupted"
+        log = "\n".join(app.event_log.lines_text)
+        assert "✗ baseline: crashed: child killed by signal 9" in log
+        assert "■ gradcp: interrupted" in log
+        assert "✗ deleted_since.toml: rejected: profile file not found" in log
+        # The results list both folders with how they ended (an earlier refresh may show gradcp still running).
+        await wait_for(pilot, lambda: app.results.table is not None and app.results.table["status"].to_list() == ["crashed", "interrupted"], what="results of the two run folders")
+
+
+async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_path):
+    app = make_app(tmp_path, overrides=["train.steps=100000"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pick(pilot, app, "baseline")
+        await pick(pilot, app, "gradcp")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.live_state.step >= 1, what="the first step")
+        child = app._child
+        t0 = time.monotonic()
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, timeout=40, what="the app to exit")
+    assert child.proc.poll() is not None, "the child outlived the app"
+    assert time.monotonic() - t0 < app.QUIT_WAIT_S + 10
+    items = app.queue.items()
+    assert run_json(items[0].run_dir)["status"] == "interrupted"
+    assert items[1].status == "queued"  # nothing new started while quitting
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [Path(items[0].run_dir).name]
+
+
+# ---------------------------------------------------------------------------------------------- synthetic events
+
+
+def step_event(i: int, total: int, t: float) -> dict:
+    peak = int((1 + i / total) * GIB)
+    return {
+        "event": "step", "t": t, "step": i, "total_steps": total, "loss": 10 - i / 100, "step_ms": 100.0 + i % 7,
+        "tokens_per_s": 80_000.0, "peak_alloc_fwd_bytes": peak // 2, "peak_alloc_bwd_bytes": peak, "peak_alloc_opt_bytes": peak // 3,
+        "peak_reserved_bytes": peak + GIB // 4, "host_rss_bytes": 2 * GIB,
+    }
+
+
+def started_event(profile: str, total: int) -> dict:
+    return {"event": "started", "t": time.time(), "run_id": f"r-{profile}", "run_dir": f"/nowhere/{profile}", "device": "cuda",
+            "profile": {"name": profile}, "experiment": {"name": "gpt2s"}, "total_steps": total, "params": 124_000_000}
+
+
+async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_path):
+    """Issue 8: a worker thread feeds 20 events a second (steps and NVML samples) for 3 s; every key press is
+    answered promptly, and the live panel redraws at most DRAIN rate, not once per event."""
+    app = make_app(tmp_path)
+    rate, seconds, total = 20, 3.0, 10_000
+    async with app.run_test(size=(80, 24)) as pilot:
+        stop = threading.Event()
+
+        def feeder() -> None:
+            app.feed(("run_started", 1, "synthetic"))
+            app.feed(("event", 1, started_event("synthetic", total)))
+            i = 0
+            while not stop.is_set():
+                t = time.time()
+                if i % 2:
+                    app.feed(("event", 1, {"event": "gpu_sample", "t": t, "used_bytes": int((2 + i / 1000) * GIB)}))
+                else:
+                    app.feed(("event", 1, step_event(i // 2, total, t)))
+                i += 1
+                time.sleep(1 / rate)
+
+        thread = threading.Thread(target=feeder, daemon=True)
+        renders0 = app.live.renders
+        t_start = time.monotonic()
+        thread.start()
+        slowest = 0.0
+        keys = ["down", "down", "up", "tab", "shift+tab", "question_mark", "escape", "t", "t"]
+        while time.monotonic() - t_start < seconds:
+            for key in keys:
+                t0 = time.monotonic()
+                await pilot.press(key)
+                slowest = max(slowest, time.monotonic() - t0)
+            await pilot.pause(0.1)
+        stop.set()
+        thread.join()
+        elapsed = time.monotonic() - t_start
+        await pilot.pause(0.3)
+        assert slowest < 0.5, f"a key press took {slowest:.2f} s under load"
+        renders = app.live.renders - renders0
+        assert renders <= elapsed / app.DRAIN_INTERVAL_S + 3, f"{renders} redraws in {elapsed:.1f} s: not throttled"
+        steps = app.live_state.step
+        assert steps >= seconds * rate / 2 * 0.6, f"only {steps} step events applied"
+        live = app.live
+        assert not live.has_class("-cpu")  # a GPU run: device, allocated and reserved rows
+        assert len(live.query_one("#metric-alloc", MetricRow).data) == steps
+        assert len(live.query_one("#metric-device", MetricRow).data) >= steps - 1
+        assert "ETA" in str(live.query_one("#live-stats").render())
+
+
+async def test_an_oom_child_is_shown_as_such_and_the_log_says_why(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.feed(("run_started", 1, "leanest"))
+        app.feed(("event", 1, started_event("leanest", 100)))
+        app.feed(("event", 1, step_event(0, 100, time.time())))
+        message = "CUDA out of memory. Tried to allocate 2.00 GiB"
+        app.feed(("event", 1, {"event": "failed", "t": time.time(), "reason": "oom", "message": message, "step": 1, "summary": {}}))
+        app.feed(("run_ended", 1, ChildResult("oom", message, {}, "/nowhere/leanest", 1)))
+        await wait_for(pilot, lambda: app.live_state.status == "oom", what="the oom")
+        await pilot.pause(0.3)
+        assert any(line.startswith("✗ leanest: OOM at step 1: CUDA out of memory") for line in app.event_log.lines_text)
+        title = str(app.live.query_one("#live-title").render())
+        assert "oom" in title and "CUDA out of memory" in title
+
+
+# ---------------------------------------------------------------------------------------------- keyboard, views
+
+
+async def test_queue_is_reordered_and_trimmed_with_the_keyboard(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for name in ("baseline", "bf16", "gradcp"):
+            await pick(pilot, app, name)
+        app.main.query_one(QueueView).focus()
+        await pilot.press("end", "shift+up", "shift+up")  # gradcp to the top
+        assert [p for p, _ in statuses(app)] == ["gradcp", "baseline", "bf16"]
+        await pilot.press("down", "delete")  # baseline out
+        assert [p for p, _ in statuses(app)] == ["gradcp", "bf16"]
+        await pilot.press("J")
+        assert [p for p, _ in statuses(app)] == ["gradcp", "bf16"]  # bf16 is already last
+        await pilot.press("K")
+        assert [p for p, _ in statuses(app)] == ["bf16", "gradcp"]
+
+
+async def test_results_sort_by_the_cursor_column_and_open_a_past_run(tmp_path):
+    fixed_runs(tmp_path / "runs")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.results.row_count == 3, what="results from the run folders")
+        table = app.results
+        assert table.row_profiles == ["baseline", "bf16", "gradcp_bf16"]
+        await pilot.press("1")
+        assert app.focused is table
+        step_col = [c.name for c in table._columns].index("step_ms_median")
+        await pilot.press(*["right"] * step_col, "s")
+        assert table.row_profiles == ["bf16", "gradcp_bf16", "baseline"]
+        await pilot.press("s")
+        assert table.row_profiles == ["baseline", "gradcp_bf16", "bf16"]
+        # Enter opens the row's run folder in the live panel's charts.
+        await pilot.press("home", "down", "enter")
+        state = app.view_state
+        assert state is not None and state.profile == "gradcp_bf16" and state.source == "folder"
+        assert len(app.live.query_one("#metric-alloc", MetricRow).data) == 40
+        assert len(app.live.query_one("#metric-device", MetricRow).data) == 120
+        # o: the run picker, newest first; enter opens it.
+        await pilot.press("o")
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.view_state.profile == "gradcp_bf16" and app.view_state.run_id.startswith("20260102-090003")
+        await pilot.press("v")
+        assert app.view_state is None
+
+
+async def test_help_lists_the_key_bindings_and_theme_toggles(tmp_path):
+    app = make_app(tmp_path, profiles=[ProfileInfo("baseline", "baseline", "fp32")])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = "\n".join(f"{key} {desc}" for _, rows in app.screen.sections for key, desc in rows)
+        for words in ("c Cancel the running profile", "p Pause the queue", "o Open a past run", "⇧↑ Move up", "del Remove", "s Sort by the column", "t Light/dark", "q Quit", "? This help"):
+            assert words in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        assert app.theme == "textual-dark"
+        await pilot.press("t")
+        assert app.theme == "textual-light"
+        await pilot.press("ctrl+q")  # quits from anywhere, idle: at once
+        await wait_for(pilot, lambda: not app.is_running, timeout=5, what="the app to exit")
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+def test_tui_command_checks_its_options_before_opening_and_imports_textual_lazily(tmp_path):
+    from memlab.cli import _register_commands, app
+
+    _register_commands()
+    result = CliRunner().invoke(app, ["tui", "--set", "nosuch.key=1"])
+    assert result.exit_code != 0 and "unknown section 'nosuch'" in str(result.exception or result.output)
+    code = "import sys, memlab.cli.tui_cmd, memlab.core.compare, memlab.core.supervisor; sys.exit('textual' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu"])
+def test_tui_command_rejects_a_bad_device(device):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["tui", "--device", device])
+    assert exc.value.code == 2

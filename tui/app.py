@@ -1,0 +1,518 @@
+"""`memlab tui`: pick profiles into a queue, watch each run live, compare the results.
+
+The app never trains in its own process. A thread worker drives the core supervisor (ChildRun): one child process
+per run, reading its JSON-lines events. The worker only appends to an inbox (a deque); a timer drains the inbox a
+few times a second and redraws once, so 10 or 100 events a second cost the same number of redraws (no flicker).
+Quitting asks the running child to stop (SIGINT: it writes status `interrupted`) and waits for it, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import Worker, WorkerState
+
+from memlab.tui.model import RUNNING, LiveState, RunQueue, display_name, load_run
+from memlab.tui.screens.help import HelpScreen
+from memlab.tui.screens.main import MainScreen
+from memlab.tui.screens.open_run import OpenRunScreen
+from memlab.tui.widgets.event_log import EventLog
+from memlab.tui.widgets.live_panel import LivePanel
+from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList, discover_profiles
+from memlab.tui.widgets.queue_view import QueueView
+from memlab.tui.widgets.results_table import ResultsTable
+from memlab.tui.widgets.settings_panel import Settings, SettingsPanel
+
+THEMES = ("textual-dark", "textual-light")
+
+
+class MemlabApp(App[None]):
+    CSS_PATH = "memlab.tcss"
+    TITLE = "memlab"
+    BINDINGS = [
+        Binding("question_mark", "help", "Help", key_display="?", tooltip="This help: every key, and what each panel shows"),
+        Binding("r", "run", "Run", tooltip="Run the queue: waiting profiles start one after another, each in a child process of its own"),
+        Binding("p", "pause", "Pause", tooltip="Pause the queue (the current run goes on; the next waits), or resume it"),
+        Binding("c", "cancel_run", "Cancel", tooltip="Cancel the running profile (SIGINT: its folder is kept, marked interrupted); the queue goes on"),
+        Binding("o", "open_run", "Open", tooltip="Open a past run folder: its summary and steps in the live panel"),
+        Binding("v", "live_view", "Live view", show=False, tooltip="Back to the live run after opening a past one"),
+        Binding("t", "toggle_theme", "Light/dark", show=False, tooltip="Light/dark theme"),
+        Binding("q", "quit", "Quit", tooltip="Quit: a running child is asked to stop first (it writes `interrupted`), and waited for"),
+    ]
+
+    DRAIN_INTERVAL_S = 0.125  # at most 8 redraws a second, whatever the event rate
+    QUIT_GRACE_S = 10.0  # SIGINT, then SIGTERM after this, then SIGKILL (ChildRun.cancel)
+    QUIT_WAIT_S = 25.0  # the longest quitting waits for the child before killing it
+
+    def __init__(
+        self,
+        runs_dir: str | Path = "runs",
+        experiment: str = "auto",
+        device: str = "auto",
+        overrides: list[str] | tuple[str, ...] = (),
+        profiles_dir: str | Path | None = None,
+        profiles: list[ProfileInfo] | None = None,
+        theme: str = "textual-dark",
+    ) -> None:
+        super().__init__()
+        self.runs_dir = str(runs_dir)
+        self.device = device
+        self.overrides = list(overrides)
+        self.profiles = profiles if profiles is not None else discover_profiles(profiles_dir)
+        self.settings = Settings(experiment=experiment)
+        self.queue = RunQueue()
+        self.mode = "idle"  # idle (r starts) | running (waiting items run, new ones too) | paused
+        self.live_state = LiveState()
+        self.view_state: LiveState | None = None  # a past run shown instead of the live one
+        self.main: MainScreen | None = None
+        self._inbox: deque[tuple[str, int, Any]] = deque()
+        self._child = None  # the ChildRun in flight
+        self._child_item: int | None = None
+        self._child_lock = threading.Lock()
+        self._cancel_item: int | None = None
+        self._stopping = False
+        self._queue_worker: Worker | None = None
+        self._worker_lock = threading.Lock()
+        self._worker_active = False
+        self._device_guess: str | None = None
+        self.theme = theme
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    async def on_mount(self) -> None:
+        from memlab.core.config import builtin_names
+
+        main = MainScreen(self.profiles, self.settings, builtin_names("experiment"))
+        await self.push_screen(main)
+        self.main = main
+        self._update_subtitle()
+        if self.device == "auto":
+            self._guess_device()
+        self._install_signal_handlers()
+        self.set_interval(self.DRAIN_INTERVAL_S, self._drain)
+        self._refresh_queue()
+        self.log_line(f"runs folder {self.runs_dir} · experiment {self.settings.experiment} · device {self.device}")
+        self.load_results()
+
+    @property
+    def live(self) -> LivePanel:
+        return self.main.query_one(LivePanel)
+
+    @property
+    def results(self) -> ResultsTable:
+        return self.main.query_one(ResultsTable)
+
+    @property
+    def event_log(self) -> EventLog:
+        return self.main.query_one(EventLog)
+
+    def log_line(self, message: str, kind: str = "info", t: float | None = None) -> None:
+        if self.main is not None and self.main.is_mounted:
+            self.event_log.add(message, kind, t)
+
+    def _update_subtitle(self) -> None:
+        """Experiment · device · runs folder; `auto` shown as what it will be (the last run says, else NVML guesses)."""
+        s = self.live_state
+        device = self.device
+        if device == "auto":
+            device = s.device or (f"{self._device_guess} (auto)" if self._device_guess else "auto")
+        experiment = self.settings.experiment
+        if experiment == "auto":
+            if s.experiment:
+                experiment = s.experiment
+            elif self._device_guess or self.device != "auto":
+                experiment = "gpt2s (auto)" if device.startswith("cuda") else "tiny (auto)"
+        self.sub_title = f"{experiment} · {device} · {self.runs_dir}"
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="probe", name="device probe")
+    def _guess_device(self) -> None:
+        """What `--device auto` will pick, for the header only (children resolve `auto` themselves): NVML, no torch."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                count = pynvml.nvmlDeviceGetCount()
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 (no driver, no library: no GPU)
+            count = 0
+        self.call_from_thread(self._set_device_guess, "cuda" if count else "cpu")
+
+    def _set_device_guess(self, guess: str) -> None:
+        self._device_guess = guess
+        self._update_subtitle()
+
+    # ------------------------------------------------------------------------------------------ the queue worker
+
+    def feed(self, record: tuple[str, int, Any]) -> None:
+        """Thread-safe: what the worker (or a test) hands to the UI; drained a few times a second."""
+        self._inbox.append(record)
+
+    def _spec_for(self, profile: str):
+        from memlab.core.supervisor import ChildSpec
+
+        s = self.settings  # an immutable snapshot: the knobs as they are when this run starts
+        return ChildSpec(
+            profile=profile, experiment=s.experiment, device=self.device, runs_dir=self.runs_dir,
+            overrides=self.overrides + s.overrides(), extra_args=s.extra_args(),
+        )
+
+    # Not `exclusive`: one loop at a time is guaranteed by _worker_active (a thread cannot be cancelled anyway).
+    @work(thread=True, exit_on_error=False, group="queue", name="queue")
+    def _run_queue(self) -> None:
+        """Run waiting items one after another, each in a child process, until none waits, a pause or a quit."""
+        from memlab.core.supervisor import ChildResult, ChildRun
+
+        done = False
+        try:
+            while True:
+                with self._worker_lock:  # claim, or say "no worker" atomically: an item added now is never stranded
+                    item = self.queue.claim_next() if not self._stopping and self.mode == "running" else None
+                    if item is None:
+                        self._worker_active, done = False, True
+                        break
+                self.feed(("run_started", item.id, item.profile))
+                try:
+                    child = ChildRun(self._spec_for(item.profile), on_event=lambda ev, i=item.id: self.feed(("event", i, ev)))
+                except Exception as e:  # noqa: BLE001 (this item failed to start; the queue goes on)
+                    result = ChildResult("error", f"could not start the child process: {e.__class__.__name__}: {e}")
+                else:
+                    with self._child_lock:
+                        self._child, self._child_item = child, item.id
+                        if self._stopping or self._cancel_item == item.id:
+                            child.cancel(self.QUIT_GRACE_S)
+                    try:
+                        result = child.wait()
+                    except Exception as e:  # noqa: BLE001 (reading its events failed: stop it, record why, go on)
+                        child.cancel(self.QUIT_GRACE_S)
+                        result = ChildResult("error", f"supervising the child failed: {e.__class__.__name__}: {e}")
+                    finally:
+                        with self._child_lock:
+                            self._child, self._child_item = None, None
+                self.queue.update(item.id, status=result.status, run_dir=result.run_dir, message=result.message)
+                self.feed(("run_ended", item.id, result))
+        finally:
+            if not done:  # an unexpected error: let a later `r` start a fresh loop
+                with self._worker_lock:
+                    self._worker_active = False
+            self.feed(("queue_idle", 0, None))
+
+    def _ensure_worker(self) -> None:
+        if self._stopping or self.mode != "running":
+            return
+        with self._worker_lock:
+            if self._worker_active or not self.queue.pending():
+                return
+            self._worker_active = True
+        self._queue_worker = self._run_queue()
+
+    @property
+    def busy(self) -> bool:
+        """A child is running, or the worker is about to start one."""
+        return self._worker_active
+
+    # ------------------------------------------------------------------------------------------ draining events
+
+    def _drain(self) -> None:
+        """Apply everything the worker queued since the last tick, then redraw each touched widget once."""
+        if not self._inbox or self.main is None:
+            return
+        live_dirty = queue_dirty = results_dirty = False
+        while self._inbox:
+            kind, item_id, payload = self._inbox.popleft()
+            if kind == "event":
+                live_dirty = True
+                self._on_child_event(payload)
+            elif kind == "run_started":
+                self.live_state = LiveState(profile=display_name(payload))
+                self.view_state = None
+                self.log_line(f"▶ {display_name(payload)}: starting a child process", "start")
+                live_dirty = queue_dirty = True
+            elif kind == "run_ended":
+                self._on_run_ended(item_id, payload)
+                live_dirty = queue_dirty = results_dirty = True
+            elif kind == "queue_idle":
+                queue_dirty = True
+        if live_dirty and self.view_state is None:
+            self.live.show(self.live_state)
+        if queue_dirty:
+            self._refresh_queue()
+            self._update_subtitle()
+        if results_dirty:
+            self.load_results()
+
+    def _on_child_event(self, ev: dict[str, Any]) -> None:
+        self.live_state.apply(ev)
+        kind = ev.get("event")
+        s = self.live_state
+        if kind == "started":
+            self.view_state = None
+            params = ev.get("params")
+            detail = [s.experiment, s.device]
+            if params:
+                detail.append(f"{params / 1e6:.2f}M params")
+            detail.append(f"{s.total_steps} steps")
+            self.log_line(f"{s.profile}: started · {' · '.join(str(d) for d in detail)} · {s.run_dir}", "info", ev.get("t"))
+            self._update_subtitle()
+        elif kind == "eval":
+            val_loss, ppl = ev.get("val_loss"), ev.get("val_ppl")
+            if val_loss is not None and ppl is not None:
+                self.log_line(f"{s.profile}: eval @ step {ev.get('step')}: val loss {val_loss:.4f} · ppl {ppl:,.2f}", "info", ev.get("t"))
+        elif kind == "failed" and ev.get("reason") == "oom":
+            self.log_line(f"✗ {s.profile}: OOM at step {ev.get('step')}: {(ev.get('message') or '').splitlines()[0][:200] if ev.get('message') else 'out of memory'}", "oom", ev.get("t"))
+
+    def _on_run_ended(self, item_id: int, result) -> None:
+        s = self.live_state
+        s.ended(result.status, result.message)
+        name = s.profile
+        if result.status == "finished":
+            summary = result.summary or {}
+            detail = [f"{summary.get('steps', s.step)} steps"]
+            if summary.get("tokens_per_s"):
+                detail.append(f"{summary['tokens_per_s']:,.0f} tok/s")
+            if summary.get("val_ppl") is not None:
+                detail.append(f"val ppl {summary['val_ppl']:,.2f}")
+            self.log_line(f"✓ {name}: finished · {' · '.join(detail)}", "finished")
+        elif result.status == "oom":
+            pass  # logged from the failed event, with its step
+        else:
+            icon = "■" if result.status == "interrupted" else "✗"
+            reason = (result.message or "").strip().splitlines()
+            self.log_line(f"{icon} {name}: {result.status}" + (f": {reason[0][:200]}" if reason else ""), result.status)
+        if self._cancel_item == item_id:
+            self._cancel_item = None
+
+    def _refresh_queue(self) -> None:
+        if self.main is None:
+            return
+        view = self.main.query_one(QueueView)
+        view.show(self.queue.items())
+        with self._child_lock:
+            running = self._child is not None
+        label = {"idle": "r runs it", "paused": "paused"}.get(self.mode, "running" if running or self.busy else "idle")
+        view.border_title = f"Queue · {label}"
+
+    # ------------------------------------------------------------------------------------------ results
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="results", name="results")
+    def load_results(self) -> None:
+        from memlab.core import compare
+        from memlab.core.errors import MemlabError
+
+        if not Path(self.runs_dir).is_dir():
+            frame = None
+        else:
+            try:
+                frame, _ = compare.read_runs([self.runs_dir])
+            except MemlabError:
+                frame = None
+        try:
+            self.call_from_thread(self._show_results, frame)
+        except RuntimeError:
+            pass  # the app closed meanwhile
+
+    def _show_results(self, frame) -> None:
+        from textual.widgets import Static
+
+        table = self.results
+        table.load(frame)
+        self.main.query_one("#results-notes", Static).update(" · ".join(table.notes))
+
+    # ------------------------------------------------------------------------------------------ widget messages
+
+    def on_profile_list_picked(self, message: ProfileList.Picked) -> None:
+        item = self.queue.add(message.profile)
+        self._refresh_queue()
+        self.main.query_one(QueueView).show(self.queue.items(), keep=item.id)
+        if self.mode == "running":
+            self._ensure_worker()
+        elif self.mode == "idle" and len(self.queue.items()) == 1:
+            self.notify("press r to run the queue", timeout=3)
+
+    def on_queue_view_move(self, message: QueueView.Move) -> None:
+        if self.queue.move(message.item_id, message.delta):
+            self.main.query_one(QueueView).show(self.queue.items(), keep=message.item_id)
+
+    def on_queue_view_remove(self, message: QueueView.Remove) -> None:
+        if self.queue.remove(message.item_id):
+            self._refresh_queue()
+        else:
+            self.notify("that run is in progress: c cancels it", severity="warning", timeout=3)
+
+    def on_settings_panel_changed(self, message: SettingsPanel.Changed) -> None:
+        from memlab.core.config import load_experiment
+        from memlab.core.errors import MemlabError
+
+        s = message.settings
+        if s.experiment != self.settings.experiment and s.experiment != "auto":
+            try:
+                load_experiment(s.experiment)
+            except MemlabError as e:
+                self.notify(str(e), severity="error")
+                return
+        self.settings = s
+        self._update_subtitle()
+
+    def on_results_table_open_run(self, message: ResultsTable.OpenRun) -> None:
+        self.open_run(message.path)
+
+    @on(Worker.StateChanged)
+    def _worker_failed(self, event: Worker.StateChanged) -> None:
+        """The one place background failures surface: logged and shown, never a crash of the app."""
+        if event.state != WorkerState.ERROR:
+            return
+        error = event.worker.error
+        self.log_line(f"✗ background {event.worker.name} failed: {error.__class__.__name__}: {error}", "error")
+        self.notify(f"{event.worker.name} failed: {error}", severity="error")
+        if event.worker.group == "queue":
+            self._refresh_queue()
+
+    # ------------------------------------------------------------------------------------------ actions
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_run(self) -> None:
+        self.mode = "running"
+        if not self.queue.pending() and not self.busy:
+            self.notify("the queue has nothing waiting: pick profiles (enter) first", timeout=3)
+        self._ensure_worker()
+        self._refresh_queue()
+
+    def action_pause(self) -> None:
+        if self.mode == "paused":
+            self.mode = "running"
+            self.log_line("queue resumed")
+            self._ensure_worker()
+        elif self.mode == "running":
+            self.mode = "paused"
+            self.log_line("queue paused: the current run goes on, the next one waits (p resumes)")
+        else:
+            self.notify("the queue is not running: r runs it", timeout=3)
+        self._refresh_queue()
+
+    def action_cancel_run(self) -> None:
+        with self._child_lock:
+            child, item_id = self._child, self._child_item
+            if child is None:
+                running = [i for i in self.queue.items() if i.status == RUNNING]
+                if running:
+                    self._cancel_item = running[0].id  # starting: cancelled as soon as it exists
+        if child is None:
+            if self._cancel_item is None:
+                self.notify("no run in progress", timeout=2)
+            return
+        if child.cancelled:
+            self.notify("already stopping: it is saving what it has", timeout=2)
+            return
+        self._cancel_item = item_id
+        self.log_line(f"cancelling {self.live_state.profile or 'the current run'} (SIGINT: it keeps what it has)")
+        child.cancel()
+
+    def action_open_run(self) -> None:
+        def opened(path: str | None) -> None:
+            if path:
+                self.open_run(path)
+
+        self.push_screen(OpenRunScreen(self.runs_dir), opened)
+
+    def open_run(self, path: str) -> None:
+        try:
+            state = load_run(path)
+        except ValueError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.view_state = state
+        self.live.show(state)
+        self.log_line(f"opened {path}: {state.profile} · {state.status}")
+
+    def action_live_view(self) -> None:
+        self.view_state = None
+        self.live.show(self.live_state)
+
+    def action_toggle_theme(self) -> None:
+        self.theme = THEMES[1] if self.theme == THEMES[0] else THEMES[0]
+
+    # ------------------------------------------------------------------------------------------ quitting
+
+    async def action_quit(self) -> None:
+        """Stop cleanly: no new run starts; the running child gets SIGINT and writes `interrupted`; wait for it
+        (and for a child the worker was just starting), at most QUIT_WAIT_S, then kill what is left."""
+        if self._stopping:
+            return
+        self._stopping = True
+        deadline = time.monotonic() + self.QUIT_WAIT_S
+        told = False
+        while True:
+            with self._child_lock:
+                child = self._child
+            alive = child is not None and child.proc.poll() is None
+            if alive and not child.cancelled:
+                child.cancel(self.QUIT_GRACE_S)
+            if alive and not told:
+                told = True
+                self.notify(f"stopping {self.live_state.profile or 'the run'}: waiting for it to save (≤ {self.QUIT_WAIT_S:.0f} s)", timeout=self.QUIT_WAIT_S)
+                self.log_line("quitting: the running child is asked to stop")
+            if not alive and not self.busy:
+                break
+            if time.monotonic() > deadline:
+                if alive:
+                    self._kill(child)
+                break
+            await asyncio.sleep(0.05)
+        w = self._queue_worker
+        if w is not None and w.state in (WorkerState.PENDING, WorkerState.RUNNING):
+            try:
+                await asyncio.wait_for(w.wait(), timeout=5.0)
+            except Exception:  # noqa: BLE001 (a failed or slow worker must not keep the app from exiting)
+                pass
+        self._drain()
+        self.exit()
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM, or SIGHUP when the SSH session drops: quit as `q` does, so the child is not left training."""
+        if self.is_headless:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.action_quit()))
+        except (NotImplementedError, RuntimeError, AttributeError, ValueError):
+            pass  # not on this platform, or not the main thread: on_unmount still stops the child
+
+    def _kill(self, child) -> None:
+        """The child did not stop in time: kill it, and mark its folder as the user asked (interrupted)."""
+        from memlab.core.runstore import mark_status
+
+        child.proc.kill()
+        try:
+            child.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        run_dir = (child.started or {}).get("run_dir")
+        if run_dir:
+            mark_status(Path(run_dir), "interrupted", "killed when memlab tui quit (it did not stop within the grace period)")
+
+    def on_unmount(self) -> None:
+        """A last guard (an exception, a closed terminal): never leave a child training behind."""
+        self._stopping = True
+        with self._child_lock:
+            child = self._child
+        if child is not None and child.proc.poll() is None:
+            if not child.cancelled:
+                child.cancel(self.QUIT_GRACE_S)
+            try:
+                child.proc.wait(timeout=self.QUIT_WAIT_S)
+            except Exception:  # noqa: BLE001
+                self._kill(child)

@@ -1,0 +1,85 @@
+"""The profiles one can queue: built-in ones and TOML files in the current folder (or --profiles-dir)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    ref: str  # what `memlab run --profile` takes: a built-in name or a path
+    label: str
+    description: str = ""
+    changes: str = ""
+
+
+def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInfo]:
+    """Built-in profiles, then *.toml files in `profiles_dir` (default: the current folder) that load as profiles.
+    Files that are not profiles (pyproject.toml, an experiment, a broken file) are left out quietly."""
+    from memlab.core.config import builtin_names, describe_changes, load_profile
+    from memlab.core.errors import MemlabError
+
+    found = []
+    for name in builtin_names("profile"):
+        try:
+            p = load_profile(name)
+        except MemlabError:
+            continue
+        found.append(ProfileInfo(name, name, p.description, _changes(describe_changes, p)))
+    folder = Path(profiles_dir) if profiles_dir is not None else Path.cwd()
+    builtin = {f.ref for f in found}
+    for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+        ref = str(path) if profiles_dir is not None else f"./{path.name}"
+        try:
+            p = load_profile(ref)
+        except MemlabError:
+            continue
+        label = path.stem if path.stem not in builtin else path.name
+        found.append(ProfileInfo(ref, f"{label} (file)", p.description, _changes(describe_changes, p)))
+    return found
+
+
+def _changes(describe, profile) -> str:
+    try:
+        return describe(profile)
+    except Exception:  # noqa: BLE001 (a nicety: never stop the list for it)
+        return ""
+
+
+class ProfileList(OptionList):
+    """Enter (or a) puts the highlighted profile at the end of the queue."""
+
+    BINDINGS = [Binding("a", "pick", "Add to queue", show=False)]
+
+    @dataclass
+    class Picked(Message):
+        profile: str
+
+    @dataclass
+    class Highlighted(Message):
+        info: ProfileInfo | None
+
+    def __init__(self, profiles: list[ProfileInfo], **kwargs) -> None:
+        self.profiles = {p.ref: p for p in profiles}
+        super().__init__(*[Option(Text(p.label), id=p.ref) for p in profiles], **kwargs)
+
+    def action_pick(self) -> None:
+        option = self.highlighted_option
+        if option is not None and option.id is not None:
+            self.post_message(self.Picked(option.id))
+
+    def _on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option.id is not None:
+            self.post_message(self.Picked(event.option.id))
+
+    def _on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        event.stop()
+        self.post_message(self.Highlighted(self.profiles.get(event.option.id or "")))
