@@ -56,6 +56,7 @@ DISPLAY_COLUMNS: tuple[DisplayColumn, ...] = (
     DisplayColumn("profile", "profile", "text", "technique profile", figure=False),
     DisplayColumn("status", "status", "text", "finished, or why not: oom, nan, interrupted, crashed, error; running, incomplete (no summary)", figure=False),
     DisplayColumn("batch_size", "batch", "int", "effective batch (sequences per optimizer step)", figure=False),
+    DisplayColumn("n_gpus", "GPUs", "int", "GPUs the run trained on: its world size (ranks) on CUDA, 0 on CPU; memory figures are per GPU"),
     DisplayColumn("peak_alloc_fwd_bytes", "fwd GiB", "gib", "peak allocated during forward"),
     DisplayColumn("peak_alloc_bwd_bytes", "bwd GiB", "gib", "peak allocated during backward"),
     DisplayColumn("peak_alloc_opt_bytes", "opt GiB", "gib", "peak allocated during the optimizer step"),

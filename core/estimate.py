@@ -222,6 +222,7 @@ def _attention_kind(profile: Profile) -> str:
 class _Precision:
     autocast: bool
     e: int  # bytes of a matmul output / linear input under this precision
+    weight_copies: bool = True  # autocast makes (and autograd saves) bf16 copies of the fp32 weights; not under FSDP
 
 
 def _precision(profile: Profile) -> _Precision:
@@ -265,7 +266,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
                 out["scores"] += ((1 if dropout == 1 else 4) + 4) * s.BHTT
         else:
             out["lse"] = 4 * s.b * s.H * s.T
-        if amp:
+        if amp and pr.weight_copies:
             out["weight_copies"] = e * 4 * s.C * s.C
         if dropout:
             out["dropout_masks"] = dropout * s.BTC
@@ -274,7 +275,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         out["ln_stats"] = out.get("ln_stats", 0) + 8 * s.BT
         out["mlp_in"] = e * s.BTC
         out["mlp_hidden"] = 2 * e * s.BTF
-        if amp:
+        if amp and pr.weight_copies:
             out["weight_copies"] = out.get("weight_copies", 0) + e * 2 * s.C * s.F
         if dropout:
             out["dropout_masks"] = out.get("dropout_masks", 0) + dropout * s.BTC
@@ -311,7 +312,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int) -
 
 def _weight_copy_bytes(layout: str, s: _Shape, pr: _Precision) -> int:
     """bf16 weight copies autocast caches during forward (all blocks) but autograd does not keep for this block."""
-    if not pr.autocast:
+    if not pr.autocast or not pr.weight_copies:
         return 0
     biases = pr.e * (3 * s.C + s.C + s.F + s.C)
     if layout == "full":
@@ -378,15 +379,24 @@ def estimate(
     device: str = "cuda",
 ) -> Estimate:
     """Predicted peak allocated bytes of a training step of `profile` on `experiment` at `micro_batch`
-    (default: train.batch_size / accumulation.steps). `vocab_size` is the model's (already padded) vocabulary.
+    (default: train.batch_size / (accumulation.steps x world_size), per rank as the engine splits it). `vocab_size`
+    is the model's (already padded) vocabulary. `world_size` ranks (--nproc) matter under profile.distributed: see
+    _distributed below.
     `device` = "cpu" predicts the tensors of the CPU backend (no workspace; Adafactor's per-tensor loop)."""
     m, p = experiment.model, profile
     k = p.accumulation.steps
-    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // k)
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // (k * world_size))
     _check(p, experiment, b, vocab_size)
     F = m.d_ff or 4 * m.d_model
     s = _Shape(m.n_layer, m.d_model, m.n_head, F, m.seq_len, vocab_size, b)
+    mode = p.distributed.mode
+    fsdp, ddp, host = mode == "fsdp", mode == "ddp", mode == "fsdp" and p.distributed.cpu_offload
     pr = _precision(p)
+    if fsdp and pr.autocast:
+        # FSDP2's MixedPrecisionPolicy all-gathers the parameters in bf16: autocast has no fp32 weight to cast, and
+        # the bf16 weights autograd saves are the unsharded parameters, freed after each block's forward (reshard)
+        # and gathered again for its backward: counted once, in the all-gather term below, not per block.
+        pr = _Precision(pr.autocast, pr.e, weight_copies=False)
     kind = _attention_kind(p)
     dropout = _dropout_mask_bytes(experiment, pr, device)
     compiled = p.compile.enabled
@@ -397,22 +407,43 @@ def estimate(
     # ---- static: weights, gradients, optimizer state (fp32 parameters in every profile)
     shapes = param_shapes(s.L, s.C, F, s.T, s.V)
     N = param_count(s.L, s.C, F, s.T, s.V)
-    shard = world_size if p.distributed.mode == "fsdp" else 1
-    weights = 4 * N // shard
-    grads_full = 4 * N // shard
-    opt_state = optimizer_state_bytes(p, shapes) // shard
-    opt_temp = optimizer_temp_bytes(p, shapes, device) // shard
-    if p.distributed.mode == "ddp":
-        grads_full *= 2  # DDP's gradient buckets: a second fp32 copy of every gradient
-        notes.append("ddp: gradient buckets counted as a second copy of the gradients (not calibrated)")
-    elif p.distributed.mode == "fsdp":
-        notes.append(f"fsdp: weights, gradients and optimizer state sharded {world_size} ways (not calibrated)")
+    # Distributed (profile.distributed, world_size ranks; memlab.core.distributed builds the wrappers):
+    #   ddp   every rank keeps whole weights, gradients and optimizer state, plus DDP's gradient buckets: one fp32
+    #         copy of the gradients, allocated when the model is wrapped, so alive from the first forward on. With
+    #         gradient_as_bucket_view=True (as memlab wraps) the .grad tensors are views of the buckets: the bucket
+    #         term replaces the gradients as they are made, and the optimizer step sees 4N, not 8N. Measured on
+    #         2 x H200, gpt2s micro 16 bf16 (bench/results/distributed-h200x2/distributed.txt): DDP per-GPU peak
+    #         8.26 GiB vs 7.91 on one GPU, +0.35 GiB = 92.1M params x 4 B; the optimizer phase unchanged (1.79).
+    #   fsdp  weights, gradients and optimizer state divided by world_size (FSDP2 shards every tensor on dim 0),
+    #         plus the unsharded parameters in the compute dtype of one block (all-gathered for its forward and
+    #         again for its backward) and of the root (wte/LM head, wpe, ln_f: not resharded between forward and
+    #         backward). FSDP2 prefetches the next block's all-gather, so a second block may briefly be whole too.
+    #         Measured (same run): peak 7.27 GiB, optimizer phase 0.95 GiB vs 1.79 on one GPU.
+    #   fsdp + cpu_offload   the sharded parameters, gradients and optimizer state live in pinned host memory
+    #         (CPUOffloadPolicy; the step runs on the CPU): the GPU holds only the all-gathered unsharded
+    #         parameters. Measured (same run): peak 6.74 GiB, optimizer phase 0.06 GiB.
+    shard = world_size if fsdp else 1
+    on_gpu = 0 if host else 1
+    weights = on_gpu * 4 * N // shard
+    grads_full = on_gpu * 4 * N // shard
+    opt_state = on_gpu * optimizer_state_bytes(p, shapes) // shard
+    opt_temp = on_gpu * optimizer_temp_bytes(p, shapes, device) // shard
+    gathered = 0  # the all-gathered unsharded parameters alive during forward and backward (fsdp)
+    if ddp:
+        notes.append(f"ddp x{world_size}: whole weights, gradients and optimizer state per GPU, plus DDP's gradient buckets (one fp32 copy of the gradients, alive all step)")
+    elif fsdp:
+        bp0 = block_params(s.C, F)
+        root = s.V * s.C + s.T * s.C + 2 * s.C
+        gathered = pr.e * (bp0["matrix"] + bp0["vector"] + root)
+        where = "on the host (cpu_offload); the GPU holds" if host else f"sharded {world_size} ways, plus"
+        notes.append(f"fsdp x{world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
     workspace = WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if device == "cuda" else 0
     # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
-    grads_fwd = grads_full if k > 1 else 0
+    # DDP: the buckets hold every gradient from the start.
+    grads_fwd = grads_full if k > 1 or ddp else 0
     bp = block_params(s.C, F)
-    head_grads = 4 * (s.V * s.C + 2 * s.C) // shard  # wte (tied LM head) and ln_f: the first gradients made
-    block_grads = 4 * (bp["matrix"] + bp["vector"]) // shard
+    head_grads = on_gpu * 4 * (s.V * s.C + 2 * s.C) // shard  # wte (tied LM head) and ln_f: the first gradients made
+    block_grads = on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard
 
     # ---- saved activations, per block
     layout = _block_layout(p, s.L)
@@ -440,7 +471,7 @@ def estimate(
         head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
     else:
         head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
-        head_w = pr.e * s.V * s.C if pr.autocast else 0  # its bf16 weight, saved for the input gradient
+        head_w = pr.e * s.V * s.C if pr.autocast and pr.weight_copies else 0  # its bf16 weight, saved for the input gradient
     if offload:
         final = head_in = head_w = 0
     model_saved = tokens + final + head_in + head_w
@@ -448,15 +479,15 @@ def estimate(
     # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
     # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
     cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if offload else lay, s, pr) for lay in layout)
-    if chunked and pr.autocast and not compiled:
+    if chunked and pr.autocast and pr.weight_copies and not compiled:
         cache_extra += pr.e * s.V * s.C
     h_fp32 = 4 * s.BTC if pr.autocast and not chunked else 0  # GPT.forward holds the fp32 h while the loss runs
 
     phases: dict[str, dict[str, int]] = {}
 
-    def put(name: str, grads: int, acts: int, loss: int, temps: int) -> None:
+    def put(name: str, grads: int, acts: int, loss: int, temps: int, gather: int = gathered) -> None:
         phases[name] = {
-            "weights": weights, "gradients": grads, "optimizer_state": opt_state, "activations": acts,
+            "weights": weights + gather, "gradients": grads, "optimizer_state": opt_state, "activations": acts,
             "logits_loss": loss, "temporaries": temps, "workspace": workspace,
         }
 
@@ -507,7 +538,7 @@ def estimate(
             live = remaining + sum(block_saved(s, pr, kind, dropout, half).values()) - 4 * s.BTC - 8 * s.BT
         else:
             live = remaining
-        g = grads_full if k > 1 else head_grads + block_grads * (s.L - 1 - i)
+        g = grads_full if k > 1 or ddp else head_grads + block_grads * (s.L - 1 - i)
         total = g + live + extra
         if best is None or total > best[0]:
             best = (total, i, g, live, extra)
@@ -518,7 +549,7 @@ def estimate(
     put(block_phase, g_b, live_b, 0, extra_b)
 
     # the optimizer step: every gradient, the state, the step's temporaries
-    put("optimizer step", grads_full, tokens, 0, opt_temp)
+    put("optimizer step", grads_full, tokens, 0, opt_temp, gather=0)  # fsdp: every unit resharded by now
 
     totals = {name: sum(v.values()) for name, v in phases.items()}
     peak = max(totals, key=lambda n: totals[n])
@@ -547,14 +578,15 @@ def usable_bytes(memory_bytes: int, *, capped: bool) -> int:
 
 
 def predict_max_batch(
-    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, capped: bool, limit: int = 1 << 20
+    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, capped: bool, limit: int = 1 << 20,
+    world_size: int = 1,
 ) -> int:
     """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits).
     Peak memory grows monotonically with the batch, so grow-then-bisect on the pure function finds it exactly."""
     budget = usable_bytes(memory_bytes, capped=capped)
 
     def fits(b: int) -> bool:
-        return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b).total_bytes <= budget
+        return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget
 
     if not fits(1):
         return 0

@@ -56,7 +56,8 @@ def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experime
 def estimate(
     profile: ProfileOpt,
     experiment: ExperimentOpt = "auto",
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size); the micro-batch is it divided by accumulation.steps.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size, over all ranks); the micro-batch is it divided by accumulation.steps x --nproc.")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
     gpu_memory: GpuMemoryOpt = None,
     method: Annotated[str, typer.Option("--method", help="analytic (from the configuration) | fake (one step measured on fake tensors: no GPU, no memory).")] = "analytic",
     as_json: JsonOpt = False,
@@ -73,6 +74,15 @@ def estimate(
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
     overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
     exp, prof = _load(experiment, profile, overrides)
+    world = 1 if nproc is None else nproc
+    if world < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    if nproc is not None or prof.distributed.mode != "none":
+        from memlab.core import distributed
+
+        distributed.check(exp, prof, world, "cuda")  # the combinations `memlab run --nproc` refuses, refused here too
+    if method == "fake" and world > 1:
+        raise ConfigError("--method fake measures one process; with --nproc use --method analytic")
     notes: list[str] = []
     if gpu_memory is not None:
         memory, capped, where = parse_size(gpu_memory), True, f"--gpu-memory {gpu_memory}"
@@ -83,21 +93,21 @@ def estimate(
         else:
             memory, capped, where = parse_size(DEFAULT_CARD), False, f"{DEFAULT_CARD} (no GPU here: an 80 GB H100 assumed)"
     vocab, vocab_from = est_mod.vocab_for(exp)
-    analytic = est_mod.estimate(exp, prof, vocab_size=vocab)
+    analytic = est_mod.estimate(exp, prof, vocab_size=vocab, world_size=world)
     result = analytic
     if method == "fake":
         from memlab.core.memsnapshot import fake_estimate
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
-    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped)
+    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped, world_size=world)
     notes += result.notes
     if as_json:
-        out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from}
+        out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
         if method == "fake":
             out["analytic_total_bytes"] = analytic.total_bytes
         typer.echo(json.dumps(out))
         return
-    _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from)
+    _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from, world, prof.distributed.mode)
 
 
 def _cuda_visible() -> bool:
@@ -109,14 +119,15 @@ def _cuda_visible() -> bool:
         return False
 
 
-def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str) -> None:
+def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str, world: int = 1, mode: str = "none") -> None:
     from rich.console import Console
     from rich.table import Table
 
     from memlab.core.estimate import COMPONENTS
 
     console = Console(highlight=False)
-    console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate")
+    console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
+                  + (f" · {mode} x{world}, per GPU" if mode != "none" else ""))
     t = Table(header_style="bold", box=None, pad_edge=False)
     t.add_column("component")
     t.add_column("GiB", justify="right")
