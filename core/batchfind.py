@@ -86,10 +86,12 @@ def apply_memory_cap(device: Any) -> int | None:
         raise DeviceError(f"{MEMORY_ENV}={raw} caps GPU memory and needs CUDA; unset it to run on {device}")
     import torch
 
-    props = torch.cuda.get_device_properties(device)
+    # set_per_process_memory_fraction refuses a bare "cuda": it wants the index (seen on the H100, torch 2.11)
+    index = device.index if getattr(device, "index", None) is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
     if cap > props.total_memory:
         raise DeviceError(f"{MEMORY_ENV}={raw} ({format_size(cap)}) is more than this GPU has ({props.name}: {format_size(props.total_memory)})")
-    torch.cuda.set_per_process_memory_fraction(cap / props.total_memory, device)
+    torch.cuda.set_per_process_memory_fraction(cap / props.total_memory, index)
     return cap
 
 

@@ -479,3 +479,28 @@ def test_load_reads_filters_and_compares(tmp_path):
     assert table["profile"].to_list() == ["gradcp", "baseline"]
     assert table["mem_saved_pct"].to_list() == [50.0, 0.0]
     assert [s[0] for s in skipped] == [str(bad)]
+
+
+def test_distributed_runs_show_their_gpus(tmp_path):
+    """Issue 9: a DDP/FSDP run is a row like any other, with its world size in the GPUs column (terminal and markdown)."""
+    from memlab.cli.table import render_markdown
+
+    root = tmp_path / "runs"
+    gpu = dict(device="cuda", gpu_name="NVIDIA H200")
+    write_run(root, "bf16", n_gpus=1, peak_alloc_bytes=8 * GIB, **gpu)
+    write_run(root, "ddp_bf16", n_gpus=2, peak_alloc_bytes=8 * GIB + GIB // 2, **gpu)
+    table = compare.comparison(compare.read_runs([root])[0])
+    assert row(table, "ddp_bf16")["n_gpus"] == 2 and row(table, "bf16")["n_gpus"] == 1
+    col = next(c for c in compare.DISPLAY_COLUMNS if c.name == "n_gpus")
+    assert col.header == "GPUs" and compare.format_value(2, col.kind) == "2"
+
+    lines = render_markdown(table).splitlines()
+    header = next(line for line in lines if line.startswith("| profile"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    i = cells.index("GPUs")
+    by_profile = {
+        cols[0].strip("*"): cols[i]
+        for line in lines if line.startswith("| ") and line is not header
+        for cols in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert by_profile["ddp_bf16"] == "2" and by_profile["bf16"] == "1"

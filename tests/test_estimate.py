@@ -346,3 +346,77 @@ def test_bad_input_is_one_line_exit_2(args, expect, capsys, tmp_path, monkeypatc
 
 def test_estimate_errors_are_memlab_errors():
     assert issubclass(ConfigError, MemlabError)
+
+
+# ---------------------------------------------------------------------------------------------- distributed (issue 9)
+
+
+def _dist(name: str, cpu_offload: bool = False):
+    p = load_profile(name)
+    p.distributed.cpu_offload = cpu_offload
+    return p
+
+
+def test_fsdp_shards_weights_grads_and_state_exactly_by_world_size():
+    e, V = small(L=3, C=64, T=64, V=512), 512
+    one = E.estimate(e, _dist("fsdp_bf16"), vocab_size=V, micro_batch=2, world_size=1)
+    two = E.estimate(e, _dist("fsdp_bf16"), vocab_size=V, micro_batch=2, world_size=2)
+    N, bp = E.param_count(3, 64, 256, 64, V), E.block_params(64, 256)
+    gathered = 2 * (bp["matrix"] + bp["vector"] + V * 64 + 64 * 64 + 2 * 64)  # one bf16 block + the root, unsharded
+    opt = "optimizer step"
+    c1, c2 = one.components, two.components
+    assert c2["weights"] == 4 * N // 2 + gathered and c1["weights"] == 4 * N + gathered
+    assert c2["optimizer_state"] == 8 * N // 2 == c1["optimizer_state"] // 2
+    # at the step: the shards only (every unit resharded), weights + grads + state exactly halved
+    shapes = E.param_shapes(3, 64, 256, 64, V)
+    static = 4 * N + 4 * N + E.optimizer_state_bytes(_dist("fsdp_bf16"), shapes) + E.optimizer_temp_bytes(_dist("fsdp_bf16"), shapes)
+    rest = one.phases[opt] - static
+    assert two.phases[opt] == static // 2 + rest
+    assert one.total_bytes - two.total_bytes == c1["weights"] - c2["weights"] + c1["optimizer_state"] - c2["optimizer_state"] + c1["gradients"] - c2["gradients"]
+
+
+def test_ddp_adds_one_fp32_copy_of_the_gradients_as_buckets():
+    e, V = small(L=3, C=64, T=64, V=512), 512
+    single = E.estimate(e, load_profile("bf16"), vocab_size=V, micro_batch=2)
+    ddp = E.estimate(e, _dist("ddp_bf16"), vocab_size=V, micro_batch=2, world_size=2)
+    N = E.param_count(3, 64, 256, 64, V)
+    assert ddp.components["weights"] == single.components["weights"] == 4 * N  # nothing sharded
+    assert ddp.components["optimizer_state"] == single.components["optimizer_state"]
+    for phase in ("forward (last block)", "loss forward", "loss backward"):  # the buckets exist from the start
+        assert ddp.phases[phase] - single.phases[phase] == 4 * N, phase
+    assert ddp.phases["optimizer step"] == single.phases["optimizer step"]  # .grad are views of the buckets
+    assert ddp.total_bytes > single.total_bytes
+
+
+def test_fsdp_cpu_offload_moves_the_state_off_the_gpu():
+    e, V = small(L=3, C=64, T=64, V=512), 512
+    gpu = E.estimate(e, _dist("fsdp_bf16"), vocab_size=V, micro_batch=2, world_size=2)
+    host = E.estimate(e, _dist("fsdp_bf16", cpu_offload=True), vocab_size=V, micro_batch=2, world_size=2)
+    N, bp = E.param_count(3, 64, 256, 64, V), E.block_params(64, 256)
+    gathered = 2 * (bp["matrix"] + bp["vector"] + V * 64 + 64 * 64 + 2 * 64)
+    assert host.components["weights"] == gathered  # only the all-gathered unsharded parameters
+    assert host.components["optimizer_state"] == 0 and host.components["gradients"] == 0
+    assert host.phases["optimizer step"] < gpu.phases["optimizer step"]
+    assert gpu.total_bytes - host.total_bytes == 4 * N // 2 + 8 * N // 2
+
+
+@pytest.mark.parametrize("name, offload, measured_gib", [("ddp_bf16", False, 8.26), ("fsdp_bf16", False, 7.27), ("fsdp_bf16", True, 6.74)])
+def test_distributed_estimates_match_the_h200x2_measurements(name, offload, measured_gib):
+    """gpt2s, micro 16, bf16, 2 ranks on 2 x H200 (bench/results/distributed-h200x2/distributed.txt)."""
+    e = load_experiment("gpt2s")
+    e.model.vocab_size = 8192
+    apply_overrides(e, p := _dist(name, offload), ["train.batch_size=32"])
+    est = E.estimate(e, p, vocab_size=8192, world_size=2)
+    assert est.micro_batch == 16  # the global batch split over the ranks, as the engine does
+    assert abs(est.total_bytes / 2**30 - measured_gib) / measured_gib < 0.10
+    if name == "fsdp_bf16" and not offload:
+        assert abs(est.phases["optimizer step"] / 2**30 - 0.95) / 0.95 < 0.10
+
+
+def test_cli_estimate_nproc():
+    r = cli("estimate", "-p", "fsdp_bf16", "--nproc", "2", "--batch-size", "32", "--set", "model.vocab_size=8192", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["world_size"] == 2 and out["micro_batch"] == 16
+    r = cli("estimate", "-p", "bf16", "--nproc", "2", "--set", "model.vocab_size=8192")
+    assert r.exit_code != 0 and "distributed.mode = none" in (r.output + str(r.exception))
