@@ -118,3 +118,15 @@ def test_console_script_is_installed():
     exe = shutil.which("memlab")
     assert exe, "the memlab console script is not on PATH (pip install -e . installs it)"
     assert subprocess.run([exe, "--help"], capture_output=True, text=True).returncode == 0
+
+
+def test_exit_status_says_how_the_run_ended(tmp_path, capsys):
+    """0 finished; 1 for oom / nan / error; 130 interrupted (the supervisor reads events, a shell reads this)."""
+    from memlab.cli import main
+
+    diverge = ["--set", "train.lr=1e6", "--set", "train.warmup_steps=0", "--set", "train.clip=0", "--set", "train.steps=30"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--profile", "baseline", "--experiment", "tiny", "--device", "cpu", "--runs-dir", str(tmp_path), *diverge])
+    assert exit_.value.code == 1
+    (run,) = list(tmp_path.iterdir())
+    assert json.loads((run / "run.json").read_text())["status"] == "nan"

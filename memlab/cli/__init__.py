@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = [a for a in argv if a != "--debug"]
     _register_commands()
     try:
-        app(args=argv, prog_name="memlab", standalone_mode=False)
+        code = app(args=argv, prog_name="memlab", standalone_mode=False)
+        if isinstance(code, int) and code:  # without standalone mode, click returns typer.Exit's code
+            raise SystemExit(code)
     except MemlabError as e:
         if debug:
             raise
