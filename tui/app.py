@@ -116,8 +116,13 @@ class MemlabApp(App[None]):
         return self.main.query_one(EventLog)
 
     def log_line(self, message: str, kind: str = "info", t: float | None = None) -> None:
+        from textual.css.query import NoMatches
+
         if self.main is not None and self.main.is_mounted:
-            self.event_log.add(message, kind, t)
+            try:
+                self.event_log.add(message, kind, t)
+            except NoMatches:
+                pass  # the app is closing: its widgets are already gone
 
     def _update_subtitle(self) -> None:
         """Experiment · device · runs folder; `auto` shown as what it will be (the last run says, else NVML guesses)."""
@@ -322,9 +327,13 @@ class MemlabApp(App[None]):
             pass  # the app closed meanwhile
 
     def _show_results(self, frame) -> None:
+        from textual.css.query import NoMatches
         from textual.widgets import Static
 
-        table = self.results
+        try:
+            table = self.results
+        except NoMatches:
+            return  # the app is closing: its widgets are already gone
         table.load(frame)
         self.main.query_one("#results-notes", Static).update(" · ".join(table.notes))
 
