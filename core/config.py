@@ -261,7 +261,8 @@ def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, st
     return _read_toml(text, f"{kind}s/{ref}.toml"), f"built-in {kind} {ref}", ref
 
 
-def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections: dict, seen: tuple = ()) -> Any:
+def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections: dict, seen: tuple = ()) -> tuple[Any, str]:
+    """The resolved object and where it came from (for messages), `extends` applied parent first."""
     doc, origin, default_name = _resolve(ref, kind)
     if ref in seen:
         raise ConfigError(f"{origin}: `extends` forms a cycle: {' -> '.join(seen + (ref,))}")
@@ -269,24 +270,24 @@ def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections:
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{origin}: extends must be the name of a built-in {kind} or a path, got {parent!r}")
-        obj = _load(parent, kind, cls, sections, seen + (ref,))
+        obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
         obj.description = ""
     else:
         obj = cls()
     obj.name = default_name
     _apply_document(obj, doc, sections, origin)
-    return obj
+    return obj, origin
 
 
 def load_profile(ref: str) -> Profile:
-    profile = _load(ref, "profile", Profile, PROFILE_SECTIONS)
-    validate_profile(profile, _resolve(ref, "profile")[1])
+    profile, origin = _load(ref, "profile", Profile, PROFILE_SECTIONS)
+    validate_profile(profile, origin)
     return profile
 
 
 def load_experiment(ref: str) -> Experiment:
-    experiment = _load(ref, "experiment", Experiment, EXPERIMENT_SECTIONS)
-    validate_experiment(experiment, _resolve(ref, "experiment")[1])
+    experiment, origin = _load(ref, "experiment", Experiment, EXPERIMENT_SECTIONS)
+    validate_experiment(experiment, origin)
     return experiment
 
 
