@@ -112,6 +112,11 @@ def run_fixed(name: str, args, cap: int | None, runs_dir: Path, extra_args: list
     if extra_args and res.run_dir:
         f = Path(res.run_dir) / "memory_breakdown.json"
         row["breakdown"] = f.read_text() if f.is_file() else None
+        snap = Path(res.run_dir) / "memory_snapshot.pickle"
+        if snap.is_file() and args.out:  # back with the results: the peak's live blocks can be read on a CPU
+            import shutil
+
+            shutil.copy(snap, Path(args.out) / f"snapshot_{name}.pickle")
     return row
 
 
@@ -140,6 +145,9 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
         best = next((p for p in res.probes if p.fits and p.batch == res.max_batch), None)
         row |= {
             "status": "finished", "found_max_batch": res.max_batch, "probes": len(res.probes), "min_oom": res.min_oom,
+            "probe_log": json.dumps([{"batch": p.batch, "fits": p.fits, "peak_alloc_bytes": p.peak_alloc_bytes,
+                                      "peak_reserved_bytes": p.peak_reserved_bytes, "alloc_retries": p.alloc_retries,
+                                      "seconds": round(p.seconds, 1)} for p in res.probes]),
             "measured_bytes": best.peak_alloc_bytes if best else None, "reserved_bytes": best.peak_reserved_bytes if best else None,
             "alloc_retries": best.alloc_retries if best else None,
             "estimate_at_found_bytes": E.estimate(exp, prof, vocab_size=vocab, micro_batch=res.max_batch).total_bytes,
@@ -201,7 +209,9 @@ def main() -> None:
     ap.add_argument("--measure-after", type=int, default=3)
     ap.add_argument("--parallel", type=int, default=3, help="children at once in part 1 (each capped at 1/N of the card)")
     ap.add_argument("--snapshot", default="bf16", help="profile for one --memory-snapshot run ('' to skip)")
-    ap.add_argument("--find-batch", default="bf16,gradcp_bf16", help="profiles for find-batch ('' to skip)")
+    ap.add_argument("--find-batch", default="bf16,gradcp_bf16", help="profiles for find-batch ('' to skip, 'all' for every built-in)")
+    ap.add_argument("--find-parallel", type=int, default=1, help="find-batch searches at once (each child capped at --find-gpu-memory)")
+    ap.add_argument("--skip-fixed", action="store_true", help="no fixed-batch runs (find-batch only)")
     ap.add_argument("--find-gpu-memory", default="24GiB", help="the cap find-batch emulates")
     ap.add_argument("--probe-steps", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget; find-batch stops when it is spent")
@@ -251,31 +261,38 @@ def main() -> None:
                 + (f" · {row['message'][:120]}" if row["status"] != "finished" and row.get("message") else ""))
         return row
 
-    # warm the token cache with one run alone, then the rest in parallel
-    first = "bf16" if "bf16" in names else names[0]
-    rows.append(one(first, None))
-    rest = [n for n in names if n != first]
-    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        heavy = [n for n in rest if n in COMPILE_HEAVY]
-        futures = [pool.submit(one, n, share) for n in heavy]
-        if args.snapshot:
-            futures.append(pool.submit(one, args.snapshot, share, ["--memory-snapshot"]))
-        futures += [pool.submit(one, n, share) for n in rest if n not in COMPILE_HEAVY]
-        rows += [f.result() for f in futures]
-    # an OOM under the shared cap is run again alone, on the whole card
-    for i, r in enumerate(rows):
-        if r.get("status") == "oom" and r.get("cap_bytes"):
-            rows[i] = one(r["profile"], None)
+    if not args.skip_fixed:
+        # warm the token cache with one run alone, then the rest in parallel
+        first = "bf16" if "bf16" in names else names[0]
+        rows.append(one(first, None))
+        rest = [n for n in names if n != first]
+        with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+            heavy = [n for n in rest if n in COMPILE_HEAVY]
+            futures = [pool.submit(one, n, share) for n in heavy]
+            if args.snapshot:
+                futures.append(pool.submit(one, args.snapshot, share, ["--memory-snapshot"]))
+            futures += [pool.submit(one, n, share) for n in rest if n not in COMPILE_HEAVY]
+            rows += [f.result() for f in futures]
+        # an OOM under the shared cap is run again alone, on the whole card
+        for i, r in enumerate(rows):
+            if r.get("status") == "oom" and r.get("cap_bytes"):
+                rows[i] = one(r["profile"], None)
 
     cap = parse_size(args.find_gpu_memory)
-    for name in [p.strip() for p in args.find_batch.split(",") if p.strip()]:
+    finds = names if args.find_batch == "all" else [p.strip() for p in args.find_batch.split(",") if p.strip()]
+    finds = [n for n in finds if n in COMPILE_HEAVY] + [n for n in finds if n not in COMPILE_HEAVY]  # the slow ones first
+
+    def find_one(name: str) -> dict:
         if time.monotonic() > budget_end - 60:
-            rows.append({"profile": name, "kind": "find_batch", "status": "skipped", "message": "time budget", "cap_bytes": cap, "seconds": 0.0})
-            continue
+            return {"profile": name, "kind": "find_batch", "status": "skipped", "message": "time budget", "cap_bytes": cap, "seconds": 0.0}
         log(f"[{time.monotonic() - t_start:5.0f}s] find-batch {name} under {args.find_gpu_memory}")
         row = run_find(name, args, cap, budget_end)
-        log(f"  -> found {row.get('found_max_batch')} predicted {row.get('predicted_max_batch')} ({row.get('status')}) in {row['seconds']:.0f} s")
-        rows.append(row)
+        log(f"  -> {name}: found {row.get('found_max_batch')} predicted {row.get('predicted_max_batch')} ({row.get('status')}) in {row['seconds']:.0f} s")
+        return row
+
+    # the search, not the hardware, is the subject: several capped searches share the card (each stays in its cap)
+    with ThreadPoolExecutor(max_workers=max(1, args.find_parallel)) as pool:
+        rows += list(pool.map(find_one, finds))
 
     cal = calibration(rows)
     command = "python3 " + " ".join(shlex.quote(a) for a in sys.argv)

@@ -65,7 +65,67 @@ class RefGPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: bool) -> dict:
+# ------------------------------------------------------------------------------------------- kernel profiles
+KERNEL_GROUPS = (  # first match wins; what a GPT-2 step's GPU time goes to
+    ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa")),
+    ("optimizer", ("multi_tensor", "fused_adam", "adam", "foreach", "norm_kernel", "l2norm")),
+    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "mm_")),
+    ("fused (Inductor)", ("triton",)),
+    ("copy", ("memcpy", "memset", "copy")),
+)
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+
+
+class Profiled:
+    """torch.profiler over `active` steps after `skip` (compile and warm-up excluded); `step()` once per step."""
+
+    def __init__(self, skip: int = 8, active: int = 5):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.active = active
+        self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=schedule(wait=skip, warmup=2, active=active))
+        self.prof.__enter__()
+
+    def step(self) -> None:
+        self.prof.step()
+
+    def close(self) -> dict:
+        """Per-step GPU milliseconds by kernel and by group."""
+        from torch.autograd import DeviceType
+
+        self.prof.__exit__(None, None, None)
+        by_kernel: dict[str, float] = {}
+        for evt in self.prof.key_averages():
+            if evt.device_type == DeviceType.CUDA and evt.self_device_time_total > 0:
+                by_kernel[evt.key] = by_kernel.get(evt.key, 0.0) + evt.self_device_time_total / 1000.0 / self.active
+        groups: dict[str, float] = {}
+        for name, ms in by_kernel.items():
+            groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms
+        return {"by_kernel": by_kernel, "groups": groups, "gpu_ms_per_step": sum(by_kernel.values())}
+
+
+def kernel_report(profiles: dict[str, dict], step_ms: dict[str, float], top: int = 25) -> str:
+    """Side by side: GPU time per step by group and the top kernels, for each profiled case."""
+    names = list(profiles)
+    lines = ["GPU time per step (ms) by kernel group; busy = kernel time / step time", f"{'group':<22}" + "".join(f"{n:>26}" for n in names)]
+    groups = sorted({g for p in profiles.values() for g in p["groups"]})
+    for g in groups:
+        lines.append(f"{g:<22}" + "".join(f"{profiles[n]['groups'].get(g, 0.0):>26.3f}" for n in names))
+    lines.append(f"{'kernels total':<22}" + "".join(f"{profiles[n]['gpu_ms_per_step']:>26.3f}" for n in names))
+    lines.append(f"{'step (events)':<22}" + "".join(f"{step_ms.get(n, float('nan')):>26.3f}" for n in names))
+    lines.append(f"{'busy':<22}" + "".join(f"{profiles[n]['gpu_ms_per_step'] / step_ms[n] if step_ms.get(n) else float('nan'):>26.1%}" for n in names))
+    for n in names:
+        lines += ["", f"top kernels, {n} (ms per step)"]
+        for k, ms in sorted(profiles[n]["by_kernel"].items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {ms:8.3f}  {kernel_group(k):<16} {k[:110]}")
+    return "\n".join(lines)
+
+
+def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: bool, profiled: Profiled | None = None) -> dict:
     m = exp.model
     torch.manual_seed(0)
     model = RefGPT(vocab, m.seq_len, m.d_model, m.n_layer, m.n_head).cuda()
@@ -105,6 +165,8 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
         step()
         b.record()
         times.append((a, b))
+        if profiled:
+            profiled.step()
     torch.cuda.synchronize()
     ms = statistics.median(a.elapsed_time(b) for a, b in times)
     params = sum(p.numel() for p in model.parameters())
@@ -113,14 +175,22 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
     return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "first_step_s": first, "params": params, "batch": batch}
 
 
-def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters: bool = True) -> dict:
-    from memlab.core.config import load_experiment, load_profile
+def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters: bool = True, sets: list[str] | None = None,
+               profiled: Profiled | None = None) -> dict:
+    from memlab.core.config import apply_overrides, load_experiment, load_profile
     from memlab.core.engine import train
     from memlab.core.events import ListSink
 
     exp, prof = load_experiment(exp_name), load_profile(profile_name)
+    apply_overrides(exp, prof, list(sets or []))
     exp.train.steps, exp.train.measure_after, exp.train.batch_size = steps + 5, 5, batch
-    s = train(exp, prof, ListSink(), device="cuda", meters=meters)
+
+    class Sink(ListSink):
+        def emit(self, event: dict) -> None:
+            if profiled and event["event"] == "step":
+                profiled.step()
+
+    s = train(exp, prof, Sink(), device="cuda", meters=meters)
     torch.cuda.empty_cache()
     if s["status"] != "finished":
         return {"status": s["status"], "batch": batch}
@@ -148,6 +218,9 @@ def main() -> None:
     ap.add_argument("--profile", default="fastest")
     ap.add_argument("--memlab-batch", type=int, default=16, help="also run memlab at this (larger) batch")
     ap.add_argument("--skip", default="", help="comma list of: ref_eager, ref_compiled, memlab, meters, ttfs")
+    ap.add_argument("--kernels", action="store_true", help="first, profile the compiled reference and memlab's profile at batch 16 (kernels.txt)")
+    ap.add_argument("--cases", default="", help="extra memlab cases, ';'-separated: label=profile@batch[,key=value...] (e.g. pin=fastest@16,loader.pin_memory=true; meters=off turns the meters off)")
+    ap.add_argument("--ref-batches", default="16", help="comma list: the compiled reference at these batches too")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
@@ -168,15 +241,42 @@ def main() -> None:
         rows.append({"case": name, "round": rnd, **res})
         print(f"{name:14s} round {rnd}: {json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()})}", flush=True)
 
+    cases = []  # (label, profile, batch, overrides)
+    for spec in filter(None, (c.strip() for c in args.cases.split(";"))):
+        label, _, rest = spec.partition("=")
+        head, *sets = rest.split(",")
+        prof_name, _, b = head.partition("@")
+        cases.append((label, prof_name, int(b or 16), sets))
+    ref_batches = [int(b) for b in args.ref_batches.split(",") if b.strip()]
+
+    if args.kernels:
+        profiles, step_ms = {}, {}
+        pr = Profiled()
+        res = reference_run(tok.train, exp, vocab, 16, 16, compiled=True, profiled=pr)
+        profiles["ref_compiled_b16"], step_ms["ref_compiled_b16"] = pr.close(), res["step_ms_median"]
+        record("kernels_ref_compiled_b16", 0, res)
+        for label, prof_name, b, sets in [(f"memlab_{args.profile}_b16", args.profile, 16, [])] + cases[:2]:
+            pr = Profiled()
+            res = memlab_run(args.experiment, prof_name, 16, b, meters="meters=off" not in sets, sets=[x for x in sets if x != "meters=off"], profiled=pr)
+            profiles[label], step_ms[label] = pr.close(), res.get("step_ms_median")
+            record(f"kernels_{label}", 0, res)
+        report = kernel_report(profiles, step_ms)
+        print(report, flush=True)
+        (out / "kernels.txt").write_text(report + "\n")
+
     for rnd in range(args.rounds):
         if "ref_eager" not in skip:
             record("ref_eager", rnd, reference_run(tok.train, exp, vocab, 16, args.steps, compiled=False))
         if "ref_compiled" not in skip:
-            record("ref_compiled", rnd, reference_run(tok.train, exp, vocab, 16, args.steps, compiled=True))
+            for b in ref_batches:
+                record("ref_compiled" if b == 16 else f"ref_compiled_b{b}", rnd, reference_run(tok.train, exp, vocab, b, args.steps, compiled=True))
         if "memlab" not in skip:
             record(f"memlab_{args.profile}_b16", rnd, memlab_run(args.experiment, args.profile, args.steps, 16))
             if args.memlab_batch != 16:
                 record(f"memlab_{args.profile}_b{args.memlab_batch}", rnd, memlab_run(args.experiment, args.profile, args.steps, args.memlab_batch))
+        for label, prof_name, b, sets in cases:
+            meters = "meters=off" not in sets  # not a profile key: the engine's meters switch
+            record(label, rnd, memlab_run(args.experiment, prof_name, args.steps, b, meters=meters, sets=[x for x in sets if x != "meters=off"]))
         if "meters" not in skip:
             record("meters_on", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=True))
             record("meters_off", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=False))
@@ -194,6 +294,13 @@ def main() -> None:
         ours = med(f"memlab_{args.profile}_b{b}")
         if ref_c and ours:
             lines.append(f"memlab {args.profile} (batch {b}) / compiled reference (batch 16): {ours / ref_c:.3f}x  ({ours:,.0f} vs {ref_c:,.0f} tokens/s; target >= 1.15x)")
+    for label, prof_name, b, sets in cases:
+        ours = med(label)
+        if ref_c and ours:
+            lines.append(f"case {label} ({prof_name} batch {b} {' '.join(sets)}) / compiled reference (batch 16): {ours / ref_c:.3f}x  ({ours:,.0f} tokens/s)")
+    for b in ref_batches:
+        if b != 16 and med(f"ref_compiled_b{b}"):
+            lines.append(f"compiled reference batch {b}: {med(f'ref_compiled_b{b}'):,.0f} tokens/s")
     if med("ref_eager"):
         lines.append(f"reference eager bf16+SDPA batch 16: {med('ref_eager'):,.0f} tokens/s")
     on, off = med("meters_on", "step_ms_median"), med("meters_off", "step_ms_median")

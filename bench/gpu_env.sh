@@ -8,3 +8,9 @@ elif [ -d .gpu-wheels/p1 ] && [ ! -d /tmp/site ]; then
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "memlab install failed"
+# torchao (for adamw8bit) is not on the image either: carry its wheel in .whl/ (bench/README.md)
+if [ ! -d /tmp/ao ] && ls .whl/torchao-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ao .whl/torchao-*.whl
+fi
+[ -d /tmp/ao ] && export PYTHONPATH=${PYTHONPATH:-}:/tmp/ao
+true
