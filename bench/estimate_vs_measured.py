@@ -126,6 +126,7 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
     from memlab.core.config import load_experiment, load_profile
 
     exp, prof = load_experiment(EXPERIMENT), load_profile(name)
+    prof.accumulation.steps = 1  # the probes train without accumulation (ChildProbe's default): predict the same
     vocab, _ = E.vocab_for(exp)
     predicted = E.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=cap, capped=True)
     start = 1

@@ -38,23 +38,34 @@ GIB = 1024**3
 # ---------------------------------------------------------------------------------------------- measured constants
 
 # Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
-# workspaces (one per handle and stream: the forward runs on the main thread, backward on autograd's device
-# thread), cuDNN and attention-kernel scratch, and block rounding. NOT YET MEASURED: first-principles placeholder
-# (2 x 32 MiB cuBLAS workspaces on Hopper + 32 MiB for kernels' scratch), to be replaced by the H100 figures of
-# bench/estimate_vs_measured.py (median of measured - predicted-without-workspace over the profiles of one kernel).
+# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11,
+# bench/results/estimate-h100/estimate_vs_measured.json "workspace_bytes_by_family": the median over the profiles
+# of one kernel of measured - predicted-without-workspace, gpt2s at micro-batch 16): sdpa 74.6 MB (15 profiles),
+# flash (FA4) 73.2 MB (4), flex 74.5 MB (1). One figure serves them all.
 WORKSPACE_BYTES: dict[str, int] = {
-    "default": 96 * MIB,
+    "default": 71 * MIB,
 }
 
-# Device memory taken by the CUDA context (not through the allocator) on a card used whole, and the share of the
-# allocator's limit lost to fragmentation when the batch is at its largest. Placeholders until measured (see above).
-CUDA_CONTEXT_BYTES = 512 * MIB
-FRAGMENTATION_MARGIN = 0.03
+# Device memory outside the allocator on a card used whole (the CUDA context, cuDNN / cuBLAS handles, loaded
+# kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every run of
+# bench/results/techniques-h100: 1231 .. 1263 MiB, median 1247.
+CUDA_CONTEXT_BYTES = 1247 * MIB
 
-# Compiled profiles: the blocks' saved tensors were checked on the CPU (AOTAutograd's min-cut partitioner with
-# Inductor's decompositions, torch 2.13: the same bytes as eager); the fused cross-entropy keeps bf16 logits only.
-# COMPILE_ACTIVATION_SCALE corrects the blocks' figure once measured on a GPU (1.0 = not yet measured).
-COMPILE_ACTIVATION_SCALE = 1.0
+# The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
+# the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the
+# step allocates. Measured on the H100 (bench/results/estimate-h100/, the probes that fitted at the searches'
+# largest batch): plain steps 0.03 .. 0.07 (bf16, baseline, chunked_ce, selective, adamw8bit, accum, adafactor);
+# a checkpointed block recomputed in backward leaves holes the size of its activations, 0.10 .. 0.15 (gradcp,
+# gradcp_bf16, gradcp_every2, leanest, fsdp_gradcp_bf16); activations offloaded to the host and copied back,
+# 0.18 at micro-batch 16 and above 0.17 at 128 (act_offload: 112 fitted in 16 GiB, 128 did not, at a predicted
+# 13.2 GiB allocated), 0.22 taken as the middle of that bracket.
+FRAGMENTATION_MARGIN = {"plain": 0.05, "recompute": 0.13, "offload": 0.22}
+
+# Compiled profiles: Inductor's partitioner saves a little less than eager autograd (it recomputes the cheap
+# pointwise ops in backward). Measured on the H100: compile and fastest at micro-batch 16, 32 and 40 peaked 3.9 ..
+# 4.3% below the eager-layout figure, all in the blocks' saved activations (the loss term is exact): the blocks'
+# figure is scaled by what the measurements give, 1 - (6.94 - 6.68) / 5.0 GiB of block activations at 16.
+COMPILE_ACTIVATION_SCALE = 0.95
 
 COMPONENTS = ("weights", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "workspace")
 
@@ -296,12 +307,13 @@ def _block_layout(profile: Profile, L: int) -> list[str]:
     raise ConfigError(f"estimate: unknown checkpointing.mode {ck.mode!r}")
 
 
-def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int) -> int:
-    """Bytes one block keeps between its forward and its backward."""
+def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, block_input: int = 4) -> int:
+    """Bytes one block keeps between its forward and its backward. `block_input`: bytes per element of the
+    block's input (the fp32 residual; bf16 under FSDP2, whose MixedPrecisionPolicy casts every block's inputs)."""
     if layout == "plain":
         return sum(block_saved(s, pr, kind, dropout).values())
     if layout == "full":
-        return 4 * s.BTC  # the non-reentrant checkpoint keeps only the block's input (the fp32 residual)
+        return block_input * s.BTC  # the non-reentrant checkpoint keeps only the block's input
     if layout == "sel_attn":
         # attention recomputed: keep ln_1's input and stats, the attention sub-layer's input (fp32 LN output)
         return 4 * s.BTC + 8 * s.BT + 4 * s.BTC + sum(block_saved(s, pr, kind, dropout, "mlp").values())
@@ -343,17 +355,19 @@ def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int]
     for the bf16 branch (e BTC); proj's backward makes the GELU-output gradient (e BTF) and proj's weight
     gradient (e CF). Later nodes free more than they make.
     Attention, once the MLP's saves, v and the proj input are freed: the residual gradient and v's gradient
-    (4 + e BTC); eager: the gradient of the probabilities and of the scores while the fp32 softmax output lives
-    (8 bHT^2 in fp32; 6 under autocast, where the bf16 probabilities are freed first; 4 with dropout, whose saved
-    output and mask are freed as its gradient is made); fused kernels: dq, dk, dv and the concatenated d(qkv)
-    (6e BTC) plus flash's fp32 dq accumulator (4 BTC).
+    (4 + e BTC); eager: the gradients of the probabilities, of the masked and of the scaled scores while the
+    fp32 softmax output lives (12 bHT^2 in fp32: the H100's allocator history of gradcp shows three fp32 T x T
+    gradients alive at the peak besides the recomputed probabilities, one more than the CPU's fake tensors
+    count; 6 under autocast, where the bf16 probabilities are freed first; 4 with dropout, whose saved output
+    and mask are freed as its gradient is made); fused kernels: dq, dk, dv and the concatenated d(qkv) (6e BTC)
+    plus flash's fp32 dq accumulator (4 BTC).
     """
     e = pr.e
     mlp = 4 * s.BTC + (e * s.BTC if pr.autocast else 0) + e * s.BTF + e * s.C * s.F
     freed = saved.get("mlp_hidden", 0) + saved.get("mlp_in", 0) + 4 * s.BTC + 2 * e * s.BTC
     grads_made = 4 * (2 * s.C * s.F + s.C * s.C)  # by then: the MLP's and attention proj's fp32 weight gradients
     if kind == "materialized":
-        attn = 4 * s.BTC + e * s.BTC + (4 if dropout else 6 if pr.autocast else 8) * s.BHTT
+        attn = 4 * s.BTC + e * s.BTC + (4 if dropout else 6 if pr.autocast else 12) * s.BHTT
     else:
         attn = 4 * s.BTC + 4 * s.BTC + 6 * e * s.BTC
     return max(mlp, attn - freed + grads_made)
@@ -451,7 +465,10 @@ def estimate(
     # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
     # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
     plain = block_saved(s, pr, kind, dropout)
-    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout) for lay in layout]
+    # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
+    # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
+    block_input = pr.e if fsdp and pr.autocast else 4
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input) for lay in layout]
     if compiled:
         saved = [int(x * COMPILE_ACTIVATION_SCALE) for x in saved]
         notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
@@ -532,7 +549,7 @@ def estimate(
         if offload:
             live = remaining + pr.e * s.BTF  # the node's tensors, unpacked back from the host
         elif lay == "full":
-            live = remaining - 4 * s.BTC + sum(plain.values())  # recomputed whole (its input is counted already)
+            live = remaining - block_input * s.BTC + sum(plain.values())  # recomputed whole (its input is counted already)
         elif lay in ("sel_attn", "sel_mlp"):
             half = "attn" if lay == "sel_attn" else "mlp"
             live = remaining + sum(block_saved(s, pr, kind, dropout, half).values()) - 4 * s.BTC - 8 * s.BT
@@ -570,11 +587,22 @@ def estimate(
 # ---------------------------------------------------------------------------------------------- max batch
 
 
-def usable_bytes(memory_bytes: int, *, capped: bool) -> int:
+def allocation_pattern(profile: Profile) -> str:
+    """Which FRAGMENTATION_MARGIN applies: how the step's allocations come and go."""
+    if profile.checkpointing.offload:
+        return "offload"
+    if profile.checkpointing.mode in ("full", "every_n"):
+        return "recompute"
+    return "plain"
+
+
+def usable_bytes(memory_bytes: int, *, capped: bool, profile: Profile | None = None) -> int:
     """What the allocator can hand out as tensors: a capped process's limit (set_per_process_memory_fraction
-    applies to the allocator alone), or a whole card less the CUDA context; less the fragmentation margin."""
+    applies to the allocator alone), or a whole card less the CUDA context; less the fragmentation margin of the
+    profile's allocation pattern (plain when no profile is given)."""
     avail = memory_bytes if capped else memory_bytes - CUDA_CONTEXT_BYTES
-    return int(avail * (1 - FRAGMENTATION_MARGIN))
+    margin = FRAGMENTATION_MARGIN[allocation_pattern(profile) if profile is not None else "plain"]
+    return int(avail * (1 - margin))
 
 
 def predict_max_batch(
@@ -583,7 +611,7 @@ def predict_max_batch(
 ) -> int:
     """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits).
     Peak memory grows monotonically with the batch, so grow-then-bisect on the pure function finds it exactly."""
-    budget = usable_bytes(memory_bytes, capped=capped)
+    budget = usable_bytes(memory_bytes, capped=capped, profile=profile)
 
     def fits(b: int) -> bool:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget

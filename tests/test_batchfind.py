@@ -76,7 +76,7 @@ def test_search_over_the_estimator_finds_what_it_predicts():
     from memlab.core import estimate as E
 
     e, p = load_experiment("gpt2s"), load_profile("gradcp_bf16")
-    budget = E.usable_bytes(40 * 2**30, capped=True)
+    budget = E.usable_bytes(40 * 2**30, capped=True, profile=p)
 
     def probe(b):
         return bf.ProbeResult(b, E.estimate(e, p, vocab_size=8192, micro_batch=b).total_bytes <= budget)

@@ -3,6 +3,8 @@ and `resolve_max_batch` behind `memlab run --batch-size max`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 import time
@@ -202,7 +204,8 @@ def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, capped: bo
 
     try:
         vocab, _ = est_mod.vocab_for(exp)
-        pred = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped)
+        single = dataclasses.replace(prof, accumulation=dataclasses.replace(prof.accumulation, steps=1))  # as the probes run
+        pred = est_mod.predict_max_batch(exp, single, vocab_size=vocab, memory_bytes=memory, capped=capped)
     except Exception:  # noqa: BLE001 (a hint only)
         return 1, None
     start = 1

@@ -1,0 +1,143 @@
+"""Issue 5 on a CPU: the estimator of this checkout against what the H100 measured (bench/results/estimate-h100/).
+
+The GPU figures are read back from the files `bench/estimate_vs_measured.py` wrote there; only the predictions are
+computed here, so a change to memlab/core/estimate.py is checked against the same measurements without a GPU:
+
+  peak       every built-in profile at micro-batch 16 (the fixed runs): predicted vs measured peak_alloc_bytes
+  probes     every probe of every find-batch search that fitted: predicted vs measured peak at that batch
+  max batch  per search: the largest batch that fitted and the smallest that did not (exact when they are one
+             apart; a search stopped by its time budget leaves a bracket), against predict_max_batch at that cap
+
+    python bench/estimate_check.py                       # prints the tables, writes results/estimate-h100/check.md
+    python bench/estimate_check.py --results DIR --out -  # another folder; print only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+GIB = 1024**3
+EXPERIMENT = "gpt2s"
+PROBE_LINE = re.compile(r"find-batch (\S+): micro-batch (\d+) (fits|OOM) · peak ([0-9.]+) GiB")
+CAP_LINE = re.compile(r"find-batch (\S+) under ([0-9.]+)GiB")
+
+
+def _estimator():
+    from memlab.core import estimate as E
+    from memlab.core.config import load_experiment, load_profile
+
+    exp = load_experiment(EXPERIMENT)
+    vocab, _ = E.vocab_for(exp)
+
+    def load(profile: str, accumulation: int | None):
+        prof = load_profile(profile)
+        if accumulation is not None:
+            prof.accumulation.steps = accumulation
+        return prof
+
+    # accumulation=None: the profile's own (the fixed runs); 1 for the searches, whose probes train without it
+    def total(profile: str, batch: int, accumulation: int | None = None) -> int:
+        return E.estimate(exp, load(profile, accumulation), vocab_size=vocab, micro_batch=batch).total_bytes
+
+    def max_batch(profile: str, cap: int) -> int:
+        return E.predict_max_batch(exp, load(profile, 1), vocab_size=vocab, memory_bytes=cap, capped=True)
+
+    return total, max_batch
+
+
+def read_fixed(folder: Path) -> list[dict]:
+    import polars as pl
+
+    rows = []
+    for f in sorted(folder.glob("*.parquet")):
+        df = pl.read_parquet(f)
+        if "kind" not in df.columns or "measured_bytes" not in df.columns:
+            continue
+        for r in df.filter((pl.col("kind") == "fixed") & (pl.col("status") == "finished")).iter_rows(named=True):
+            rows.append({"profile": r["profile"], "batch": r["micro_batch"], "measured": r["measured_bytes"], "kernel": r.get("attention_kernel"), "source": f.name})
+    return rows
+
+
+def read_searches(folder: Path) -> dict[tuple[str, int], dict]:
+    """(profile, cap bytes) -> {"fits": {batch: peak bytes}, "ooms": set of batches}, from the bench's logs."""
+    searches: dict[tuple[str, int], dict] = {}
+    for f in sorted(folder.glob("*.log")):
+        caps: dict[str, int] = {}
+        for line in f.read_text(errors="replace").splitlines():
+            if m := CAP_LINE.search(line):
+                caps[m.group(1)] = int(float(m.group(2)) * GIB)
+            elif m := PROBE_LINE.search(line):
+                name, batch, outcome, peak = m.group(1), int(m.group(2)), m.group(3), float(m.group(4))
+                s = searches.setdefault((name, caps[name]), {"fits": {}, "ooms": set(), "source": f.name})
+                if outcome == "fits":
+                    s["fits"][batch] = int(peak * GIB)
+                else:
+                    s["ooms"].add(batch)
+    return searches
+
+
+def pct(pred: float, meas: float) -> float:
+    return 100.0 * (pred - meas) / meas
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(Path(__file__).parent / "results" / "estimate-h100"))
+    ap.add_argument("--out", default=None, help="markdown file to write (default: <results>/check.md; - for none)")
+    args = ap.parse_args()
+    folder = Path(args.results)
+    total, max_batch = _estimator()
+    lines = [f"# estimator vs H100 measurements ({folder.name})", "", "command: `python bench/estimate_check.py`", ""]
+    worst: list[float] = []
+
+    lines += ["## peak at micro-batch 16", "", "| profile | kernel | measured GiB | predicted GiB | error |", "|:--|:--|--:|--:|--:|"]
+    for r in sorted(read_fixed(folder), key=lambda r: r["profile"]):
+        pred = total(r["profile"], r["batch"])
+        err = pct(pred, r["measured"])
+        worst.append(abs(err))
+        lines.append(f"| {r['profile']} | {r['kernel']} | {r['measured'] / GIB:.2f} | {pred / GIB:.2f} | {err:+.1f}% |")
+
+    searches = read_searches(folder)
+    lines += ["", "## probes that fitted (peak at the probed batch)", "", "| profile | cap GiB | batch | measured GiB | predicted GiB | error |", "|:--|--:|--:|--:|--:|--:|"]
+    for (name, cap), s in sorted(searches.items()):
+        for b, peak in sorted(s["fits"].items()):
+            pred = total(name, b, accumulation=1)
+            err = pct(pred, peak)
+            worst.append(abs(err))
+            lines.append(f"| {name} | {cap / GIB:.0f} | {b} | {peak / GIB:.2f} | {pred / GIB:.2f} | {err:+.1f}% |")
+
+    lines += ["", "## max batch under the cap", "", "| profile | cap GiB | largest fit | smallest OOM | found | predicted | error |", "|:--|--:|--:|--:|--:|--:|--:|"]
+    batch_errors: list[float] = []
+    for (name, cap), s in sorted(searches.items()):
+        lo = max(s["fits"], default=0)
+        hi = min((b for b in s["ooms"] if b > lo), default=None)
+        pred = max_batch(name, cap)
+        exact = hi is not None and hi - lo == 1
+        if exact:
+            err = pct(pred, lo)
+            found, shown = str(lo), f"{err:+.1f}%"
+        elif hi is not None:  # a bracket [lo, hi - 1]: the worse of its two ends
+            err = max(pct(pred, lo), pct(pred, hi - 1), key=abs)
+            found, shown = f"{lo}..{hi - 1} (stopped)", f"{err:+.1f}% at worst"
+        else:
+            continue
+        batch_errors.append(abs(err))
+        lines.append(f"| {name} | {cap / GIB:.0f} | {lo} | {hi} | {found} | {pred} | {shown} |")
+
+    n_peak, n_batch = len(worst), len(batch_errors)
+    lines += ["", f"peaks within 10%: {sum(e <= 10 for e in worst)}/{n_peak} (worst {max(worst, default=0):.1f}%) · "
+              f"max batches within 10%: {sum(e <= 10 for e in batch_errors)}/{n_batch} (worst {max(batch_errors, default=0):.1f}%)"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out or str(folder / "check.md")
+    if out != "-":
+        Path(out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
