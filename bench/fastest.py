@@ -239,6 +239,8 @@ def main() -> None:
 
     def record(name: str, rnd: int, res: dict) -> None:
         rows.append({"case": name, "round": rnd, **res})
+        with open(out / "fastest.jsonl", "a") as f:  # row by row: a run stopped at its time limit keeps what it had
+            f.write(json.dumps(rows[-1]) + "\n")
         print(f"{name:14s} round {rnd}: {json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()})}", flush=True)
 
     cases = []  # (label, profile, batch, overrides)
