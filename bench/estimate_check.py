@@ -84,9 +84,35 @@ def pct(pred: float, meas: float) -> float:
     return 100.0 * (pred - meas) / meas
 
 
+RESULTS = Path(__file__).parent / "results" / "estimate-h100"
+
+
+def compare(folder: Path = RESULTS) -> dict[str, list[dict]]:
+    """Every measured figure beside this checkout's prediction: {"peaks": [...], "max_batches": [...]} with the
+    signed error in percent (max batches from a stopped search: the worse end of the bracket)."""
+    total, max_batch = _estimator()
+    peaks = [r | {"predicted": total(r["profile"], r["batch"]), "kind": "fixed"} for r in read_fixed(folder)]
+    searches = read_searches(folder)
+    for (name, cap), s in sorted(searches.items()):
+        peaks += [{"profile": name, "batch": b, "measured": m, "cap": cap, "kind": "probe", "predicted": total(name, b, accumulation=1)}
+                  for b, m in sorted(s["fits"].items())]
+    for r in peaks:
+        r["error_pct"] = pct(r["predicted"], r["measured"])
+    batches = []
+    for (name, cap), s in sorted(searches.items()):
+        lo = max(s["fits"], default=0)
+        hi = min((b for b in s["ooms"] if b > lo), default=None)
+        if hi is None:
+            continue
+        pred = max_batch(name, cap)
+        err = pct(pred, lo) if hi - lo == 1 else max(pct(pred, lo), pct(pred, hi - 1), key=abs)
+        batches.append({"profile": name, "cap": cap, "largest_fit": lo, "smallest_oom": hi, "predicted": pred, "error_pct": err})
+    return {"peaks": peaks, "max_batches": batches}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default=str(Path(__file__).parent / "results" / "estimate-h100"))
+    ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--out", default=None, help="markdown file to write (default: <results>/check.md; - for none)")
     args = ap.parse_args()
     folder = Path(args.results)

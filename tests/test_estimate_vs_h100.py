@@ -1,0 +1,42 @@
+"""The estimator against what an H100 measured (bench/results/estimate-h100/, committed with its commands).
+
+The figures are real measurements kept in the repository; only the predictions are computed here, so a change to
+memlab.core.estimate that drifts from the hardware fails on a CPU. Issue 5's bar: every peak and every max batch
+within 10%.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "estimate_check.py"
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    if not BENCH.is_file():
+        pytest.skip("bench/ is not beside tests/ (an installed copy)")
+    spec = importlib.util.spec_from_file_location("estimate_check", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.compare()
+
+
+def test_every_profile_was_measured_at_micro_batch_16(comparison):
+    from memlab.core.config import builtin_names
+
+    measured = {r["profile"] for r in comparison["peaks"] if r["kind"] == "fixed"}
+    assert measured == set(builtin_names("profile"))
+
+
+def test_predicted_peaks_are_within_ten_percent_of_the_h100(comparison):
+    off = [(r["profile"], r["batch"], round(r["error_pct"], 1)) for r in comparison["peaks"] if abs(r["error_pct"]) > 10]
+    assert len(comparison["peaks"]) >= 60 and not off
+
+
+def test_predicted_max_batches_are_within_ten_percent_of_the_searches(comparison):
+    off = [(r["profile"], r["predicted"], r["largest_fit"], round(r["error_pct"], 1)) for r in comparison["max_batches"] if abs(r["error_pct"]) > 10]
+    assert len(comparison["max_batches"]) >= 15 and not off
