@@ -136,26 +136,39 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
     row = {"profile": name, "kind": "find_batch", "cap_bytes": cap, "predicted_max_batch": predicted, "family": family(prof)}
     t0 = time.monotonic()
 
+    done: list = []  # every probe so far: a search stopped by the budget still leaves its bracket
+
     def on_probe(r):
+        done.append(r)
         log(f"  find-batch {name}: micro-batch {r.batch} {'fits' if r.fits else 'OOM'} · peak {(r.peak_alloc_bytes or 0) / GIB:.2f} GiB · {r.seconds:.1f} s")
-        if time.monotonic() > budget_end:
+        lo = max((p.batch for p in done if p.fits), default=0)
+        exact = any(not p.fits and p.batch == lo + 1 for p in done)
+        if time.monotonic() > budget_end and not exact:  # an answer already exact is let through
             raise bf.ProbeError("time budget spent")
+
+    def probe_fields(probes, max_batch: int | None) -> dict:
+        best = next((p for p in probes if p.fits and p.batch == max_batch), None)
+        return {
+            "probes": len(probes),
+            "probe_log": json.dumps([{"batch": p.batch, "fits": p.fits, "peak_alloc_bytes": p.peak_alloc_bytes,
+                                      "peak_reserved_bytes": p.peak_reserved_bytes, "alloc_retries": p.alloc_retries,
+                                      "seconds": round(p.seconds, 1)} for p in probes]),
+            "measured_bytes": best.peak_alloc_bytes if best else None, "reserved_bytes": best.peak_reserved_bytes if best else None,
+            "alloc_retries": best.alloc_retries if best else None,
+        }
 
     try:
         res = bf.search_max_batch(probe, start=start, on_probe=on_probe)
-        best = next((p for p in res.probes if p.fits and p.batch == res.max_batch), None)
-        row |= {
-            "status": "finished", "found_max_batch": res.max_batch, "probes": len(res.probes), "min_oom": res.min_oom,
-            "probe_log": json.dumps([{"batch": p.batch, "fits": p.fits, "peak_alloc_bytes": p.peak_alloc_bytes,
-                                      "peak_reserved_bytes": p.peak_reserved_bytes, "alloc_retries": p.alloc_retries,
-                                      "seconds": round(p.seconds, 1)} for p in res.probes]),
-            "measured_bytes": best.peak_alloc_bytes if best else None, "reserved_bytes": best.peak_reserved_bytes if best else None,
-            "alloc_retries": best.alloc_retries if best else None,
+        row |= probe_fields(res.probes, res.max_batch) | {
+            "status": "finished", "found_max_batch": res.max_batch, "min_oom": res.min_oom,
             "estimate_at_found_bytes": E.estimate(exp, prof, vocab_size=vocab, micro_batch=res.max_batch).total_bytes,
             "error_pct": 100.0 * (predicted - res.max_batch) / res.max_batch,
         }
     except Exception as e:  # noqa: BLE001
-        row |= {"status": "error", "message": f"{e.__class__.__name__}: {e}"[:300]}
+        lo = max((p.batch for p in done if p.fits), default=None)
+        hi = min((p.batch for p in done if not p.fits and (lo is None or p.batch > lo)), default=None)
+        row |= probe_fields(done, lo) | {"status": "stopped" if done else "error", "message": f"{e.__class__.__name__}: {e}"[:300],
+                                         "largest_fit": lo, "min_oom": hi}
     finally:
         probe.close()
     row["seconds"] = time.monotonic() - t0
