@@ -15,7 +15,6 @@ computed here, so a change to memlab/core/estimate.py is checked against the sam
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path

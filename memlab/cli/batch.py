@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import json
-import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
-    from memlab.core.batchfind import GpuInfo, ProbeResult, SearchResult
+    from memlab.core.batchfind import GpuInfo, ProbeResult
     from memlab.core.config import Experiment, Profile
     from memlab.core.estimate import Estimate
 
