@@ -57,8 +57,8 @@ CUDA_CONTEXT_BYTES = 1247 * MIB
 # largest batch): plain steps 0.03 .. 0.07 (bf16, baseline, chunked_ce, selective, adamw8bit, accum, adafactor);
 # a checkpointed block recomputed in backward leaves holes the size of its activations, 0.10 .. 0.15 (gradcp,
 # gradcp_bf16, gradcp_every2, leanest, fsdp_gradcp_bf16); activations offloaded to the host and copied back,
-# 0.18 at micro-batch 16 and above 0.17 at 128 (act_offload: 112 fitted in 16 GiB, 128 did not, at a predicted
-# 13.2 GiB allocated), 0.22 taken as the middle of that bracket.
+# 0.18 at micro-batch 16 and above 0.18 at 128 (act_offload: 112 fitted in 16 GiB, 128 did not, at a predicted
+# 13.1 GiB allocated), 0.22 taken so that the prediction falls inside that bracket.
 FRAGMENTATION_MARGIN = {"plain": 0.05, "recompute": 0.13, "offload": 0.22}
 
 # Compiled profiles: Inductor's partitioner saves a little less than eager autograd (it recomputes the cheap
