@@ -150,6 +150,10 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     if cuda:
         comps["workspace"] = WORKSPACE_BYTES.get(profile.attention.kernel, WORKSPACE_BYTES["default"])
         notes.append("workspace: the analytic constant, added (fake tensors have none)")
+    if profile.attention.kernel == "eager" and profile.precision.dtype in ("fp32", "tf32"):
+        # bench/results/estimate-h100: gradcp's allocator history on the H100 held one more fp32 T x T gradient at
+        # the attention backward's peak than the fake (meta) kernels allocate; the analytic figure counts it
+        notes.append("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do not allocate; expect a real peak above this one")
     F = m_.d_ff or 4 * m_.d_model
     return Estimate(
         profile=profile.name,

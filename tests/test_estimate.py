@@ -457,3 +457,11 @@ def test_fp32_eager_backward_holds_three_score_gradients():
     # per sample: 4 bytes of saved probabilities + 3 x 4 of gradients per score, plus the block's O(T) tensors
     # (about 4 bytes a score more at this shape); two gradients would give about 16
     assert 20 * htt <= one_more < 21 * htt
+
+
+def test_fake_method_warns_where_it_undercounts_fp32_eager_attention():
+    from memlab.core.memsnapshot import fake_estimate
+
+    e = load_experiment("tiny")
+    warned = [any("third fp32 T x T" in n for n in fake_estimate(e, load_profile(name), vocab_size=512).notes) for name in ("gradcp", "bf16")]
+    assert warned == [True, False]
