@@ -62,8 +62,28 @@ def read_fixed(folder: Path) -> list[dict]:
 
 
 def read_searches(folder: Path) -> dict[tuple[str, int], dict]:
-    """(profile, cap bytes) -> {"fits": {batch: peak bytes}, "ooms": set of batches}, from the bench's logs."""
+    """(profile, cap bytes) -> {"fits": {batch: peak bytes}, "ooms": set of batches}: each search's probes, from the
+    Parquet's `probe_log` (exact bytes) and from the bench's logs (peaks to 0.01 GiB; older runs kept only these)."""
+    import json
+
+    import polars as pl
+
     searches: dict[tuple[str, int], dict] = {}
+
+    def add(name: str, cap: int, batch: int, fits: bool, peak: int | None, source: str) -> None:
+        s = searches.setdefault((name, cap), {"fits": {}, "ooms": set(), "source": source})
+        if fits:
+            s["fits"].setdefault(batch, peak)  # the first reading wins: Parquet (exact) is read before the logs
+        else:
+            s["ooms"].add(batch)
+
+    for f in sorted(folder.glob("*.parquet")):
+        df = pl.read_parquet(f)
+        if "probe_log" not in df.columns:
+            continue
+        for r in df.filter(pl.col("kind") == "find_batch").iter_rows(named=True):
+            for probe in json.loads(r["probe_log"] or "[]"):
+                add(r["profile"], r["cap_bytes"], probe["batch"], probe["fits"], probe["peak_alloc_bytes"], f.name)
     for f in sorted(folder.glob("*.log")):
         caps: dict[str, int] = {}
         for line in f.read_text(errors="replace").splitlines():
@@ -71,11 +91,7 @@ def read_searches(folder: Path) -> dict[tuple[str, int], dict]:
                 caps[m.group(1)] = int(float(m.group(2)) * GIB)
             elif m := PROBE_LINE.search(line):
                 name, batch, outcome, peak = m.group(1), int(m.group(2)), m.group(3), float(m.group(4))
-                s = searches.setdefault((name, caps[name]), {"fits": {}, "ooms": set(), "source": f.name})
-                if outcome == "fits":
-                    s["fits"][batch] = int(peak * GIB)
-                else:
-                    s["ooms"].add(batch)
+                add(name, caps[name], batch, outcome == "fits", int(peak * GIB), f.name)
     return searches
 
 
