@@ -119,6 +119,9 @@ class AccumulationConfig:
 class CompileConfig:
     enabled: bool = False
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    # Inductor's coordinate-descent tuning of its own Triton kernels (norms, pointwise, reductions): a longer first
+    # compile, sometimes faster kernels. The max-autotune modes already do it.
+    tune_kernels: bool = False
 
 
 @dataclass

@@ -166,6 +166,22 @@ def test_apply_compile_wraps_the_model_only_when_enabled():
     assert apply_compile(model, load_profile("bf16")) is model
 
 
+def test_tune_kernels_spells_the_mode_as_options_and_adds_coordinate_descent(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    p = load_profile("compile")
+    apply_compile(_model(), p)
+    p.compile.tune_kernels = True
+    apply_compile(_model(), p)
+    p.compile.mode = "reduce-overhead"
+    apply_compile(_model(), p)
+    assert seen == [
+        {"mode": None},
+        {"options": {"coordinate_descent_tuning": True}},
+        {"options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}},
+    ]
+
+
 def test_compile_profile_trains_and_reports_compile_time_apart(tiny, monkeypatch):
     """The engine path of `compile`, traced by Dynamo and AOTAutograd (forward and backward) but without Inductor's
     C++ code generation, which costs ~30 s cold on 2 cores (the real thing: the next test, and bench/techniques.py)."""

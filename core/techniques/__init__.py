@@ -19,6 +19,12 @@ def apply_compile(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
     if not profile.compile.enabled:
         return model
     mode = None if profile.compile.mode == "default" else profile.compile.mode
+    if profile.compile.tune_kernels:
+        # torch.compile takes a mode or options, not both: spell the mode out as its options and add the tuning
+        from torch._inductor import list_mode_options
+
+        options = (dict(list_mode_options(mode)) if mode else {}) | {"coordinate_descent_tuning": True}
+        return torch.compile(model, options=options)
     return torch.compile(model, mode=mode)
 
 
@@ -29,7 +35,7 @@ def apply_techniques(model: torch.nn.Module, profile: Profile, dist=None) -> tup
     """
     applied = {"checkpointing": apply_checkpointing(model, profile.checkpointing)}
     model = apply_compile(model, profile)
-    applied["compile"] = profile.compile.mode if profile.compile.enabled else "off"
+    applied["compile"] = (profile.compile.mode + (" +tune_kernels" if profile.compile.tune_kernels else "")) if profile.compile.enabled else "off"
     if dist is not None:  # 3. DDP / FSDP2 last, around (FSDP2: inside) the finished module
         model, applied["distributed"] = dist.wrap(model, profile)
     return model, applied
