@@ -47,6 +47,16 @@ class StepRecord:
     grad_norm: Any = None
 
 
+def allocator_peaks() -> tuple[int, int]:
+    """The caching allocator's peak allocated and peak reserved bytes since the last reset, in one read.
+
+    torch.cuda.max_memory_allocated() and max_memory_reserved() each flatten the allocator's whole stats tree into a
+    sorted dict (~0.2 ms of Python apiece, 6 per step on the H100's compiled batch 16: enough to make the host the
+    bottleneck); the nested dict is the same figures without that work."""
+    stats = torch.cuda.memory_stats_as_nested_dict()
+    return stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
+
+
 class PhaseMeter:
     """Marks phase boundaries within a step; `finish_step` returns the record of the step before (lagged)."""
 
@@ -81,9 +91,9 @@ class PhaseMeter:
         self._marks.append((f"{phase}>", self._mark()))
         rec = self._record
         if self.cuda and rec is not None:
-            peak = torch.cuda.max_memory_allocated()
-            rec.peak[phase] = max(rec.peak[phase] or 0, peak)
-            rec.peak_reserved = max(rec.peak_reserved or 0, torch.cuda.max_memory_reserved())
+            alloc, reserved = allocator_peaks()
+            rec.peak[phase] = max(rec.peak[phase] or 0, alloc)
+            rec.peak_reserved = max(rec.peak_reserved or 0, reserved)
 
     def finish_step(self, loss: Any, grad_norm: Any = None) -> StepRecord | None:
         """Close this step; return the previous step's completed record (None on the first call)."""

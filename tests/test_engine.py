@@ -149,3 +149,30 @@ def test_bad_input_leaves_no_run_folder(tiny, tmp_path):
     with pytest.raises(DeviceError, match="tf32 needs CUDA"):
         run_profile(tiny, load_profile("tf32"), runs_dir=tmp_path, device=CPU)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_phase_meter_reads_both_allocator_peaks_from_one_nested_stats_read(monkeypatch):
+    """The CUDA path of the meter without a GPU: each phase's end reads the allocator once (nested stats, not the
+    flattened max_memory_* calls, which cost the host ~1 ms a step); the peaks land on their phase."""
+    from memlab.core import meters
+
+    reads = []
+    peaks = iter([(100, 1000), (300, 1200), (200, 1100)])
+
+    def nested():
+        alloc, reserved = next(peaks)
+        reads.append(alloc)
+        return {"allocated_bytes": {"all": {"peak": alloc, "current": 0}}, "reserved_bytes": {"all": {"peak": reserved}}}
+
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: pytest.fail("flattening read"))
+    meter = meters.PhaseMeter(torch.device("cuda"))
+    monkeypatch.setattr(meter, "_mark", lambda: 0.0)
+    meter.start_step(0)
+    for phase in meters.PHASES:
+        meter.begin(phase)
+        meter.end(phase)
+    rec = meter._record
+    assert reads == [100, 300, 200]
+    assert rec.peak == {"fwd": 100, "bwd": 300, "opt": 200} and rec.peak_reserved == 1200
