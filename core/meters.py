@@ -51,8 +51,8 @@ def allocator_peaks() -> tuple[int, int]:
     """The caching allocator's peak allocated and peak reserved bytes since the last reset, in one read.
 
     torch.cuda.max_memory_allocated() and max_memory_reserved() each flatten the allocator's whole stats tree into a
-    sorted dict (~0.2 ms of Python apiece, 6 per step on the H100's compiled batch 16: enough to make the host the
-    bottleneck); the nested dict is the same figures without that work."""
+    sorted dict: 6 such calls a step took 3.3 ms of the host's step under cProfile on the H100
+    (bench/results/fastest-h100-runs/6-host-profile-before/). The nested dict holds the same figures."""
     stats = torch.cuda.memory_stats_as_nested_dict()
     return stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
 
