@@ -285,12 +285,15 @@ def main() -> None:
     if "ttfs" not in skip:
         record("ttfs_bf16", 0, time_to_first_step(Path("/tmp/memlab-ttfs-runs")))
 
+    def of(case: str, key: str) -> list[float]:
+        return [r[key] for r in rows if r["case"] == case and r.get(key) is not None]
+
     def med(case: str, key: str = "tokens_per_s") -> float | None:
-        vals = [r[key] for r in rows if r["case"] == case and r.get(key) is not None]
+        vals = of(case, key)
         return statistics.median(vals) if vals else None
 
     def best(case: str) -> float | None:  # interference only ever slows a round down: the best is the least disturbed
-        vals = [r["tokens_per_s"] for r in rows if r["case"] == case and r.get("tokens_per_s") is not None]
+        vals = of(case, "tokens_per_s")
         return max(vals) if vals else None
 
     env = environment(torch.device("cuda"))

@@ -35,7 +35,8 @@ def apply_techniques(model: torch.nn.Module, profile: Profile, dist=None) -> tup
     """
     applied = {"checkpointing": apply_checkpointing(model, profile.checkpointing)}
     model = apply_compile(model, profile)
-    applied["compile"] = (profile.compile.mode + (" +tune_kernels" if profile.compile.tune_kernels else "")) if profile.compile.enabled else "off"
+    compiled_as = profile.compile.mode + (" +tune_kernels" if profile.compile.tune_kernels else "")
+    applied["compile"] = compiled_as if profile.compile.enabled else "off"
     if dist is not None:  # 3. DDP / FSDP2 last, around (FSDP2: inside) the finished module
         model, applied["distributed"] = dist.wrap(model, profile)
     return model, applied
