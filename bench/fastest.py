@@ -4,8 +4,9 @@ Everything runs in one process on one GPU, on the GPU default experiment's model
 A B A B so that clock and thermal drift hit both sides alike:
   ref_eager    plain loop, bf16 autocast + SDPA, fused AdamW, batch 16
   ref_compiled the same loop under torch.compile (the brief's "careful engineer" reference)
-  memlab       memlab's engine, `fastest` profile (at --memlab-batch, default 16)
-  meters_on / meters_off  memlab `bf16` with all meters vs meters off: step time within 2% is the target
+  memlab       memlab's engine, `fastest` profile (at batch 16 and at --memlab-batch)
+  meters_on / meters_off  memlab `bf16` (--meters-profile, at --meters-batch) with all meters vs meters off:
+               step time within 2% is the target
 Then, in a child process, time to first step of `memlab run --profile bf16` (token cache warm, no compile).
 Writes <out>/fastest.parquet and <out>/fastest.txt; prints the table last.
 
@@ -67,6 +68,7 @@ class RefGPT(nn.Module):
 
 # ------------------------------------------------------------------------------------------- kernel profiles
 KERNEL_GROUPS = (  # first match wins; what a GPT-2 step's GPU time goes to
+    ("fused (memlab)", ("_add_ln_", "_gelu_bwd_kernel")),
     ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa")),
     ("optimizer", ("multi_tensor", "fused_adam", "adam", "foreach", "norm_kernel", "l2norm")),
     ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "mm_")),
@@ -99,6 +101,8 @@ class Profiled:
 
         self.prof.__exit__(None, None, None)
         by_kernel: dict[str, float] = {}
+        if self.prof.profiler is None:  # the run ended before the profiler's schedule started (it failed)
+            return {"by_kernel": {}, "groups": {}, "gpu_ms_per_step": 0.0}
         for evt in self.prof.key_averages():
             if evt.device_type == DeviceType.CUDA and evt.self_device_time_total > 0:
                 by_kernel[evt.key] = by_kernel.get(evt.key, 0.0) + evt.self_device_time_total / 1000.0 / self.active
@@ -116,7 +120,7 @@ def kernel_report(profiles: dict[str, dict], step_ms: dict[str, float], top: int
     for g in groups:
         lines.append(f"{g:<22}" + "".join(f"{profiles[n]['groups'].get(g, 0.0):>26.3f}" for n in names))
     lines.append(f"{'kernels total':<22}" + "".join(f"{profiles[n]['gpu_ms_per_step']:>26.3f}" for n in names))
-    lines.append(f"{'step (events)':<22}" + "".join(f"{step_ms.get(n, float('nan')):>26.3f}" for n in names))
+    lines.append(f"{'step (events)':<22}" + "".join(f"{step_ms.get(n) or float('nan'):>26.3f}" for n in names))
     lines.append(f"{'busy':<22}" + "".join(f"{profiles[n]['gpu_ms_per_step'] / step_ms[n] if step_ms.get(n) else float('nan'):>26.1%}" for n in names))
     for n in names:
         lines += ["", f"top kernels, {n} (ms per step)"]
@@ -185,15 +189,19 @@ def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters:
     apply_overrides(exp, prof, list(sets or []))
     exp.train.steps, exp.train.measure_after, exp.train.batch_size = steps + 5, 5, batch
 
+    failure = {}
+
     class Sink(ListSink):
         def emit(self, event: dict) -> None:
             if profiled and event["event"] == "step":
                 profiled.step()
+            if event["event"] == "failed":
+                failure["message"] = event.get("message")
 
     s = train(exp, prof, Sink(), device="cuda", meters=meters)
     torch.cuda.empty_cache()
     if s["status"] != "finished":
-        return {"status": s["status"], "batch": batch}
+        return {"status": s["status"], "batch": batch, "message": failure.get("message")}
     return {k: s[k] for k in ("step_ms_median", "tokens_per_s", "mfu", "params", "attention_kernel", "peak_alloc_bytes", "time_to_first_step_s", "compile_s")} | {"batch": batch, "status": "finished"}
 
 
@@ -219,8 +227,12 @@ def main() -> None:
     ap.add_argument("--memlab-batch", type=int, default=16, help="also run memlab at this (larger) batch")
     ap.add_argument("--skip", default="", help="comma list of: ref_eager, ref_compiled, memlab, meters, ttfs")
     ap.add_argument("--kernels", action="store_true", help="first, profile the compiled reference and memlab's profile at batch 16 (kernels.txt)")
+    ap.add_argument("--kernel-cases", default="", help="with --kernels: profile these --cases labels (comma list) instead of memlab at batch 16 and the first two cases")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per profiled case in kernels.txt")
     ap.add_argument("--cases", default="", help="extra memlab cases, ';'-separated: label=profile@batch[,key=value...] (e.g. pin=fastest@16,loader.pin_memory=true; meters=off turns the meters off)")
     ap.add_argument("--ref-batches", default="16", help="comma list: the compiled reference at these batches too")
+    ap.add_argument("--meters-profile", default="bf16", help="the profile whose step time is compared with all meters on and off")
+    ap.add_argument("--meters-batch", type=int, default=16)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
@@ -257,12 +269,17 @@ def main() -> None:
         res = reference_run(tok.train, exp, vocab, 16, 16, compiled=True, profiled=pr)
         profiles["ref_compiled_b16"], step_ms["ref_compiled_b16"] = pr.close(), res["step_ms_median"]
         record("kernels_ref_compiled_b16", 0, res)
-        for label, prof_name, b, sets in [(f"memlab_{args.profile}_b16", args.profile, 16, [])] + cases[:2]:
+        wanted = [c.strip() for c in args.kernel_cases.split(",") if c.strip()]
+        unknown = set(wanted) - {c[0] for c in cases}
+        if unknown:
+            sys.exit(f"--kernel-cases: no such case {', '.join(sorted(unknown))}; the cases are {', '.join(c[0] for c in cases) or 'none'}")
+        chosen = [c for c in cases if c[0] in wanted] if wanted else [(f"memlab_{args.profile}_b16", args.profile, 16, [])] + cases[:2]
+        for label, prof_name, b, sets in chosen:
             pr = Profiled()
             res = memlab_run(args.experiment, prof_name, 16, b, meters="meters=off" not in sets, sets=[x for x in sets if x != "meters=off"], profiled=pr)
             profiles[label], step_ms[label] = pr.close(), res.get("step_ms_median")
             record(f"kernels_{label}", 0, res)
-        report = kernel_report(profiles, step_ms)
+        report = kernel_report(profiles, step_ms, top=args.top)
         print(report, flush=True)
         (out / "kernels.txt").write_text(report + "\n")
 
@@ -280,8 +297,8 @@ def main() -> None:
             meters = "meters=off" not in sets  # not a profile key: the engine's meters switch
             record(label, rnd, memlab_run(args.experiment, prof_name, args.steps, b, meters=meters, sets=[x for x in sets if x != "meters=off"]))
         if "meters" not in skip:
-            record("meters_on", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=True))
-            record("meters_off", rnd, memlab_run(args.experiment, "bf16", args.steps, 16, meters=False))
+            record("meters_on", rnd, memlab_run(args.experiment, args.meters_profile, args.steps, args.meters_batch, meters=True))
+            record("meters_off", rnd, memlab_run(args.experiment, args.meters_profile, args.steps, args.meters_batch, meters=False))
     if "ttfs" not in skip:
         record("ttfs_bf16", 0, time_to_first_step(Path("/tmp/memlab-ttfs-runs")))
 
@@ -318,7 +335,7 @@ def main() -> None:
         lines.append(f"reference eager bf16+SDPA batch 16: {med('ref_eager'):,.0f} tokens/s")
     on, off = med("meters_on", "step_ms_median"), med("meters_off", "step_ms_median")
     if on and off:
-        lines.append(f"meters on vs off (bf16, batch 16): {on:.2f} ms vs {off:.2f} ms per step: {100 * (on / off - 1):+.2f}% (target within 2%)")
+        lines.append(f"meters on vs off ({args.meters_profile}, batch {args.meters_batch}): {on:.2f} ms vs {off:.2f} ms per step: {100 * (on / off - 1):+.2f}% (target within 2%)")
     tt = [r for r in rows if r["case"] == "ttfs_bf16"]
     if tt:
         lines.append(f"time to first step, bf16, no compile, cache warm: {tt[0]['time_to_first_step_s']} s in the engine; {tt[0]['process_to_first_step_event_s']} s from process launch (target < 15 s)")
