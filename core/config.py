@@ -125,6 +125,14 @@ class CompileConfig:
 
 
 @dataclass
+class KernelsConfig:
+    # memlab's Triton kernels (memlab.core.fused): residual add + bias + LayerNorm in one pass each way, the GELU
+    # backward with the bias gradient. The same function of the same parameters in fewer passes over memory; on
+    # the CPU backend their PyTorch reference runs instead.
+    fused: bool = False
+
+
+@dataclass
 class LossConfig:
     chunked: bool = False  # cross-entropy in chunks of rows: never materializes the B x T x V logits
     chunk_size: int = 4096  # rows (tokens) per chunk
@@ -157,6 +165,7 @@ class Profile:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
@@ -395,6 +404,11 @@ def validate_pair(e: Experiment, p: Profile) -> None:
     """Checks that need both halves (window vs context, batch vs accumulation)."""
     w, T = p.attention.window, e.model.seq_len
     _require(w < T or w == 0, f"attention.window ({w}) must be smaller than model.seq_len ({T}); 0 = no window")
+    if p.kernels.fused:
+        # the fused path wires the residual stream across blocks itself, so per-block wrappers would be bypassed
+        _require(e.model.dropout == 0, f"kernels.fused needs model.dropout = 0 (its kernels have no dropout), got {e.model.dropout}")
+        _require(p.checkpointing.mode == "none", f"kernels.fused runs the blocks itself and cannot checkpoint them; use checkpointing.mode = none, not {p.checkpointing.mode}")
+        _require(p.distributed.mode != "fsdp", "kernels.fused cannot run under distributed.mode = fsdp (FSDP2 gathers each block in its own forward); use ddp or none")
     k, B = p.accumulation.steps, e.train.batch_size
     _require(B % k == 0, f"train.batch_size ({B}) must be divisible by accumulation.steps ({k}) so the effective batch stays {B}")
 

@@ -165,6 +165,7 @@ class _Run:
             "checkpointing": info.get("checkpointing", p.checkpointing.mode),
             "optimizer": info.get("optimizer", p.optimizer.name),
             "compile": info.get("compile", "off"),
+            "kernels": info.get("kernels", "off"),
             "steps": self.steps_done,
             "tokens": self.tokens,
             "peak_alloc_fwd_bytes": phase_peaks[0],

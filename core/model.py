@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from memlab.core.attention import AttentionKernel
+from memlab.core.fused.forward import fused_hidden
 from memlab.core.loss import loss_from_hidden
 
 
@@ -38,14 +39,17 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.kernel = kernel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before the output projection: (B, T, C) -> attention output (B, T, C)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): the layout every kernel takes; flash-style kernels transpose inside.
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = self.kernel(q, k, v, dropout_p=self.resid_dropout.p if self.training else 0.0)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.proj(y))
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resid_dropout(self.proj(self.attend(x)))
 
 
 class MLP(nn.Module):
@@ -84,6 +88,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings: one V x C matrix, not two
         self.loss_chunk_size = 0  # rows per cross-entropy chunk; 0 = full logits (set from the profile's [loss])
+        self.fused = False  # kernels.fused: hidden() runs through memlab.core.fused (same function, fewer passes)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat with depth.
         for name, p in self.named_parameters():
@@ -108,6 +113,8 @@ class GPT(nn.Module):
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> final hidden states (B, T, C), before the LM head."""
+        if self.fused:
+            return fused_hidden(self, idx)
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)

@@ -41,6 +41,7 @@ SUMMARY_SCHEMA: dict[str, pl.DataType] = {
     "checkpointing": pl.String,
     "optimizer": pl.String,
     "compile": pl.String,
+    "kernels": pl.String,  # kernels.fused: "off", "fused (triton <version>)" or "fused (CPU reference)"
     "steps": pl.Int64,  # optimizer steps completed
     "tokens": pl.Int64,  # training tokens processed
     "peak_alloc_fwd_bytes": pl.Int64,

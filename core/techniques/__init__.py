@@ -1,6 +1,7 @@
 """Techniques applied to a built model, one function each, in one documented order (torchtitan's parallelize).
 
 Order, and why:
+0. fused kernels (kernels.fused) switch the model's forward to memlab.core.fused first: what compile traces;
 1. activation checkpointing wraps blocks first, so compile sees (and can fuse around) the recompute boundaries;
 2. torch.compile next, over the checkpointed blocks;
 3. distributed wrapping (DDP / FSDP2) last, around the finished module (see memlab.core.distributed).
@@ -13,6 +14,7 @@ import torch
 
 from memlab.core.config import Profile
 from memlab.core.techniques.checkpointing import apply_checkpointing
+from memlab.core.techniques.fused_kernels import apply_fused_kernels
 
 
 def apply_compile(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
@@ -33,7 +35,8 @@ def apply_techniques(model: torch.nn.Module, profile: Profile, dist=None) -> tup
 
     `dist` is the engine's memlab.core.distributed.DistContext; without one, no distributed wrapping.
     """
-    applied = {"checkpointing": apply_checkpointing(model, profile.checkpointing)}
+    applied = {"kernels": apply_fused_kernels(model, profile.kernels)}
+    applied["checkpointing"] = apply_checkpointing(model, profile.checkpointing)
     model = apply_compile(model, profile)
     compiled_as = profile.compile.mode + (" +tune_kernels" if profile.compile.tune_kernels else "")
     applied["compile"] = compiled_as if profile.compile.enabled else "off"

@@ -100,7 +100,8 @@ def print_summary(summary: dict[str, Any], run_dir: Any, console: Console | None
     table.add_row("throughput", f"{num(s['tokens_per_s'])} tokens/s" + (f" · MFU {mfu * 100:.1f}%" if mfu is not None else ""))
     table.add_row("quality", f"val loss {num(s['val_loss'], '{:.4f}')} · ppl {num(s['val_ppl'], '{:.2f}')}")
     table.add_row("run", f"{s['steps']} steps · {s['tokens']:,} tokens · {num(s['total_s'], '{:.1f}')} s · first step {num(s['time_to_first_step_s'], '{:.1f}')} s")
-    table.add_row("kernel", f"{s['attention_kernel']} · {s['precision']} · checkpointing {s['checkpointing']}")
+    fused = f" · {s['kernels']}" if s.get("kernels") not in (None, "off") else ""
+    table.add_row("kernel", f"{s['attention_kernel']} · {s['precision']} · checkpointing {s['checkpointing']}{fused}")
     table.add_row("folder", str(run_dir))
     console.print(table)
 

@@ -1,0 +1,96 @@
+"""The fused kernels as torch custom ops (memlab::...), so torch.compile keeps them whole and autograd knows them.
+
+Each op runs the Triton kernel on CUDA and the PyTorch reference elsewhere (memlab.core.fused.reference); a fake
+implementation gives compile the output shapes. `add_layer_norm` has its backward registered here; the GELU
+backward is called from the MLP's autograd.Function (memlab.core.fused.forward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.core.fused import reference
+
+
+def _triton():
+    from memlab.core.fused import triton_kernels  # imported on first CUDA use only: the CPU backend has no Triton
+
+    return triton_kernels
+
+
+# ----------------------------------------------------------------------------- residual add + bias + LayerNorm
+
+
+@torch.library.custom_op("memlab::add_layer_norm", mutates_args=())
+def add_layer_norm(
+    x_prev: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor, ln_bias: torch.Tensor,
+    eps: float, out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, h, mean, rstd): x = x_prev + branch + bias in fp32, h = LayerNorm(x; weight, ln_bias) in out_dtype."""
+    return reference.add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype)
+
+
+@add_layer_norm.register_kernel("cuda")
+def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype):
+    return _triton().add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype)
+
+
+@add_layer_norm.register_fake
+def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype):
+    stats = x_prev.new_empty(x_prev.shape[:-1], dtype=torch.float32)
+    return x_prev.new_empty(x_prev.shape, dtype=torch.float32), x_prev.new_empty(x_prev.shape, dtype=out_dtype), stats, stats.clone()
+
+
+@torch.library.custom_op("memlab::add_layer_norm_backward", mutates_args=())
+def add_layer_norm_backward(
+    g_h: torch.Tensor, g_x: torch.Tensor | None, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+    weight: torch.Tensor, low_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dx in low_dtype, d LayerNorm weight, d LayerNorm bias, d branch bias)."""
+    return reference.add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype)
+
+
+@add_layer_norm_backward.register_kernel("cuda")
+def _(g_h, g_x, x, mean, rstd, weight, low_dtype):
+    return _triton().add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype)
+
+
+@add_layer_norm_backward.register_fake
+def _(g_h, g_x, x, mean, rstd, weight, low_dtype):
+    C = x.shape[-1]
+    vec = x.new_empty((C,), dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=torch.float32), x.new_empty(x.shape, dtype=low_dtype), vec, vec.clone(), vec.clone()
+
+
+def _setup_add_layer_norm(ctx, inputs, output):
+    _, branch, _, weight, _, _, _ = inputs
+    x, _, mean, rstd = output
+    ctx.save_for_backward(x, mean, rstd, weight)
+    ctx.low_dtype = branch.dtype
+
+
+def _backward_add_layer_norm(ctx, g_x, g_h, _g_mean, _g_rstd):
+    x, mean, rstd, weight = ctx.saved_tensors
+    dx, dx_low, d_weight, d_ln_bias, d_bias = add_layer_norm_backward(g_h, g_x, x, mean, rstd, weight, ctx.low_dtype)
+    return dx, dx_low, d_bias, d_weight, d_ln_bias, None, None
+
+
+add_layer_norm.register_autograd(_backward_add_layer_norm, setup_context=_setup_add_layer_norm)
+
+# ----------------------------------------------------------------------------- GELU (tanh) backward + bias gradient
+
+
+@torch.library.custom_op("memlab::gelu_tanh_backward_bias", mutates_args=())
+def gelu_tanh_backward_bias(g: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g * gelu_tanh'(pre) in pre's dtype, its column sums in fp32)."""
+    return reference.gelu_bwd(g, pre)
+
+
+@gelu_tanh_backward_bias.register_kernel("cuda")
+def _(g, pre):
+    return _triton().gelu_bwd(g, pre)
+
+
+@gelu_tanh_backward_bias.register_fake
+def _(g, pre):
+    return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)

@@ -1,0 +1,45 @@
+"""The fused kernels' arithmetic in plain PyTorch: what kernels.fused runs on the CPU backend, and what the Triton
+kernels (memlab.core.fused.triton_kernels) are checked against. Same signatures and outputs as those launchers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype):
+    """x = x_prev + branch + bias (fp32); h = LayerNorm(x) in out_dtype; mean and rstd per row."""
+    x = x_prev.float() + branch.float() + bias.float()
+    mean = x.mean(dim=-1)
+    xc = x - mean.unsqueeze(-1)
+    rstd = torch.rsqrt((xc * xc).mean(dim=-1) + eps)
+    h = xc * rstd.unsqueeze(-1) * weight.float() + ln_bias.float()
+    return x, h.to(out_dtype), mean, rstd
+
+
+def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype):
+    """dx = g_x + LayerNorm'(g_h) (fp32) and in low_dtype; the LayerNorm weight, LayerNorm bias and branch-bias grads."""
+    C = x.shape[-1]
+    g = g_h.float().reshape(-1, C)
+    xhat = ((x.reshape(-1, C) - mean.reshape(-1, 1)) * rstd.reshape(-1, 1))
+    wg = g * weight.float()
+    c1 = (xhat * wg).mean(dim=-1, keepdim=True)
+    c2 = wg.mean(dim=-1, keepdim=True)
+    dx = (wg - (xhat * c1 + c2)) * rstd.reshape(-1, 1)
+    if g_x is not None:
+        dx = dx + g_x.float().reshape(-1, C)
+    dx = dx.reshape(x.shape)
+    dx_low = dx.to(low_dtype, copy=True)  # a copy even in fp32: an op's outputs may not alias each other
+    return dx, dx_low, (g * xhat).sum(dim=0), g.sum(dim=0), dx.reshape(-1, C).sum(dim=0)
+
+
+_K0 = math.sqrt(2.0 / math.pi)
+
+
+def gelu_bwd(g, pre):
+    """d = g * gelu_tanh'(pre) in pre's dtype, and the column sums of d (fp32): the input layer's bias gradient."""
+    x = pre.float()
+    t = torch.tanh(_K0 * (x + 0.044715 * x * x * x))
+    d = g.float() * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3 * 0.044715 * x * x))
+    return d.to(pre.dtype), d.reshape(-1, pre.shape[-1]).sum(dim=0)

@@ -1,0 +1,195 @@
+"""Triton kernels behind kernels.fused (CUDA). Each one does in one pass over memory what Inductor does in two or
+three, for the same arithmetic; memlab.core.fused.reference holds the PyTorch version of each.
+
+- add_ln_fwd:  x = x_prev + branch + bias;  h = LayerNorm(x)       writes x (fp32), h (compute dtype), mean, rstd
+- add_ln_bwd:  dx = g_x + LayerNorm'(g_h);  also dx in the compute dtype (the branch's gradient) and per-program
+               column sums of g_h * xhat, g_h and dx (the LayerNorm weight, LayerNorm bias and branch-bias grads)
+- gelu_bwd:    d = g * gelu_tanh'(pre), with per-program column sums of d (the MLP input layer's bias gradient)
+
+Rows are the B*T tokens, columns the features. A LayerNorm row (C <= 8192) fits one block of BLOCK_C lanes.
+Column sums are accumulated per program over its rows (in a tile, reduced once at the end), written per program
+and added up by the caller: deterministic, no atomics. Offsets are int32 unless a tensor has 2**31 elements or
+more (BIG).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# Launch shapes used for the H100 results (bench/results/fused-h100/): each program walks its share of rows in a
+# loop, its loads software-pipelined STAGES deep. bench/fused_kernels.py sweeps alternatives.
+FWD = dict(rows=2, warps=8, programs_per_sm=8, stages=2)
+BWD = dict(rows=2, warps=4, programs_per_sm=8, stages=2)
+GELU = dict(block_f=512, rows=8, warps=4, programs_per_sm=4, stages=2)
+
+
+@triton.jit
+def _add_ln_fwd_kernel(XP, BR, BIAS, W, B, X, H, MEAN, RSTD, N, C, eps, rows_per_prog,
+                       BLOCK_C: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr, BIG: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+    start = pid * rows_per_prog
+    for r in tl.range(start, start + rows_per_prog, ROWS, num_stages=STAGES):
+        rows = r + tl.arange(0, ROWS)
+        if BIG:
+            rows = rows.to(tl.int64)
+        rmask = rows < N
+        m = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * C + cols[None, :]
+        x = tl.load(XP + offs, mask=m, other=0.0).to(tl.float32) + tl.load(BR + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.where(m, x + bias[None, :], 0.0)
+        tl.store(X + offs, x, mask=m)
+        mean = tl.sum(x, axis=1) / C
+        xc = tl.where(m, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
+        h = xc * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(H + offs, h.to(H.dtype.element_ty), mask=m)
+        tl.store(MEAN + rows, mean, mask=rmask)
+        tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _add_ln_bwd_kernel(GH, GX, X, MEAN, RSTD, W, DX, DXL, PART, N, C, rows_per_prog, n_progs,
+                       HAS_GX: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
+                       BIG: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    acc_dw = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    acc_db = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    acc_dbias = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    start = pid * rows_per_prog
+    for r in tl.range(start, start + rows_per_prog, ROWS, num_stages=STAGES):
+        rows = r + tl.arange(0, ROWS)
+        if BIG:
+            rows = rows.to(tl.int64)
+        rmask = rows < N
+        m = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * C + cols[None, :]
+        g = tl.load(GH + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        xhat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wg = g * w[None, :]
+        c1 = tl.sum(xhat * wg, axis=1) / C
+        c2 = tl.sum(wg, axis=1) / C
+        dx = (wg - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        if HAS_GX:
+            dx += tl.load(GX + offs, mask=m, other=0.0).to(tl.float32)
+        dx = tl.where(m, dx, 0.0)
+        tl.store(DX + offs, dx, mask=m)
+        tl.store(DXL + offs, dx.to(DXL.dtype.element_ty), mask=m)
+        acc_dw += g * xhat
+        acc_db += g
+        acc_dbias += dx
+    tl.store(PART + pid * C + cols, tl.sum(acc_dw, axis=0), mask=cmask)
+    tl.store(PART + (n_progs + pid) * C + cols, tl.sum(acc_db, axis=0), mask=cmask)
+    tl.store(PART + (2 * n_progs + pid) * C + cols, tl.sum(acc_dbias, axis=0), mask=cmask)
+
+
+@triton.jit
+def _gelu_bwd_kernel(G, PRE, D, PART, N, F, rows_per_prog, BLOCK_F: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
+                     BIG: tl.constexpr):
+    pid_f = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    cols = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    cmask = cols < F
+    acc = tl.zeros([ROWS, BLOCK_F], dtype=tl.float32)
+    start = pid_r * rows_per_prog
+    for r in tl.range(start, start + rows_per_prog, ROWS, num_stages=STAGES):
+        rows = r + tl.arange(0, ROWS)
+        if BIG:
+            rows = rows.to(tl.int64)
+        m = (rows < N)[:, None] & cmask[None, :]
+        offs = rows[:, None] * F + cols[None, :]
+        g = tl.load(G + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(PRE + offs, mask=m, other=0.0).to(tl.float32)
+        # gelu(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); tanh(u) = 1 - 2 / (exp(2u) + 1)
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
+        d = g * dgelu
+        tl.store(D + offs, d.to(D.dtype.element_ty), mask=m)
+        acc += d
+    tl.store(PART + pid_r * F + cols, tl.sum(acc, axis=0), mask=cmask)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(device: torch.device, per_sm: int) -> int:
+    """How many programs to split the rows over: per_sm per multiprocessor; 0 = as many as there are row tiles."""
+    if per_sm == 0:
+        return 2**31 - 1
+    if device.type != "cuda":  # the interpreter (tests): a few programs are enough to cover the splits
+        return 3
+    return _multiprocessors(device) * per_sm
+
+
+def _big(t: torch.Tensor) -> bool:
+    return t.numel() + 2 * t.shape[-1] >= 2**31  # offsets up to numel + a row, plus rows past the end of the split
+
+
+def _split(n_rows: int, programs: int, rows_step: int) -> tuple[int, int]:
+    """Rows per program (a multiple of rows_step) and the number of programs that covers n_rows."""
+    per = triton.cdiv(triton.cdiv(n_rows, programs), rows_step) * rows_step
+    return per, triton.cdiv(n_rows, per)
+
+
+def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype, **launch):
+    cfg = FWD | launch
+    C = x_prev.shape[-1]
+    N = x_prev.numel() // C
+    x = torch.empty(x_prev.shape, dtype=torch.float32, device=x_prev.device)
+    h = torch.empty(x_prev.shape, dtype=out_dtype, device=x_prev.device)
+    mean = torch.empty(x_prev.shape[:-1], dtype=torch.float32, device=x_prev.device)
+    rstd = torch.empty_like(mean)
+    per, n_progs = _split(N, _programs(x_prev.device, cfg["programs_per_sm"]), cfg["rows"])
+    _add_ln_fwd_kernel[(n_progs,)](
+        x_prev.contiguous(), branch.contiguous(), bias, weight, ln_bias, x, h, mean, rstd, N, C, eps, per,
+        BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"], STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
+    )
+    return x, h, mean, rstd
+
+
+def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch):
+    cfg = BWD | launch
+    C = x.shape[-1]
+    N = x.numel() // C
+    dx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    dx_low = torch.empty(x.shape, dtype=low_dtype, device=x.device)
+    per, n_progs = _split(N, _programs(x.device, cfg["programs_per_sm"]), cfg["rows"])
+    part = torch.empty((3, n_progs, C), dtype=torch.float32, device=x.device)
+    _add_ln_bwd_kernel[(n_progs,)](
+        g_h.contiguous(), g_x.contiguous() if g_x is not None else dx, x, mean, rstd, weight, dx, dx_low, part,
+        N, C, per, n_progs, HAS_GX=g_x is not None, BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"],
+        STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
+    )
+    return dx, dx_low, part[0].sum(dim=0), part[1].sum(dim=0), part[2].sum(dim=0)  # three tensors: outputs may not alias
+
+
+def gelu_bwd(g, pre, **launch):
+    cfg = GELU | launch
+    F = pre.shape[-1]
+    N = pre.numel() // F
+    d = torch.empty_like(pre)
+    col_blocks = triton.cdiv(F, cfg["block_f"])
+    per, row_progs = _split(N, max(1, _programs(pre.device, cfg["programs_per_sm"]) // col_blocks), cfg["rows"])
+    part = torch.empty((row_progs, F), dtype=torch.float32, device=pre.device)
+    _gelu_bwd_kernel[(col_blocks, row_progs)](
+        g.contiguous(), pre.contiguous(), d, part, N, F, per, BLOCK_F=cfg["block_f"], ROWS=cfg["rows"],
+        STAGES=cfg["stages"], BIG=_big(pre), num_warps=cfg["warps"],
+    )
+    return d, part.sum(dim=0)

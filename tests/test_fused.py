@@ -1,0 +1,175 @@
+"""kernels.fused: the fused forward computes the stock model's function (loss and every gradient), its ops match
+autograd of the plain formulas, the Triton kernels match the reference (in Triton's CPU interpreter, when Triton is
+installed), and the knobs it cannot honour are refused before any work."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memlab.core.attention import build_attention
+from memlab.core.config import AttentionConfig, load_profile, validate_pair
+from memlab.core.engine import train
+from memlab.core.errors import ConfigError
+from memlab.core.events import ListSink
+from memlab.core.fused import ops  # noqa: F401  (registers torch.ops.memlab.*)
+from memlab.core.model import GPT, GPTConfig
+
+CPU = torch.device("cpu")
+CFG = GPTConfig(n_layer=3, n_head=2, d_model=48, d_ff=96, vocab_size=100, seq_len=16)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pair(seed: int = 0) -> tuple[GPT, GPT]:
+    torch.manual_seed(seed)
+    stock = GPT(CFG, build_attention(AttentionConfig(kernel="sdpa"), CPU, torch.float32))
+    fused = copy.deepcopy(stock)
+    fused.fused = True
+    return stock, fused
+
+
+def _loss_and_grads(model: GPT, idx: torch.Tensor, autocast: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(idx, torch.roll(idx, -1, dims=1))
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_fused_forward_is_the_stock_models_function_in_fp32():
+    stock, fused = _pair()
+    idx = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(1))
+    loss_s, grads_s = _loss_and_grads(stock, idx, autocast=False)
+    loss_f, grads_f = _loss_and_grads(fused, idx, autocast=False)
+    torch.testing.assert_close(loss_f, loss_s, rtol=1e-6, atol=1e-6)
+    assert grads_f.keys() == grads_s.keys()
+    for name in grads_s:  # every parameter, biases and LayerNorm gains included
+        torch.testing.assert_close(grads_f[name], grads_s[name], rtol=1e-4, atol=1e-6, msg=name)
+    with torch.no_grad():  # the logits path (no targets) too
+        torch.testing.assert_close(fused(idx), stock(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_forward_under_bf16_autocast_differs_only_by_rounding():
+    """The stock graph rounds each projection's output (bias included) and each bias gradient to bf16; the fused
+    kernels add the bias and sum its gradient in fp32. So: equal up to bf16 rounding, not bit for bit."""
+    stock, fused = _pair()
+    idx = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(2))
+    loss_s, grads_s = _loss_and_grads(stock, idx, autocast=True)
+    loss_f, grads_f = _loss_and_grads(fused, idx, autocast=True)
+    torch.testing.assert_close(loss_f, loss_s, rtol=1e-3, atol=1e-3)
+    for name in grads_s:
+        rel = ((grads_f[name] - grads_s[name]).norm() / grads_s[name].norm()).item()
+        assert rel < 2e-2, (name, rel)
+
+
+def test_add_layer_norm_op_matches_autograd_of_the_plain_formula():
+    g = torch.Generator().manual_seed(3)
+    N, C = 10, 24
+    leaves = [torch.randn(*s, generator=g).requires_grad_() for s in ((N, C), (N, C), (C,), (C,), (C,))]
+    x_prev, branch, bias, weight, ln_bias = leaves
+    gx, gh = torch.randn(N, C, generator=g), torch.randn(N, C, generator=g)
+
+    x, h, mean, rstd = torch.ops.memlab.add_layer_norm(x_prev, branch, bias, weight, ln_bias, 1e-5, torch.float32)
+    torch.autograd.backward([x, h], [gx, gh])
+    got = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    x_ref = x_prev + branch + bias
+    h_ref = F.layer_norm(x_ref, (C,), weight, ln_bias, 1e-5)
+    torch.testing.assert_close(x, x_ref)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean, x_ref.mean(-1))
+    torch.autograd.backward([x_ref, h_ref], [gx, gh])
+    for name, a, t in zip(("x_prev", "branch", "bias", "weight", "ln_bias"), got, leaves):
+        torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_gelu_backward_op_gives_gelu_tanh_gradient_and_its_column_sums():
+    g = torch.Generator().manual_seed(4)
+    pre = (torch.randn(12, 40, generator=g) * 3).requires_grad_()
+    up = torch.randn(12, 40, generator=g)
+    F.gelu(pre, approximate="tanh").backward(up)
+    d, d_bias = torch.ops.memlab.gelu_tanh_backward_bias(up, pre.detach())
+    torch.testing.assert_close(d, pre.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d_bias, pre.grad.sum(0), rtol=1e-5, atol=1e-5)
+
+
+_INTERPRETER_CHECK = textwrap.dedent(
+    """
+    import torch
+    from memlab.core.fused import reference, triton_kernels as tk
+
+    def close(got, want, tol):
+        for a, b in zip(got, want):
+            err = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12)).item()
+            assert err < tol, (err, a.shape, a.dtype)
+        assert len({t.untyped_storage().data_ptr() for t in got}) == len(got)  # a custom op's outputs never alias
+
+    g = torch.Generator().manual_seed(0)
+    for N, C, dt, launch in ((7, 48, torch.bfloat16, {}), (13, 100, torch.float32, dict(rows=4, warps=4, stages=1)),
+                             (5, 64, torch.bfloat16, dict(rows=2, programs_per_sm=0))):
+        tol = 1e-2 if dt == torch.bfloat16 else 1e-5
+        x_prev, gx = torch.randn(N, C, generator=g), torch.randn(N, C, generator=g)
+        branch, gh = torch.randn(N, C, generator=g).to(dt), torch.randn(N, C, generator=g).to(dt)
+        bias, w, b = torch.randn(C, generator=g), 1 + torch.randn(C, generator=g) / 10, torch.randn(C, generator=g)
+        want = reference.add_ln_fwd(x_prev, branch, bias, w, b, 1e-5, dt)
+        close(tk.add_ln_fwd(x_prev, branch, bias, w, b, 1e-5, dt, **launch), want, tol)
+        x, mean, rstd = want[0], want[2], want[3]
+        for g_x in (gx, None):
+            close(tk.add_ln_bwd(gh, g_x, x, mean, rstd, w, dt, **launch),
+                  reference.add_ln_bwd(gh, g_x, x, mean, rstd, w, dt), tol)
+        up, pre = torch.randn(N, 4 * C, generator=g).to(dt), (3 * torch.randn(N, 4 * C, generator=g)).to(dt)
+        close(tk.gelu_bwd(up, pre, block_f=64, rows=4), reference.gelu_bwd(up, pre), tol)
+    print("interpreter ok")
+    """
+)
+
+
+def test_triton_kernels_match_the_reference_in_tritons_interpreter():
+    """The CUDA kernels themselves, run by Triton's CPU interpreter on odd shapes (C not a power of two, rows not a
+    multiple of the tile, no incoming residual gradient). A subprocess: the interpreter is chosen at import."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton is not installed here: pip install triton to run memlab's Triton kernels in its CPU interpreter")
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "interpreter ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        ({"model.dropout": 0.1}, "kernels.fused needs model.dropout = 0"),
+        ({"checkpointing.mode": "full"}, "kernels.fused runs the blocks itself and cannot checkpoint them"),
+        ({"distributed.mode": "fsdp"}, "kernels.fused cannot run under distributed.mode = fsdp"),
+    ],
+)
+def test_knobs_the_fused_path_cannot_honour_are_refused(tiny, overrides, expect):
+    profile = load_profile("bf16")
+    profile.kernels.fused = True
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(tiny if section == "model" else profile, section), name, value)
+    with pytest.raises(ConfigError, match=expect):
+        validate_pair(tiny, profile)
+
+
+def test_engine_trains_with_fused_kernels_on_the_cpu_reference(tiny):
+    profile = load_profile("baseline")
+    profile.kernels.fused = True
+    tiny.train.steps = 3
+    summary = train(tiny, profile, ListSink(), device=CPU)
+    assert summary["status"] == "finished" and summary["steps"] == 3 and summary["val_loss"] is not None
+    assert summary["kernels"] == "fused (CPU reference)"
+    stock = train(tiny, load_profile("baseline"), ListSink(), device=CPU)
+    assert stock["kernels"] == "off"
+    assert summary["val_loss"] == pytest.approx(stock["val_loss"], rel=1e-4)  # same function, same data, same seed
