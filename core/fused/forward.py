@@ -45,7 +45,9 @@ class _LinearGelu(torch.autograd.Function):
 
 def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
     """GPT.hidden(idx) for kernels.fused: (B, T) token ids -> final LayerNorm output (B, T, C), compute dtype."""
-    B, T = idx.shape
+    if model.training and model.cfg.dropout:  # the engine refuses this pair before building (config.validate_pair)
+        raise ValueError(f"kernels.fused has no dropout; model.dropout must be 0, not {model.cfg.dropout}")
+    T = idx.shape[1]
     x = model.wte(idx) + model.wpe(torch.arange(T, device=idx.device))  # (B, T, C) fp32 residual stream
     blocks = list(model.blocks)
     h = blocks[0].ln_1(x)  # the first norm has no residual add before it: the stock one
