@@ -13,7 +13,8 @@ _CACHE = Path(os.environ.get("MEMLAB_TEST_CACHE", Path(__file__).resolve().paren
 os.environ.setdefault("MEMLAB_CACHE", str(_CACHE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# pytest-xdist runs two workers (pyproject addopts): one thread each, so together they fill the 2 cores CI has.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config, items):
