@@ -1,7 +1,7 @@
 """kernels.fused on the GPU: each Triton kernel checked against its PyTorch reference, then timed over a sweep of
 launch shapes at the gpt2s shape (C = 768, F = 3072, batch x 1024 rows), with the bytes each must move and the
-bandwidth it reached beside a plain device-to-device copy's. The launch shapes in core/fused/triton_kernels.py
-are the best of this sweep.
+bandwidth it reached beside a plain device-to-device copy's. "default" is the launch shape in
+core/fused/triton_kernels.py (the one the H100 results used); "best" is the fastest of the sweep.
 
     python3 bench/fused_kernels.py --out $OUT --batch 128
 """
