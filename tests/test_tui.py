@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -142,10 +143,11 @@ def started_event(profile: str, total: int) -> dict:
 
 
 async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_path):
-    """Issue 8: a worker thread feeds 20 events a second (steps and NVML samples) for 3 s; every key press is
-    answered promptly, and the live panel redraws at most DRAIN rate, not once per event."""
+    """Issue 8: a worker thread feeds 20 events a second (steps and NVML samples). While it does, the stream takes
+    well under half of the UI thread's CPU, key presses are answered promptly, and the live panel redraws at most
+    DRAIN rate, not once per event."""
     app = make_app(tmp_path)
-    rate, seconds, total = 20, 3.0, 10_000
+    rate, total = 20, 10_000
     async with app.run_test(size=(80, 24)) as pilot:
         stop = threading.Event()
 
@@ -166,25 +168,38 @@ async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_
         renders0 = app.live.renders
         t_start = time.monotonic()
         thread.start()
-        slowest = 0.0
+        await pilot.pause(0.3)  # the first events in: the panel switches to a GPU run
+
+        # The stream's cost on the UI thread, in CPU seconds of that thread: a busy neighbour (CI runs two test
+        # workers on two cores) stretches wall time but not this. Measured on a 2-core machine, 2026-11-25:
+        # 0.26-0.33; 0.41-0.47 when every step relaid the whole screen out (before the live panel's layout=False).
+        cpu0, wall0 = time.thread_time(), time.monotonic()
+        await pilot.pause(1.5)
+        ui_share = (time.thread_time() - cpu0) / (time.monotonic() - wall0)
+
+        # Key presses under the stream. The median, not the slowest: one press that waited for the scheduler says
+        # nothing about the app (the slowest reached 2.65 s on a loaded CI machine), a UI blocked on its events is
+        # slow on every press. Measured: median 0.22-0.24 s alone, 0.27-0.55 s with both cores kept busy.
+        latencies = []
         keys = ["down", "down", "up", "tab", "shift+tab", "question_mark", "escape", "t", "t"]
-        while time.monotonic() - t_start < seconds:
+        for _ in range(2):
             for key in keys:
                 t0 = time.monotonic()
                 await pilot.press(key)
-                slowest = max(slowest, time.monotonic() - t0)
+                latencies.append(time.monotonic() - t0)
             await pilot.pause(0.1)
         stop.set()
         thread.join()
         elapsed = time.monotonic() - t_start
         await pilot.pause(0.3)
-        # A bound on "the app is never blocked by the event stream", not a speed target (those live in bench/):
-        # measured here ~0.1-0.6 s per press on a shared 2-core machine; a UI blocked on events takes seconds.
-        assert slowest < 2.0, f"a key press took {slowest:.2f} s under load"
+
+        assert ui_share < 0.5, f"the event stream took {ui_share:.0%} of the UI thread"
+        median = statistics.median(latencies)
+        assert median < 1.0, f"key presses took {median:.2f} s (median; slowest {max(latencies):.2f} s) under the stream"
         renders = app.live.renders - renders0
         assert renders <= elapsed / app.DRAIN_INTERVAL_S + 3, f"{renders} redraws in {elapsed:.1f} s: not throttled"
         steps = app.live_state.step
-        assert steps >= seconds * rate / 2 * 0.6, f"only {steps} step events applied"
+        assert steps >= elapsed * rate / 2 * 0.6, f"only {steps} step events applied in {elapsed:.1f} s"
         live = app.live
         assert not live.has_class("-cpu")  # a GPU run: device, allocated and reserved rows
         assert len(live.query_one("#metric-alloc", MetricRow).data) == steps

@@ -19,6 +19,7 @@ from typing import Any
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.worker import Worker, WorkerState
 
 from memlab.tui.model import RUNNING, LiveState, RunQueue, display_name, load_run
@@ -116,8 +117,6 @@ class MemlabApp(App[None]):
         return self.main.query_one(EventLog)
 
     def log_line(self, message: str, kind: str = "info", t: float | None = None) -> None:
-        from textual.css.query import NoMatches
-
         if self.main is not None and self.main.is_mounted:
             try:
                 self.event_log.add(message, kind, t)
@@ -248,13 +247,16 @@ class MemlabApp(App[None]):
                 live_dirty = queue_dirty = results_dirty = True
             elif kind == "queue_idle":
                 queue_dirty = True
-        if live_dirty and self.view_state is None:
-            self.live.show(self.live_state)
-        if queue_dirty:
-            self._refresh_queue()
-            self._update_subtitle()
-        if results_dirty:
-            self.load_results()
+        try:
+            if live_dirty and self.view_state is None:
+                self.live.show(self.live_state)
+            if queue_dirty:
+                self._refresh_queue()
+                self._update_subtitle()
+            if results_dirty:
+                self.load_results()
+        except NoMatches:
+            pass  # the app is closing (a timer tick while its widgets go): the run folders hold everything
 
     def _on_child_event(self, ev: dict[str, Any]) -> None:
         self.live_state.apply(ev)
@@ -327,7 +329,6 @@ class MemlabApp(App[None]):
             pass  # the app closed meanwhile
 
     def _show_results(self, frame) -> None:
-        from textual.css.query import NoMatches
         from textual.widgets import Static
 
         try:

@@ -69,10 +69,17 @@ class LivePanel(Vertical):
         self._set("#live-peaks", self._peaks(s))
 
     def _set(self, selector: str, content) -> None:
-        """Update a line only when its text changed: no relayout, no repaint for nothing."""
-        if self._shown.get(selector) != content:
-            self._shown[selector] = content
-            self.query_one(selector, Static).update(content)
+        """Update a line only when its text changed, and lay the screen out again only when its height did: a
+        relayout costs tens of ms of the UI thread at 80x24, and the stats line changes on every step."""
+        if self._shown.get(selector) == content:
+            return
+        self._shown[selector] = content
+        widget = self.query_one(selector, Static)
+        width = widget.content_size.width
+        height_before = widget.get_content_height(widget.size, widget.size, width)
+        widget.update(content, layout=False)
+        if widget.get_content_height(widget.size, widget.size, width) != height_before:
+            widget.refresh(layout=True)
 
     def _title(self, s: LiveState) -> Text:
         icon = "▶" if s.status == "running" else "◼"

@@ -33,7 +33,8 @@ class MetricRow(Horizontal):
             self.query_one(Sparkline).data = list(data)
         if value != self._value:
             self._value = value
-            self.query_one(".metric-value", Label).update(value)
+            # A fixed-size cell (memlab.tcss): a repaint, not a relayout of the whole screen, on every step.
+            self.query_one(".metric-value", Label).update(value, layout=False)
 
     def relabel(self, label: str) -> None:
         if label != self._label:
