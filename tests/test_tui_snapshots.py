@@ -39,6 +39,9 @@ def app_in(tmp_path, monkeypatch):
 async def settle(pilot, rows: int = 0) -> None:
     app = pilot.app
     await wait_for(pilot, lambda: app.main is not None and app.results.row_count == rows, timeout=20, what=f"{rows} result rows")
+    # DataTable sizes its columns to new rows on its next idle, not in add_row: on a loaded CI machine one snapshot
+    # caught the header-only widths. Textual has no public flag for "widths settled"; this private one is it.
+    await wait_for(pilot, lambda: not app.results._require_update_dimensions, timeout=20, what="the results table's column widths")
     await pilot.pause(0.2)
     app.clear_notifications()
     await pilot.pause()
