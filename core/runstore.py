@@ -56,14 +56,25 @@ def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
         raise
 
 
-def create_run_dir(runs_dir: Path, profile: str) -> tuple[str, Path]:
-    """A fresh, uniquely named folder; two memlab processes never get the same one (mkdir is atomic)."""
+def ensure_runs_dir(runs_dir: Path, create: bool = True) -> Path:
+    """The runs folder, made if missing (unless `create` is off: the TUI makes it with its first run); one line
+    (a MemlabError) when it is a file, or cannot be made or written to."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise MemlabError(f"runs folder {runs_dir} is a file, not a folder; pass a writable --runs-dir")
+    if not create and not runs_dir.exists():
+        return runs_dir
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MemlabError(f"runs folder {runs_dir} cannot be created ({e.strerror}); pass a writable --runs-dir") from None
     if not os.access(runs_dir, os.W_OK):
         raise MemlabError(f"runs folder {runs_dir} is not writable; pass a writable --runs-dir")
+    return runs_dir
+
+
+def create_run_dir(runs_dir: Path, profile: str) -> tuple[str, Path]:
+    """A fresh, uniquely named folder; two memlab processes never get the same one (mkdir is atomic)."""
+    ensure_runs_dir(runs_dir)
     for _ in range(100):
         run_id = new_run_id(profile)
         path = runs_dir / run_id

@@ -80,6 +80,45 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
     assert "choose one of: fp32, tf32, bf16, fp16" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "command, where, expect",
+    [
+        (["run", "--profile", "baseline", "--device", "cpu", "--experiment", "tiny"], "events_in_a_file", "--events {f}/ev.jsonl: {f} is a file, not a folder"),
+        (["run", "--profile", "baseline", "--device", "cpu", "--experiment", "tiny"], "events_is_a_folder", "--events {d}: cannot write there (Is a directory)"),
+        (["sweep", "--profiles", "baseline", "--device", "cpu", "--experiment", "tiny"], "runs_dir_is_a_file", "runs folder {f} is a file, not a folder"),
+        (["tui", "--device", "cpu"], "runs_dir_is_a_file", "runs folder {f} is a file, not a folder"),
+    ],
+)
+def test_an_unusable_output_path_is_one_line_before_any_work(command, where, expect, tmp_path, capsys):
+    """Before any training, any child process or the UI: not a traceback halfway through."""
+    from memlab.cli import main
+
+    a_file, a_dir = tmp_path / "a_file", tmp_path / "a_dir"
+    a_file.write_text("")
+    a_dir.mkdir()
+    extra = {
+        "events_in_a_file": ["--runs-dir", str(a_dir), "--events", f"{a_file}/ev.jsonl"],
+        "events_is_a_folder": ["--runs-dir", str(a_dir), "--events", str(a_dir)],
+        "runs_dir_is_a_file": ["--runs-dir", str(a_file)],
+    }[where]
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, *extra])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("memlab: error: " + expect.format(f=a_file, d=a_dir))
+    assert not any(a_dir.iterdir())  # no run folder was started
+
+
+def test_events_file_in_a_new_folder_is_made(tmp_path, capsys):
+    from memlab.cli import main
+
+    events = tmp_path / "logs" / "today" / "ev.jsonl"
+    main(["run", "--profile", "baseline", *TINY, "--runs-dir", str(tmp_path / "runs"), "--events", str(events)])  # exit 0: returns
+    kinds = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert kinds[0] == "started" and kinds[-1] == "finished" and kinds.count("step") == 4
+
+
 def test_malformed_toml_is_one_line(tmp_path, capsys):
     from memlab.cli import main
 

@@ -81,7 +81,7 @@ def run(
         sinks.append(JsonLinesSink(stream=sys.stdout))
     else:
         if events:
-            sinks.append(JsonLinesSink(path=events))
+            sinks.append(_events_file(events))
         sinks.append(ConsoleSink())
     snapshot = None
     if memory_snapshot and rank0:
@@ -99,6 +99,21 @@ def run(
     for sink in sinks:
         sink.close()
     raise typer.Exit(EXIT_BY_STATUS.get(summary["status"], 1))
+
+
+def _events_file(path: str):
+    """`--events FILE`: its folder is made as --runs-dir's is; a path that cannot be written is one line."""
+    from memlab.core.errors import MemlabError
+    from memlab.core.events import JsonLinesSink
+
+    folder = Path(path).parent
+    if folder.exists() and not folder.is_dir():
+        raise MemlabError(f"--events {path}: {folder} is a file, not a folder; give a file path, or '-' for stdout")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return JsonLinesSink(path=path)
+    except OSError as e:
+        raise MemlabError(f"--events {path}: cannot write there ({e.strerror or e}); give a file path, or '-' for stdout") from None
 
 
 class _RankFailures:

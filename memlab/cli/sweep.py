@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,6 +24,7 @@ def sweep(
     """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on."""
     from memlab.core.config import load_profile
     from memlab.core.environment import resolve_device
+    from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildRun, ChildSpec
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
@@ -32,6 +34,7 @@ def sweep(
         raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
     for name in names:
         load_profile(name)  # fail on a typo before spending an hour on the first runs
+    ensure_runs_dir(Path(runs_dir))  # and on a runs folder no child could write to
     dev = resolve_device(device)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     current: list[ChildRun] = []

@@ -21,6 +21,7 @@ def tui(
     """Open the terminal UI: queue profiles, watch each run live (one child process each), compare the results."""
     from memlab.core.config import apply_overrides, load_experiment, load_profile
     from memlab.core.errors import MemlabError
+    from memlab.core.runstore import ensure_runs_dir
 
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise MemlabError(f"--device {device!r} is not valid; choose one of: auto, cuda, cpu")
@@ -29,6 +30,7 @@ def tui(
     apply_overrides(exp, load_profile("baseline"), list(set_ or []))
     if profiles_dir is not None and not profiles_dir.is_dir():
         raise MemlabError(f"--profiles-dir {profiles_dir}: no such folder")
+    ensure_runs_dir(Path(runs_dir), create=False)
 
     from memlab.tui.app import MemlabApp
 
