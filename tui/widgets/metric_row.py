@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.widgets import Label, Sparkline
+from textual.widgets import Label
+
+from memlab.tui.widgets.sparkline import Sparkline
 
 
 class MetricRow(Horizontal):
