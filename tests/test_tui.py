@@ -172,7 +172,8 @@ async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_
 
         # The stream's cost on the UI thread, in CPU seconds of that thread: a busy neighbour (CI runs two test
         # workers on two cores) stretches wall time but not this. Measured on a 2-core machine, 2026-11-25:
-        # 0.26-0.33; 0.41-0.47 when every step relaid the whole screen out (before the live panel's layout=False).
+        # 0.21-0.23; 0.41-0.47 when every step relaid the whole screen out and Textual's Sparkline drew the rows
+        # (bench/tui_load.py has the same at more rates and screen sizes).
         cpu0, wall0 = time.thread_time(), time.monotonic()
         await pilot.pause(1.5)
         ui_share = (time.thread_time() - cpu0) / (time.monotonic() - wall0)
