@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.color import Color
+from rich.color import Color, blend_rgb
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
-from textual.renderables._blend_colors import blend_colors
 from textual.widgets import Sparkline as TextualSparkline
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -39,8 +38,8 @@ class Bars:
         self.min_color, self.max_color = min_color, max_color
 
     def _styles(self) -> list[Style]:
-        last = COLOR_STEPS - 1
-        return [Style(color=blend_colors(self.min_color, self.max_color, i / last)) for i in range(COLOR_STEPS)]
+        low, high, last = self.min_color.get_truecolor(), self.max_color.get_truecolor(), COLOR_STEPS - 1
+        return [Style(color=Color.from_triplet(blend_rgb(low, high, i / last))) for i in range(COLOR_STEPS)]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width, height, data = self.width, self.height, self.data
