@@ -208,6 +208,22 @@ async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_
         assert "ETA" in str(live.query_one("#live-stats").render())
 
 
+async def test_a_drain_tick_while_the_widgets_go_is_harmless(tmp_path):
+    """Closing the app (q, or the terminal gone) can leave a drain tick after the panels are removed: no error."""
+    from memlab.tui.widgets.live_panel import LivePanel
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.feed(("run_started", 1, "synthetic"))
+        app.feed(("event", 1, started_event("synthetic", 10)))
+        await pilot.pause(0.3)
+        await app.main.query_one(LivePanel).remove()
+        app.feed(("event", 1, step_event(0, 10, time.time())))
+        app.feed(("queue_idle", 0, None))
+        app._drain()  # raised NoMatches before
+        assert not app._inbox
+
+
 async def test_an_oom_child_is_shown_as_such_and_the_log_says_why(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
