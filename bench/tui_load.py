@@ -52,8 +52,8 @@ def gpu_events(total: int):
 
 
 async def measure(rate: float, seconds: float, size: tuple[int, int], rounds: int) -> dict:
-    runs = Path(tempfile.mkdtemp(prefix="memlab-tui-bench-")) / "runs"
-    app = MemlabApp(runs_dir=runs, experiment="tiny", device="cpu")
+    scratch = tempfile.TemporaryDirectory(prefix="memlab-tui-bench-")  # the app's runs folder: no run is written there
+    app = MemlabApp(runs_dir=Path(scratch.name) / "runs", experiment="tiny", device="cpu")
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.5)  # mounted, the (empty) results loaded
         stop = threading.Event()
@@ -90,6 +90,7 @@ async def measure(rate: float, seconds: float, size: tuple[int, int], rounds: in
             thread.join()
         await pilot.pause(0.5)  # the last drain
         shown = app.live_state.step
+    scratch.cleanup()
     latencies.sort()
     return {
         "events_per_s": rate, "ui_cpu_share": cpu_share, "press_median_s": statistics.median(latencies),
