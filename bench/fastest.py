@@ -174,7 +174,7 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
     torch.cuda.synchronize()
     ms = statistics.median(a.elapsed_time(b) for a, b in times)
     params = sum(p.numel() for p in model.parameters())
-    del model, opt, fwd
+    model = opt = fwd = None  # drop the references step() holds, so empty_cache can free them
     torch.cuda.empty_cache()
     return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "first_step_s": first, "params": params, "batch": batch}
 

@@ -213,7 +213,7 @@ def _scan_robust(files: list[str]) -> tuple[list[pl.DataFrame], list[tuple[str, 
         return [], []
     try:
         df = _scan_fast(files)
-    except Exception:
+    except Exception:  # noqa: BLE001
         if len(files) == 1:
             try:
                 return [_read_one(files[0])], []  # the scan's cast options refused it; a plain read may not
@@ -241,7 +241,7 @@ def _read_one(f: str) -> pl.DataFrame:
         df = pl.read_parquet(f)
     except FileNotFoundError:
         raise ValueError(f"no {schema.SUMMARY}") from None
-    except Exception as e:  # polars raises ComputeError / OSError / its own types for corrupt or partial files
+    except Exception as e:  # noqa: BLE001 (polars raises ComputeError / OSError / its own types for corrupt or partial files)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{schema.SUMMARY} is corrupt or partial ({msg[:120]})") from None
     if df.height != 1:

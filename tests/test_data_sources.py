@@ -64,7 +64,7 @@ def test_jsonl_text_field_round_trips(tmp_path):
     data = load_tokens(cfg(str(f), text_field="Body"), progress=lambda s, d, t: stages.append((s, d, t)))
     assert decoded(data) == texts  # in order, one EOS after each, the literal "<|endoftext|>" kept as text
     assert data.n_docs == 31 and data.source == f"{f} (31 documents)"
-    assert data.tokenizer == f"bpe:300 (trained on posts.jsonl)" and data.vocab_size == 300
+    assert data.tokenizer == "bpe:300 (trained on posts.jsonl)" and data.vocab_size == 300
     assert {"reading", "training tokenizer", "tokenizing"} <= {s for s, _, _ in stages}
     assert stages[-1] == ("tokenizing", 31, 31)
     assert sorted(p.name for p in Path(data.cache_dir).iterdir()) == ["meta.json", "tokenizer.json", "tokens.bin"]

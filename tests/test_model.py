@@ -3,7 +3,6 @@ accumulation equals a bigger batch, FLOPs and MFU follow their definitions."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

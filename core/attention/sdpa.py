@@ -30,7 +30,7 @@ def chosen_backend(q, k, v, dropout_p: float, is_causal: bool, mask=None) -> str
     try:
         idx = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal)
         return _NAMES.get(SDPBackend(idx), f"backend{idx}")
-    except Exception:  # private API: if it moves, say so rather than guess
+    except Exception:  # noqa: BLE001 (private API: if it moves, say so rather than guess)
         return "auto"
 
 

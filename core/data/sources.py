@@ -185,7 +185,7 @@ class FilesCorpus(Corpus):
                 )
         except (DataError, KeyboardInterrupt):
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise DataError(f"cannot read {self.path} as {self.builder}: {hub.one_line(e)}") from None
         docs = dataset_texts(ds, self.cfg.text_field, str(self.path), self.cfg.max_docs)
         files = f"{len(self.files)} {self.builder} files, " if len(self.files) > 1 else ""
@@ -225,7 +225,7 @@ class HubCorpus(Corpus):
                 ds = datasets.load_dataset(self.repo, self.config, split=self.cfg.split, streaming=self.cfg.streaming)
         except (DataError, KeyboardInterrupt):
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             if offline:
                 raise DataError(
                     f"{origin} is not in the local Hugging Face cache and the Hub is unavailable: {hub.offline_reason()}; "

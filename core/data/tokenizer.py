@@ -106,7 +106,7 @@ def _from_file(path: Path) -> Any:
 
     try:
         return Tokenizer.from_file(str(path))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         raise DataError(f"tokenizer file {path} does not parse as a tokenizers tokenizer.json ({hub.one_line(e, 120)})") from None
 
 
@@ -132,7 +132,7 @@ def _from_hub(repo: str) -> tuple[Any, str | None]:
             tok = Tokenizer.from_pretrained(repo)
     except KeyboardInterrupt:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         if offline:
             raise DataError(
                 f"tokenizer hf:{repo} is not in the local Hugging Face cache and the Hub is unavailable: "
@@ -145,7 +145,7 @@ def _from_hub(repo: str) -> tuple[Any, str | None]:
 
         with hub.offline_mode(offline):
             config = Path(hf_hub_download(repo, "tokenizer_config.json"))
-    except Exception:
+    except Exception:  # noqa: BLE001
         pass  # no config: fall back on the usual EOS names
     return tok, _eos_from_config(config)
 
