@@ -74,10 +74,9 @@ def format_size(n: int | None) -> str:
 # ---------------------------------------------------------------------------------------------- the child's cap
 
 
-def apply_memory_cap(device: Any) -> int | None:
-    """In the process that trains: cap the caching allocator at MEMLAB_GPU_MEMORY_BYTES, before any CUDA work.
-    Returns the cap in bytes (None when unset). The cap applies to the allocator's reserved memory; the CUDA
-    context (~0.5 GiB on a real card) is outside it."""
+def memory_cap_request(device: Any) -> tuple[int, int] | None:
+    """MEMLAB_GPU_MEMORY_BYTES checked against this device: (cap in bytes, GPU index), None when unset. Raises a
+    one-line DeviceError for a cap on the CPU or above what the GPU has (technique check, before any work)."""
     raw = os.environ.get(MEMORY_ENV)
     if not raw:
         return None
@@ -91,7 +90,20 @@ def apply_memory_cap(device: Any) -> int | None:
     props = torch.cuda.get_device_properties(index)
     if cap > props.total_memory:
         raise DeviceError(f"{MEMORY_ENV}={raw} ({format_size(cap)}) is more than this GPU has ({props.name}: {format_size(props.total_memory)})")
-    torch.cuda.set_per_process_memory_fraction(cap / props.total_memory, index)
+    return cap, index
+
+
+def apply_memory_cap(device: Any) -> int | None:
+    """In the process that trains: cap the caching allocator at MEMLAB_GPU_MEMORY_BYTES, before any CUDA work.
+    Returns the cap in bytes (None when unset). The cap applies to the allocator's reserved memory; the CUDA
+    context (~0.5 GiB on a real card) is outside it."""
+    request = memory_cap_request(device)
+    if request is None:
+        return None
+    import torch
+
+    cap, index = request
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(index).total_memory, index)
     return cap
 
 

@@ -400,19 +400,6 @@ def validate_profile(p: Profile, origin: str) -> None:
         _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
 
 
-def validate_pair(e: Experiment, p: Profile) -> None:
-    """Checks that need both halves (window vs context, batch vs accumulation)."""
-    w, T = p.attention.window, e.model.seq_len
-    _require(w < T or w == 0, f"attention.window ({w}) must be smaller than model.seq_len ({T}); 0 = no window")
-    if p.kernels.fused:
-        # the fused path wires the residual stream across blocks itself, so per-block wrappers would be bypassed
-        _require(e.model.dropout == 0, f"kernels.fused needs model.dropout = 0 (its kernels have no dropout), got {e.model.dropout}")
-        _require(p.checkpointing.mode == "none", f"kernels.fused runs the blocks itself and cannot checkpoint them; use checkpointing.mode = none, not {p.checkpointing.mode}")
-        _require(p.distributed.mode != "fsdp", "kernels.fused cannot run under distributed.mode = fsdp (FSDP2 gathers each block in its own forward); use ddp or none")
-    k, B = p.accumulation.steps, e.train.batch_size
-    _require(B % k == 0, f"train.batch_size ({B}) must be divisible by accumulation.steps ({k}) so the effective batch stays {B}")
-
-
 def to_dict(obj: Any) -> dict:
     return dataclasses.asdict(obj)
 

@@ -1,34 +1,37 @@
-"""The engine: train(experiment, profile, sink) -> summary. No printing, no Textual: it only emits events.
+"""The engine: prepare(experiment, profile, device), then train(...) -> summary. No printing, no Textual: it only
+emits events.
 
-One call trains one profile on one experiment and measures it as DESIGN.md defines. Whatever stops the run
-(finished, OOM, NaN, Ctrl-C / SIGTERM, any other error) it ends with exactly one `finished` or `failed` event
-carrying the summary of what it had, so the run store always has something to write.
+`prepare` is every refusal: the techniques' checks (memlab.core.techniques), the data, the batch against the data.
+The runner calls it before it makes a run folder, so bad input is one line and leaves nothing behind. `train`
+trains one profile on one experiment and measures it as DESIGN.md defines. Whatever stops the run (finished,
+OOM, NaN, Ctrl-C / SIGTERM, any other error) it ends with exactly one `finished` or `failed` event carrying the
+summary of what it had, so the run store always has something to write.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from memlab.core import data as data_mod
 from memlab.core import distributed
-from memlab.core.attention import build_attention
-from memlab.core.config import Experiment, Profile, describe_changes, to_dict, validate_pair
+from memlab.core.config import Experiment, Profile, describe_changes, to_dict
 from memlab.core.environment import environment
-from memlab.core.errors import DeviceError, MemlabError
+from memlab.core.errors import MemlabError
 from memlab.core.estimate import peak_for_run
 from memlab.core.events import Sink, make_event
 from memlab.core.flops import flops_per_token, mfu
 from memlab.core.meters import NvmlSampler, PhaseMeter, StepRecord, host_peak_rss_bytes, host_rss_bytes, nvml_index
-from memlab.core.model import GPT, GPTConfig
-from memlab.core.optim import build_optimizer, lr_at, set_lr
-from memlab.core.techniques import apply_techniques
+from memlab.core.optim import lr_at, set_lr
+from memlab.core.step import TrainStep, build_step
+from memlab.core.techniques import check_techniques
+from memlab.core.techniques.accumulation import micro_batch
 
 # fp16 with a GradScaler skips steps whose gradients overflow; this many in a row means the run has diverged.
 FP16_NAN_PATIENCE = 20
@@ -48,34 +51,6 @@ def padded_vocab(tokenizer_vocab: int, requested: int) -> int:
             raise MemlabError(f"model.vocab_size ({requested}) is smaller than the tokenizer's vocabulary ({tokenizer_vocab}); use 0 (= from the tokenizer) or at least {tokenizer_vocab}")
         return requested
     return -(-tokenizer_vocab // 64) * 64  # a multiple of 64 keeps the LM head's matmul on fast tile sizes
-
-
-def check_device_support(profile: Profile, device: torch.device) -> None:
-    """Knobs that need CUDA fail here, before any work, with a message that says so."""
-    if device.type == "cuda":
-        return
-    if profile.precision.dtype == "tf32":
-        raise DeviceError("precision.dtype = tf32 needs CUDA (TF32 is a tensor-core mode); use fp32 on the CPU backend")
-    if profile.checkpointing.offload:
-        raise DeviceError("checkpointing.offload moves activations from the GPU to the CPU and needs CUDA")
-    if profile.optimizer.offload:
-        raise DeviceError("optimizer.offload moves optimizer state from the GPU to the CPU and needs CUDA")
-    if profile.loader.pin_memory:
-        raise DeviceError("loader.pin_memory speeds host-to-GPU copies and needs CUDA; set it to false on CPU")
-    if profile.allocator.expandable_segments:
-        raise DeviceError("allocator.expandable_segments configures the CUDA caching allocator and needs CUDA")
-
-
-def set_precision(dtype: str, device: torch.device) -> tuple[Any, torch.dtype]:
-    """Global matmul precision; returns the autocast context factory and the compute dtype."""
-    tf32 = dtype == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    if dtype in ("bf16", "fp16"):
-        amp = torch.bfloat16 if dtype == "bf16" else torch.float16
-        return (lambda: torch.autocast(device.type, dtype=amp)), amp
-    return contextlib.nullcontext, torch.float32
 
 
 def _median(xs: list[float]) -> float | None:
@@ -199,6 +174,35 @@ class _Run:
         }
 
 
+@dataclass
+class Prepared:
+    """What `prepare` found: the run can start. Everything a user could get wrong has been checked."""
+
+    experiment: Experiment
+    profile: Profile
+    device: torch.device
+    tokens: data_mod.TokenData
+    vocab_size: int  # the model's: the tokenizer's, padded
+    world: int  # ranks (1 outside torchrun)
+    micro_batch: int  # sequences per forward on one rank
+    total_steps: int
+    val: list  # the fixed validation slice, in micro-batches
+
+
+def prepare(experiment: Experiment, profile: Profile, device: torch.device | str = "cpu", world: int | None = None) -> Prepared:
+    """Every refusal a run can meet, as a one-line MemlabError, before a run folder or any event exists."""
+    e, device = experiment, torch.device(device)
+    world = world or distributed.world_size()
+    check_techniques(e, profile, device, world)
+    tokens = data_mod.load_tokens(e.data)
+    vocab = padded_vocab(tokens.vocab_size, e.model.vocab_size)
+    micro = micro_batch(e, profile, world)
+    per_epoch = data_mod.steps_per_epoch(len(tokens.train), e.train.batch_size, e.model.seq_len)  # corpus >= one batch
+    total_steps = e.train.steps or max(1, math.ceil(e.train.epochs * per_epoch))
+    val = data_mod.val_batches(tokens.val, micro_batch=micro, seq_len=e.model.seq_len)  # val slice >= one window
+    return Prepared(e, profile, device, tokens, vocab, world, micro, total_steps, val)
+
+
 def train(
     experiment: Experiment,
     profile: Profile,
@@ -208,21 +212,23 @@ def train(
     run_id: str | None = None,
     meters: bool = True,
     extra_info: dict[str, Any] | None = None,
+    prepared: Prepared | None = None,
 ) -> dict[str, Any]:
-    """Train `profile` on `experiment`, emitting events to `sink`; returns the summary (its "status" says how it ended)."""
-    device = torch.device(device)
-    run = _Run(experiment, profile, device)
+    """Train `profile` on `experiment`, emitting events to `sink`; returns the summary (its "status" says how it ended).
+
+    Without `prepared`, prepares first (a refusal then raises MemlabError, before any event); after that nothing
+    raises: every failure becomes a `failed` event and the summary's status."""
+    prepared = prepared or prepare(experiment, profile, device)
+    run = _Run(experiment, profile, prepared.device)
     run.info.update(run_id=run_id, **(extra_info or {}))
     try:
-        _train(run, sink, meters)
+        _train(run, prepared, sink, meters)
     except torch.OutOfMemoryError as e:
         _fail(run, sink, "oom", f"CUDA out of memory in {run.info.get('phase', 'setup')}: {str(e).splitlines()[0]}")
     except Diverged as e:
         _fail(run, sink, "nan", str(e))
     except (KeyboardInterrupt, Interrupted):
         _fail(run, sink, "interrupted", f"interrupted at step {run.steps_done}")
-    except MemlabError:
-        raise  # bad input found while building: the caller reports it as a one-line error
     except Exception as e:  # noqa: BLE001 (any other failure still leaves a readable run)
         if _is_oom(e):
             _fail(run, sink, "oom", f"out of memory in {run.info.get('phase', 'setup')}: {str(e).splitlines()[0]}")
@@ -260,201 +266,185 @@ def _fail(run: _Run, sink: Sink, reason: str, message: str) -> None:
         pass
 
 
-def _train(run: _Run, sink: Sink, meters: bool) -> None:
-    e, p, device = run.experiment, run.profile, run.device
-    validate_pair(e, p)
-    check_device_support(p, device)
-    run.dist = dctx = distributed.setup(p, device)  # rank, world size; a one-process group for ddp/fsdp alone
-    run.device = device = dctx.device
-    dctx.check(e, p)  # e.g. the global batch must divide by ranks x accumulation.steps
-    run.info.update(world_size=dctx.world_size, rank=dctx.rank)
+# ---------------------------------------------------------------------------------------------- one run, in order
+
+
+def _train(run: _Run, prepared: Prepared, sink: Sink, meters: bool) -> None:
+    step = _build(run, prepared)
+    _start_sampler(run, sink, meters)
+    _emit_started(run, prepared, step, sink)
+    _train_loop(run, prepared, step, sink, meters)
+    _final_eval(run, prepared, step, sink)
+    summary, ranks = _final_summary(run, "finished")  # distributed: gathered on rank 0, one row per rank
+    run.info["summary"] = summary
+    sink.emit(make_event("finished", summary=summary, **ranks))
+
+
+def _build(run: _Run, prepared: Prepared) -> TrainStep:
+    """The ranks, then the step with every technique applied; what the summary needs to know about them."""
+    e, p = run.experiment, run.profile
+    run.dist = dctx = distributed.setup(p, prepared.device)  # rank, world size; a one-process group for ddp/fsdp alone
+    run.device = dctx.device
+    run.info.update(world_size=dctx.world_size, rank=dctx.rank, micro_batch=prepared.micro_batch,
+                    tokens_per_step=e.train.batch_size * e.model.seq_len, phase="model")
     torch.manual_seed(e.train.seed)
-    autocast, amp_dtype = set_precision(p.precision.dtype, device)
-
-    run.info["phase"] = "data"
-    tokens = data_mod.load_tokens(e.data)
-    k = p.accumulation.steps
-    micro = e.train.batch_size // (k * dctx.world_size)  # per rank: train.batch_size is the global batch
-    run.info.update(micro_batch=micro, tokens_per_step=e.train.batch_size * e.model.seq_len)
-    per_epoch = data_mod.steps_per_epoch(len(tokens.train), e.train.batch_size, e.model.seq_len)
-    total_steps = e.train.steps or max(1, math.ceil(e.train.epochs * per_epoch))
-
-    run.info["phase"] = "model"
-    cfg = GPTConfig(
-        n_layer=e.model.n_layer,
-        n_head=e.model.n_head,
-        d_model=e.model.d_model,
-        d_ff=e.model.d_ff or 4 * e.model.d_model,
-        vocab_size=padded_vocab(tokens.vocab_size, e.model.vocab_size),
-        seq_len=e.model.seq_len,
-        dropout=e.model.dropout,
-    )
-    kernel = build_attention(p.attention, device, amp_dtype)
-    model = GPT(cfg, kernel).to(device)
-    model.loss_chunk_size = p.loss.chunk_size if p.loss.chunked else 0
-    n_params = model.num_params()
-    flops_token = flops_per_token(n_params - model.wpe.weight.numel(), cfg.n_layer, cfg.d_model, cfg.seq_len, p.attention.window)
-    train_model, applied = apply_techniques(model, p, dctx)
-    optimizer = build_optimizer(model, p.optimizer, e.train, device)  # after wrapping: FSDP2 swaps in sharded parameters
-    scaler = dctx.grad_scaler(device) if p.precision.dtype == "fp16" else None  # FSDP: ShardedGradScaler
-    env = environment(device)
+    step = build_step(e, p, run.device, prepared.vocab_size, dist=dctx)
+    n_params = step.model.num_params()
+    cfg = step.model.cfg
     run.info.update(
-        kernel=kernel,
+        kernel=step.kernel,
         params=n_params,
-        flops_per_token=flops_token,
-        gpu_name=env["gpu_name"] if device.type == "cuda" else None,
-        optimizer=p.optimizer.name + (":fused" if p.optimizer.fused else "") + (":offload" if p.optimizer.offload else ""),
-        **applied,
+        flops_per_token=flops_per_token(n_params - step.model.wpe.weight.numel(), cfg.n_layer, cfg.d_model, cfg.seq_len, step.kernel.window),
+        gpu_name=environment(run.device)["gpu_name"] if run.device.type == "cuda" else None,
+        **step.applied,
     )
-    run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=cfg.vocab_size, micro_batch=micro, device=device.type, world_size=run.info.get("world_size", 1)))
-    if device.type == "cuda" and meters:
-        run.nvml = NvmlSampler(nvml_index(device), on_sample=lambda s: sink.emit(make_event("gpu_sample", **s))).start()
+    run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=prepared.vocab_size, micro_batch=prepared.micro_batch, device=run.device.type, world_size=dctx.world_size))
+    return step
 
+
+def _start_sampler(run: _Run, sink: Sink, meters: bool) -> None:
+    if run.device.type == "cuda" and meters:
+        run.nvml = NvmlSampler(nvml_index(run.device), on_sample=lambda s: sink.emit(make_event("gpu_sample", **s))).start()
+
+
+def _emit_started(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) -> None:
+    e, p, tokens = run.experiment, run.profile, prepared.tokens
     sink.emit(
         make_event(
             "started",
             run_id=run.info.get("run_id"),
             run_dir=run.info.get("run_dir"),
             started_at=run.started_at,
-            device=device.type,
+            device=run.device.type,
             profile=to_dict(p),
             experiment=to_dict(e),
             experiment_id=e.fingerprint(),
             changes=describe_changes(p),
-            environment=env,
-            params=n_params,
-            vocab_size=cfg.vocab_size,
-            total_steps=total_steps,
-            micro_batch=micro,
-            grad_accum=k,
-            world_size=dctx.world_size,  # ranks (processes, GPUs on CUDA); micro_batch is per rank
+            environment=environment(run.device),
+            params=run.info["params"],
+            vocab_size=prepared.vocab_size,
+            total_steps=prepared.total_steps,
+            micro_batch=prepared.micro_batch,
+            grad_accum=step.accumulation,
+            world_size=run.info["world_size"],  # ranks (processes, GPUs on CUDA); micro_batch is per rank
             distributed=run.info.get("distributed", "none"),
             tokens_per_step=run.info["tokens_per_step"],
             data={"source": tokens.source, "tokenizer": tokens.tokenizer, "train_tokens": int(len(tokens.train)), "val_tokens": int(len(tokens.val)), "cache_hit": tokens.cache_hit},
-            attention_kernel=kernel.name,
+            attention_kernel=step.kernel.name,
             nvml=run.nvml.available if run.nvml else False,
         )
     )
 
-    batches = data_mod.batch_iterator(
-        tokens.train,
+
+def _batches(run: _Run, prepared: Prepared):
+    e, p = run.experiment, run.profile
+    return data_mod.batch_iterator(
+        prepared.tokens.train,
         batch_size=e.train.batch_size,
-        micro_batches=k,
+        micro_batches=p.accumulation.steps,
         seq_len=e.model.seq_len,
         seed=e.train.seed,
-        steps=total_steps,
-        rank=dctx.rank,  # each rank takes a disjoint slice of the same global batch
-        world_size=dctx.world_size,
+        steps=prepared.total_steps,
+        rank=run.dist.rank,  # each rank takes a disjoint slice of the same global batch
+        world_size=run.dist.world_size,
         pin_memory=p.loader.pin_memory,
         workers=p.loader.workers,
     )
-    val = data_mod.val_batches(tokens.val, micro_batch=micro, seq_len=e.model.seq_len)
-    meter = PhaseMeter(device, enabled=meters)
-    # Activation offload: tensors saved for backward go to pinned host memory and come back when needed.
-    offload = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)) if p.checkpointing.offload else contextlib.nullcontext
-    bad_in_a_row = 0
-    train_model.train()
-    setup_s = time.perf_counter() - run.t0
-    run.info["setup_s"] = setup_s
 
-    def publish(rec: StepRecord) -> None:
-        nonlocal bad_in_a_row
-        loss = dctx.read_loss(rec.loss)  # the mean over ranks; raises StopRequested on every rank alike
-        grad_norm = rec.grad_norm.item() if isinstance(rec.grad_norm, torch.Tensor) else rec.grad_norm
-        finite = loss is not None and math.isfinite(loss)
-        if not finite:
-            bad_in_a_row += 1
-            if scaler is None or bad_in_a_row >= FP16_NAN_PATIENCE:
-                raise Diverged(f"loss is {loss} at step {rec.step}" + (f" ({bad_in_a_row} steps in a row)" if scaler else ""))
-        else:
-            bad_in_a_row = 0
-            run.last_loss = loss
-        run.records.append(rec)
-        sink.emit(
-            make_event(
-                "step",
-                step=rec.step,
-                total_steps=total_steps,
-                loss=loss,
-                lr=rec_lr[rec.step],
-                grad_norm=grad_norm,
-                step_ms=rec.step_ms,
-                fwd_ms=rec.fwd_ms,
-                bwd_ms=rec.bwd_ms,
-                opt_ms=rec.opt_ms,
-                tokens=run.info["tokens_per_step"],
-                tokens_per_s=run.info["tokens_per_step"] / (rec.step_ms / 1000.0) if rec.step_ms > 0 else None,
-                peak_alloc_fwd_bytes=rec.peak["fwd"],
-                peak_alloc_bwd_bytes=rec.peak["bwd"],
-                peak_alloc_opt_bytes=rec.peak["opt"],
-                peak_reserved_bytes=rec.peak_reserved,
-                host_rss_bytes=host_rss_bytes(),
-                measured=rec.step >= e.train.measure_after,
-            )
-        )
 
-    rec_lr: dict[int, float] = {}
-    for step, micro_batches in enumerate(batches):
-        lr = lr_at(step, e.train, total_steps)
-        rec_lr[step] = lr
-        set_lr(optimizer, lr)
-        meter.start_step(step)
-        loss_sum = None
-        for i, (x, y) in enumerate(micro_batches):
-            dctx.set_grad_sync(train_model, i == k - 1)  # DDP: all-reduce in the last micro-batch's backward only
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            run.info["phase"] = "forward"
-            meter.begin("fwd")
-            with autocast(), offload():
-                loss = train_model(x, y) / k
-            meter.end("fwd")
-            run.info["phase"] = "backward"
-            meter.begin("bwd")
-            (scaler.scale(loss) if scaler else loss).backward()
-            meter.end("bwd")
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        run.info["phase"] = "optimizer"
-        meter.begin("opt")
-        grad_norm = None
-        if scaler:
-            scaler.unscale_(optimizer)
-        if e.train.clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), e.train.clip)
-        if scaler:
-            scale_before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            if scaler.get_scale() < scale_before:
-                run.skipped += 1
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        meter.end("opt")
-        loss_sum = dctx.reduce_loss(loss_sum)  # all-reduced on the device, read one step late (no host sync)
-        done = meter.finish_step(loss_sum, grad_norm)
-        run.steps_done = step + 1
-        run.tokens += run.info["tokens_per_step"]
-        if step == 0:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            run.first_step_engine_s = time.perf_counter() - run.t0
-            start = run.info.get("process_start")
-            run.first_step_s = time.time() - start if start else run.first_step_engine_s
+def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, meters: bool) -> None:
+    e, total = run.experiment, prepared.total_steps
+    meter = PhaseMeter(run.device, enabled=meters)
+    publisher = _StepPublisher(run, sink, step, total)
+    step.train_model.train()
+    run.info["setup_s"] = time.perf_counter() - run.t0
+
+    def on_phase(name: str) -> None:
+        run.info["phase"] = name
+
+    for i, micro_batches in enumerate(_batches(run, prepared)):
+        publisher.lr[i] = lr = lr_at(i, e.train, total)
+        set_lr(step.optimizer, lr)
+        meter.start_step(i)
+        result = step.run(micro_batches, meter, on_phase)
+        run.skipped += result.skipped
+        done = meter.finish_step(run.dist.reduce_loss(result.loss_sum), result.grad_norm)  # read one step late
+        _count_step(run, i)
         if done is not None:
-            publish(done)
-        if e.train.eval_every and (step + 1) % e.train.eval_every == 0 and step + 1 < total_steps:
-            last = meter.flush()
-            if last is not None:
-                publish(last)
-            run.info["phase"] = "eval"
-            run.val_loss = evaluate(train_model, val, autocast, device)
-            sink.emit(make_event("eval", step=step + 1, val_loss=run.val_loss, val_ppl=math.exp(min(run.val_loss, 700))))
-    last = meter.flush()
-    if last is not None:
-        publish(last)
+            publisher.publish(done)
+        if e.train.eval_every and (i + 1) % e.train.eval_every == 0 and i + 1 < total:
+            publisher.publish(meter.flush())
+            _eval(run, prepared, step, sink, i + 1)
+    publisher.publish(meter.flush())
+
+
+def _count_step(run: _Run, i: int) -> None:
+    run.steps_done = i + 1
+    run.tokens += run.info["tokens_per_step"]
+    if i == 0:
+        if run.device.type == "cuda":
+            torch.cuda.synchronize()
+        run.first_step_engine_s = time.perf_counter() - run.t0
+        start = run.info.get("process_start")
+        run.first_step_s = time.time() - start if start else run.first_step_engine_s
+
+
+def _eval(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, at_step: int) -> None:
     run.info["phase"] = "eval"
-    run.val_loss = evaluate(train_model, val, autocast, device)
-    sink.emit(make_event("eval", step=run.steps_done, val_loss=run.val_loss, val_ppl=math.exp(min(run.val_loss, 700))))
-    summary, ranks = _final_summary(run, "finished")  # distributed: gathered on rank 0, one row per rank
-    run.info["summary"] = summary
-    sink.emit(make_event("finished", summary=summary, **ranks))
+    run.val_loss = evaluate(step.train_model, prepared.val, step.autocast, run.device)
+    sink.emit(make_event("eval", step=at_step, val_loss=run.val_loss, val_ppl=math.exp(min(run.val_loss, 700))))
+
+
+def _final_eval(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) -> None:
+    _eval(run, prepared, step, sink, run.steps_done)
+
+
+class _StepPublisher:
+    """Turns each measured StepRecord into a `step` event; stops the run when the loss has diverged."""
+
+    def __init__(self, run: _Run, sink: Sink, step: TrainStep, total_steps: int):
+        self.run, self.sink, self.total_steps = run, sink, total_steps
+        self.fp16 = step.scaler is not None
+        self.bad_in_a_row = 0
+        self.lr: dict[int, float] = {}
+
+    def publish(self, rec: StepRecord | None) -> None:
+        if rec is None:
+            return
+        loss = self.run.dist.read_loss(rec.loss)  # the mean over ranks; raises StopRequested on every rank alike
+        self._check_finite(loss, rec.step)
+        self.run.records.append(rec)
+        self.sink.emit(self._event(rec, loss))
+
+    def _check_finite(self, loss: float | None, step: int) -> None:
+        if loss is not None and math.isfinite(loss):
+            self.bad_in_a_row = 0
+            self.run.last_loss = loss
+            return
+        self.bad_in_a_row += 1  # fp16: the GradScaler skips such steps; only a long streak means divergence
+        if not self.fp16 or self.bad_in_a_row >= FP16_NAN_PATIENCE:
+            raise Diverged(f"loss is {loss} at step {step}" + (f" ({self.bad_in_a_row} steps in a row)" if self.fp16 else ""))
+
+    def _event(self, rec: StepRecord, loss: float | None) -> dict:
+        tokens = self.run.info["tokens_per_step"]
+        grad_norm = rec.grad_norm.item() if isinstance(rec.grad_norm, torch.Tensor) else rec.grad_norm
+        return make_event(
+            "step",
+            step=rec.step,
+            total_steps=self.total_steps,
+            loss=loss,
+            lr=self.lr[rec.step],
+            grad_norm=grad_norm,
+            step_ms=rec.step_ms,
+            fwd_ms=rec.fwd_ms,
+            bwd_ms=rec.bwd_ms,
+            opt_ms=rec.opt_ms,
+            tokens=tokens,
+            tokens_per_s=tokens / (rec.step_ms / 1000.0) if rec.step_ms > 0 else None,
+            peak_alloc_fwd_bytes=rec.peak["fwd"],
+            peak_alloc_bwd_bytes=rec.peak["bwd"],
+            peak_alloc_opt_bytes=rec.peak["opt"],
+            peak_reserved_bytes=rec.peak_reserved,
+            host_rss_bytes=host_rss_bytes(),
+            measured=rec.step >= self.run.experiment.train.measure_after,
+        )

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
@@ -46,52 +45,84 @@ def estimate_categories(est: Estimate) -> dict[str, int]:
 
 def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int | None = None) -> Estimate:
     """Measure one training step (forward, backward, clip, optimizer step, after a first step that creates the
-    optimizer state) on fake tensors. Kernels that cannot run on fake tensors are replaced by one that saves the
-    same tensors (flash-attn and FlexAttention by SDPA), torch.compile is left off; the notes say so."""
+    optimizer state) on fake tensors, with the engine's own step (memlab.core.step). Kernels that declare they
+    cannot run on fake tensors are replaced by one that saves the same tensors (SDPA), torch.compile is left off;
+    the notes say so."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlab.core.attention import build_attention
-    from memlab.core.config import validate_pair
-    from memlab.core.engine import check_device_support
-    from memlab.core.model import GPT, GPTConfig
-    from memlab.core.optim import build_optimizer
-    from memlab.core.techniques import apply_techniques
+    from memlab.core.techniques import check_plan, check_techniques
 
-    validate_pair(experiment, profile)
-    p = copy.deepcopy(profile)
+    check_plan(experiment, profile)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     notes = [f"fake tensors on {device.type}: tensors only (no allocator rounding or library workspaces)"]
-    if p.attention.kernel in ("flash", "flex"):
+    p = _fake_runnable(experiment, profile, device, notes)
+    check_techniques(experiment, p, device)
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // p.accumulation.steps)
+    if b < 1:
+        raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
+    try:
+        peak = _fake_step_peak(experiment, p, device, vocab_size, b)
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
+        raise MemlabError(f"--method fake could not run this profile ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); use --method analytic") from None
+    return _fake_result(experiment, profile, peak, device, vocab_size, b, notes)
+
+
+def _fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
+    """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors; notes say what changed."""
+    from memlab.core.attention import kernel_for
+
+    p = copy.deepcopy(profile)
+    if not _kernel_runs_on_fake(experiment, p, device):
         notes.append(f"attention.kernel = {p.attention.kernel} measured as SDPA (the same saved tensors; it cannot run on fake tensors)")
         p.attention.kernel, p.attention.sdpa_backend = "sdpa", "auto"
         p.attention.window = 0  # a fused kernel's memory does not depend on the window (O(T) per head either way)
     if p.compile.enabled:
         notes.append("compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)")
         p.compile.enabled = False
-    if not cuda:
-        if p.precision.dtype == "tf32":
-            p.precision.dtype = "fp32"  # same storage; TF32 is a matmul mode
-        if p.checkpointing.offload or p.optimizer.offload:
-            raise DeviceError("--method fake cannot measure offloading to the host without CUDA (host and device are one here); use --method analytic")
-        p.loader.pin_memory = False
-        p.allocator.expandable_segments = False
-        if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
-            notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured with the CPU's SDPA (the same saved tensors)")
-            p.attention.sdpa_backend = "auto"
-        if p.optimizer.name == "adamw8bit":
-            raise DeviceError("--method fake cannot run the 8-bit optimizer without CUDA; use --method analytic")
-    check_device_support(p, device)
-    m_ = experiment.model
-    k = p.accumulation.steps
-    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // k)
-    if b < 1:
-        raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
-    amp = p.precision.dtype in ("bf16", "fp16")
-    amp_dtype = torch.bfloat16 if p.precision.dtype == "bf16" else torch.float16
+    if p.precision.dtype == "fp16":
+        notes.append("fp16's GradScaler left out (a scale and a flag per step: no memory of its own)")
+    if device.type != "cuda":
+        _cpu_stand_ins(p, notes)
+    kernel_for(experiment, p, device)  # the stand-in itself must build here
+    return p
+
+
+def _kernel_runs_on_fake(experiment: Experiment, profile: Profile, device: Any) -> bool:
+    """The kernel's own declaration; a kernel that cannot even be built here (flash without a GPU) cannot either."""
+    from memlab.core.attention import kernel_for
+
+    try:
+        return kernel_for(experiment, profile, device).supports.fake_tensors
+    except MemlabError:
+        return False
+
+
+def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
+    """Settings that need CUDA, replaced by their CPU twin where the saved tensors are the same."""
+    if p.precision.dtype == "tf32":
+        p.precision.dtype = "fp32"  # same storage; TF32 is a matmul mode
+    if p.checkpointing.offload or p.optimizer.offload:
+        raise DeviceError("--method fake cannot measure offloading to the host without CUDA (host and device are one here); use --method analytic")
+    p.loader.pin_memory = False
+    p.allocator.expandable_segments = False
+    if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
+        notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured with the CPU's SDPA (the same saved tensors)")
+        p.attention.sdpa_backend = "auto"
+    if p.optimizer.name == "adamw8bit":
+        raise DeviceError("--method fake cannot run the 8-bit optimizer without CUDA; use --method analytic")
+
+
+def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:
+    """MemTracker's peak snapshot over the second of two training steps built by memlab.core.step on fake tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memlab.core.step import build_step
 
     class _Scalars(TorchDispatchMode):
         """`.item()` has no value on a fake tensor (Adafactor, clipping read one): any number does for memory."""
@@ -101,44 +132,33 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
                 return 1.0 if args[0].dtype.is_floating_point else 1
             return func(*args, **(kwargs or {}))
 
-    cfg = GPTConfig(m_.n_layer, m_.n_head, m_.d_model, m_.d_ff or 4 * m_.d_model, vocab_size, m_.seq_len, m_.dropout)
-    offload = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)) if p.checkpointing.offload else contextlib.nullcontext
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp else contextlib.nullcontext
-    try:
-        with FakeTensorMode(), _Scalars():
-            kernel = build_attention(p.attention, device, amp_dtype if amp else torch.float32)
-            with device:  # parameters made on the device (moving fake parameters with .to() is not supported)
-                model = GPT(cfg, kernel)
-            model.loss_chunk_size = p.loss.chunk_size if p.loss.chunked else 0
-            optimizer = build_optimizer(model, p.optimizer, experiment.train, device)
-            train_model, _ = apply_techniques(model, p)
-            tracker: list[Any] = [None]
+    T, k = experiment.model.seq_len, p.accumulation.steps
+    tracker: list[Any] = [None]
 
-            def step() -> None:
-                for _ in range(k):
-                    if tracker[0] is not None:
-                        tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
-                    x = torch.randint(0, vocab_size, (b, m_.seq_len), device=device)
-                    y = torch.randint(0, vocab_size, (b, m_.seq_len), device=device)
-                    with autocast(), offload():
-                        loss = train_model(x, y) / k
-                    loss.backward()
-                if experiment.train.clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), experiment.train.clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+    def on_phase(name: str) -> None:
+        if name == "forward" and tracker[0] is not None:
+            tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
 
-            step()  # the first step creates the optimizer state, as the engine's warm-up steps do
-            mt = MemTracker()
-            mt.track_external(model, optimizer)
-            tracker[0] = mt
-            with mt:
-                step()
-            peak = mt.get_tracker_snapshot("peak")
-    except MemlabError:
-        raise
-    except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
-        raise MemlabError(f"--method fake could not run this profile ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); use --method analytic") from None
+    def batch() -> list:
+        return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
+
+    with FakeTensorMode(), _Scalars():
+        step = build_step(experiment, p, device, vocab_size, on_device=True)
+        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+        step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
+        mt = MemTracker()
+        mt.track_external(step.model, step.optimizer)
+        tracker[0] = mt
+        with mt:
+            step.run(batch(), on_phase=on_phase)
+        return mt.get_tracker_snapshot("peak")
+
+
+def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: Any, vocab_size: int, b: int, notes: list[str]) -> Estimate:
+    import torch
+
+    m_ = experiment.model
+    cuda = device.type == "cuda"
     snap = next((v for d, v in peak.items() if torch.device(d).type == device.type), {})
     by = {str(getattr(key, "value", key)): int(v) for key, v in snap.items()}
     comps = dict.fromkeys(COMPONENTS, 0)
@@ -159,7 +179,7 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
         profile=profile.name,
         experiment=experiment.name,
         micro_batch=b,
-        accumulation=k,
+        accumulation=profile.accumulation.steps,
         vocab_size=vocab_size,
         params=param_count(m_.n_layer, m_.d_model, F, m_.seq_len, vocab_size),
         components=comps,

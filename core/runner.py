@@ -1,23 +1,21 @@
-"""Run one profile into a run folder: creates the folder, wires the run store to the engine, keeps what it had.
+"""Run one profile into a run folder: prepares (every refusal), then creates the folder, wires the run store to
+the engine, keeps what it had.
 
-This is what `memlab run` calls in its own process (one run = one process: the supervisor spawns it).
+This is what `memlab run` calls in its own process (one run = one process: the supervisor spawns it). A refusal
+comes from `engine.prepare`, before the folder exists; once the folder exists the run always ends with a status.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from memlab.core.batchfind import apply_memory_cap
 from memlab.core import distributed
-from memlab.core.config import Experiment, Profile, to_dict, validate_pair
-from memlab.core.engine import Interrupted, train
-from memlab.core.errors import MemlabError
+from memlab.core.config import Experiment, Profile, to_dict
+from memlab.core.engine import Interrupted, prepare, train
 from memlab.core.events import MultiSink, Sink
 from memlab.core.runstore import RunStore, create_run_dir
 
@@ -31,14 +29,6 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(f"signal {signum}")
 
 
-def configure_allocator(profile: Profile) -> None:
-    """Allocator settings must be in the environment before CUDA initializes."""
-    if profile.allocator.expandable_segments:
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if "expandable_segments" not in conf:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(filter(None, [conf, "expandable_segments:True"]))
-
-
 def run_profile(
     experiment: Experiment,
     profile: Profile,
@@ -49,8 +39,7 @@ def run_profile(
     meters: bool = True,
     extra_info: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Path | None]:  # run folder: None on ranks other than 0
-    validate_pair(experiment, profile)
-    apply_memory_cap(device)  # MEMLAB_GPU_MEMORY_BYTES (find-batch --gpu-memory): before any CUDA allocation
+    prepared = prepare(experiment, profile, device)  # every refusal (MemlabError), before the folder exists
     run_id = run_dir = store = None
     if distributed.env_rank() == 0:  # under torchrun only rank 0 writes the run folder; the others report to it
         run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
@@ -62,13 +51,8 @@ def run_profile(
     # several ranks: SIGINT too raises the stop flag first (torchrun forwards a Ctrl-C to each rank as SIGINT)
     previous_int = signal.signal(signal.SIGINT, _raise_interrupted) if _main_thread() and distributed.world_size() > 1 else None
     try:
-        summary = train(experiment, profile, sink, device=device, run_id=run_id, meters=meters, extra_info={"run_dir": str(run_dir) if run_dir else None, **(extra_info or {})})
-    except MemlabError:
-        # Bad input found while building (before any step): leave no half-made folder behind.
-        if store is not None:
-            store.close()
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+        info = {"run_dir": str(run_dir) if run_dir else None, **(extra_info or {})}
+        summary = train(experiment, profile, sink, device=device, run_id=run_id, meters=meters, extra_info=info, prepared=prepared)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -126,14 +126,19 @@ def test_extends_cycle_is_an_error(tmp_path):
         C.load_profile(str(a))
 
 
-def test_pair_checks_window_and_accumulation():
+def test_pair_checks_accumulation_and_a_window_as_long_as_the_context_is_full_attention():
+    import torch
+
+    from memlab.core.attention import kernel_for
+    from memlab.core.techniques import check_techniques
+
     e, p = C.load_experiment("tiny"), C.load_profile("bf16")
-    p.attention.window = e.model.seq_len
-    with pytest.raises(ConfigError, match=r"attention.window \(64\) must be smaller than model.seq_len \(64\)"):
-        C.validate_pair(e, p)
+    p.attention.window = e.model.seq_len  # every causal pair is inside it: full attention, and the name says so
+    kernel = kernel_for(e, p, torch.device("cpu"))
+    assert kernel.window == 0 and kernel.name.endswith("(window 64 >= seq_len 64: full causal attention)"), kernel.name
     p.attention.window, p.accumulation.steps = 0, 3
     with pytest.raises(ConfigError, match=r"train.batch_size \(8\) must be divisible by accumulation.steps \(3\)"):
-        C.validate_pair(e, p)
+        check_techniques(e, p, torch.device("cpu"))
 
 
 def test_round_trip_through_dict():

@@ -122,7 +122,8 @@ def test_fp16_gradscaler_skipped_steps_are_counted(tiny, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args, expect",
     [
-        (["--set", "attention.window=100"], "attention.window (100) must be smaller than model.seq_len (64)"),
+        (["--set", "accumulation.steps=3"], "train.batch_size (8) must be divisible by accumulation.steps (3)"),
+        (["--set", "data.val_tokens=10"], "raise data.val_tokens or lower model.seq_len"),  # found with the data, still before the folder
         (["--set", "checkpointing.offload=true"], "checkpointing.offload moves activations from the GPU to the CPU and needs CUDA"),
         (["--set", "model.dropout=1.5"], "model.dropout must be in [0, 1)"),
         (["--data", "/no/such/corpus.jsonl"], "/no/such/corpus.jsonl"),

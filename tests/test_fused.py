@@ -5,6 +5,7 @@ installed), and the knobs it cannot honour are refused before any work."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from memlab.core.attention import build_attention
-from memlab.core.config import AttentionConfig, load_profile, validate_pair
+from memlab.core.config import AttentionConfig, load_profile
+from memlab.core.techniques import check_techniques
 from memlab.core.engine import train
 from memlab.core.errors import ConfigError
 from memlab.core.events import ListSink
@@ -28,9 +30,9 @@ CFG = GPTConfig(n_layer=3, n_head=2, d_model=48, d_ff=96, vocab_size=100, seq_le
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _pair(seed: int = 0) -> tuple[GPT, GPT]:
+def _pair(seed: int = 0, cfg: GPTConfig = CFG) -> tuple[GPT, GPT]:
     torch.manual_seed(seed)
-    stock = GPT(CFG, build_attention(AttentionConfig(kernel="sdpa"), CPU, torch.float32))
+    stock = GPT(cfg, build_attention(AttentionConfig(kernel="sdpa"), CPU, torch.float32, cfg.dropout))
     fused = copy.deepcopy(stock)
     fused.fused = True
     return stock, fused
@@ -55,6 +57,22 @@ def test_fused_forward_is_the_stock_models_function_in_fp32():
         torch.testing.assert_close(grads_f[name], grads_s[name], rtol=1e-4, atol=1e-6, msg=name)
     with torch.no_grad():  # the logits path (no targets) too
         torch.testing.assert_close(fused(idx), stock(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_forward_applies_the_stock_models_dropout_in_the_same_order():
+    """model.dropout > 0 (the seeds' 0.1): the same dropout calls in the same order, so the same masks from one seed."""
+    stock, fused = _pair(cfg=dataclasses.replace(CFG, dropout=0.1))
+    idx = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(7)
+    loss_s, grads_s = _loss_and_grads(stock, idx, autocast=False)
+    torch.manual_seed(7)
+    loss_f, grads_f = _loss_and_grads(fused, idx, autocast=False)
+    torch.manual_seed(8)
+    loss_other, _ = _loss_and_grads(stock, idx, autocast=False)
+    assert not torch.equal(loss_other, loss_s)  # dropout is really on: another seed, another loss
+    torch.testing.assert_close(loss_f, loss_s, rtol=1e-6, atol=1e-6)
+    for name in grads_s:
+        torch.testing.assert_close(grads_f[name], grads_s[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_fused_forward_under_bf16_autocast_differs_only_by_rounding():
@@ -148,7 +166,6 @@ def test_triton_kernels_match_the_reference_in_tritons_interpreter():
 @pytest.mark.parametrize(
     "overrides, expect",
     [
-        ({"model.dropout": 0.1}, "kernels.fused needs model.dropout = 0"),
         ({"checkpointing.mode": "full"}, "kernels.fused runs the blocks itself and cannot checkpoint them"),
         ({"distributed.mode": "fsdp"}, "kernels.fused cannot run under distributed.mode = fsdp"),
     ],
@@ -160,7 +177,7 @@ def test_knobs_the_fused_path_cannot_honour_are_refused(tiny, overrides, expect)
         section, name = key.split(".")
         setattr(getattr(tiny if section == "model" else profile, section), name, value)
     with pytest.raises(ConfigError, match=expect):
-        validate_pair(tiny, profile)
+        check_techniques(tiny, profile, CPU)
 
 
 def test_engine_trains_with_fused_kernels_on_the_cpu_reference(tiny):

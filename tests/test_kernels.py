@@ -4,6 +4,7 @@ dialects (checked with stand-ins, since flash-attn needs CUDA); what a kernel ca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -115,9 +116,13 @@ def test_flex_block_mask_forward_matches_the_masked_reference(window):
     assert torch.equal(mm(0, 0, i, j), window_mask(40, window, CPU))
 
 
-def test_flex_refuses_dropout():
-    with pytest.raises(ConfigError, match="dropout"):
-        FlexAttention(0, compiled=False)(*qkv(), dropout_p=0.1)
+def test_flex_declares_no_dropout_and_sdpa_stands_in_for_it_on_cuda():
+    assert FlexAttention(0, compiled=False).supports.dropout is False
+    plain = build_attention(AttentionConfig(kernel="flex"), CUDA, torch.bfloat16, dropout=0.1)
+    assert plain.name == "sdpa (flex has no dropout)" and plain.supports.dropout
+    windowed = build_attention(AttentionConfig(kernel="flex", window=64), CUDA, torch.bfloat16, dropout=0.1)
+    assert windowed.name == "sdpa:efficient+mask (flex has no dropout)" and windowed.window == 64
+    assert build_attention(AttentionConfig(kernel="flex"), CUDA, torch.bfloat16).name == "flex"  # no dropout: flex itself
 
 
 # --------------------------------------------------------------------------------------------- flash-attn dialects
@@ -161,11 +166,42 @@ def test_flash_attn_wrapper_speaks_each_dialect(fa4, label, window):
 def test_fa4_has_no_dropout_but_fa2_does():
     calls = []
     fa4 = FlashAttention(FlashImpl(_stand_in(True, calls), "flash_attn.cute 4.0.0b36", fa4=True), 0)
-    with pytest.raises(ConfigError, match="model.dropout"):
-        fa4(*qkv(), dropout_p=0.1)
+    assert fa4.supports.dropout is False
     fa2 = FlashAttention(FlashImpl(_stand_in(False, calls), "flash_attn 2.7.4", fa4=False), 0)
+    assert fa2.supports.dropout is True
     fa2(*qkv(), dropout_p=0.1)
     assert calls[-1]["dropout_p"] == 0.1
+
+
+def _only_fa4(monkeypatch, fa2: bool = False):
+    """A Hopper GPU with FA4 installed (and FA2 when `fa2`), stand-ins for both."""
+    monkeypatch.setattr(flash_mod, "installed", lambda: {"fa4": "4.0.0b36", "fa2": "2.7.4" if fa2 else None})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(flash_mod, "_import_fa4", lambda: FlashImpl(_stand_in(True, []), "flash_attn.cute 4.0.0b36", fa4=True))
+    monkeypatch.setattr(flash_mod, "_import_fa2", lambda: FlashImpl(_stand_in(False, []), "flash_attn 2.7.4", fa4=False))
+
+
+def test_dropout_under_flash_falls_back_to_a_kernel_that_has_it(monkeypatch):
+    """The seeds' own configuration (dropout 0.1, flash, Hopper): FA4 has none, so FA2, else SDPA, named and why."""
+    _only_fa4(monkeypatch)
+    flash = AttentionConfig(kernel="flash")
+    assert build_attention(flash, CUDA, torch.bfloat16).name == "flash_attn.cute 4.0.0b36"  # no dropout: FA4
+    k = build_attention(flash, CUDA, torch.bfloat16, dropout=0.1)
+    assert k.name == "sdpa:flash (flash_attn.cute has no dropout)" and k.supports.dropout
+    k = build_attention(AttentionConfig(kernel="flash", window=64), CUDA, torch.bfloat16, dropout=0.1)
+    assert k.name == "sdpa:efficient+mask (flash_attn.cute has no dropout)" and k.window == 64 and k.supports.dropout
+    _only_fa4(monkeypatch, fa2=True)
+    k = build_attention(AttentionConfig(kernel="flash", window=64), CUDA, torch.bfloat16, dropout=0.1)
+    assert k.name == "flash_attn 2.7.4" and k.window == 64  # FA2 has dropout and windows
+
+
+def test_a_builder_that_ignores_the_request_is_caught_before_any_step(monkeypatch):
+    from memlab.core.attention import eager
+
+    monkeypatch.setattr(eager, "SUPPORTS", dataclasses.replace(eager.SUPPORTS, dropout=False))
+    monkeypatch.setattr(eager.EagerAttention, "supports", eager.SUPPORTS)
+    with pytest.raises(ConfigError, match="cannot do dropout"):
+        build_attention(AttentionConfig(kernel="eager"), CPU, torch.float32, dropout=0.1)
 
 
 @pytest.mark.parametrize(

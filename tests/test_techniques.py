@@ -8,13 +8,15 @@ import copy
 import pytest
 import torch
 
-from memlab.core.config import OptimizerConfig, TrainConfig, apply_overrides, builtin_names, load_experiment, load_profile, validate_pair
+from memlab.core.config import Experiment, OptimizerConfig, Profile, TrainConfig, apply_overrides, builtin_names, load_experiment, load_profile
 from memlab.core.engine import train
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
 from memlab.core.events import ListSink
 from memlab.core.model import GPT, GPTConfig
 from memlab.core.optim import build_optimizer, lr_at, set_lr
-from memlab.core.techniques import apply_compile
+from memlab.core.step import TrainStep
+from memlab.core.techniques import check_plan
+from memlab.core.techniques import torch_compile
 from memlab.core.techniques.optim_offload import CPUOffloadOptimizer, build_offloaded
 
 CPU = torch.device("cpu")
@@ -32,25 +34,17 @@ def _model(seed=0):
 
 
 def _train_steps(model, optimizer, steps=4, scaler=None, train_cfg=None):
-    """A few engine-like steps (lr schedule through set_lr, clipping, zero_grad(set_to_none)); returns losses."""
+    """A few of the engine's own steps (memlab.core.step: clipping at 1.0, zero_grad(set_to_none)), the lr schedule
+    through set_lr as the engine sets it; returns losses."""
     train_cfg = train_cfg or TrainConfig(warmup_steps=2, lr=1e-2)
+    step = TrainStep(Experiment(train=train_cfg), Profile(), CPU, CFG.vocab_size, model=model, train_model=model,
+                     optimizer=optimizer, scaler=scaler)
     g = torch.Generator().manual_seed(7)
     losses = []
-    for step in range(steps):
-        set_lr(optimizer, lr_at(step, train_cfg, steps))
+    for i in range(steps):
+        set_lr(optimizer, lr_at(i, train_cfg, steps))
         x = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=g)
-        loss = model(x, torch.roll(x, -1, dims=1))
-        (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if scaler:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(step.run([(x, torch.roll(x, -1, dims=1))]).loss_sum.item())
     return losses
 
 
@@ -104,6 +98,13 @@ def test_offloaded_optimizer_skips_parameters_without_gradients_and_reloads_stat
     assert again.state_dict()["state"].keys() == saved["state"].keys()
 
 
+def apply_compile(model, profile):
+    """The compile technique's own door, applied to a step holding `model`; returns what forward would run."""
+    step = TrainStep(Experiment(), profile, CPU, CFG.vocab_size, model=model, train_model=model)
+    torch_compile.apply(step)
+    return step.train_model
+
+
 def test_offload_refuses_8bit_adamw():
     with pytest.raises(ConfigError, match="adamw or adafactor"):
         build_offloaded(_model(), OptimizerConfig(name="adamw8bit", offload=True), TrainConfig(), CPU)
@@ -130,7 +131,7 @@ def test_every_required_profile_is_built_in_with_a_one_line_description():
 @pytest.mark.parametrize("experiment", ["gpt2s", "long8k"])
 @pytest.mark.parametrize("profile", ["window", "flash", "bf16", "accum", "leanest"])
 def test_gpu_experiments_accept_the_long_context_profiles(experiment, profile):
-    validate_pair(load_experiment(experiment), load_profile(profile))
+    check_plan(load_experiment(experiment), load_profile(profile))
 
 
 @pytest.mark.parametrize("name", builtin_names("profile"))

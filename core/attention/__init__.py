@@ -1,26 +1,52 @@
-"""Attention kernels, registered by name, one file each.
+"""Attention kernels, registered by name, one file each, each declaring what it supports.
 
 Every kernel takes q, k, v as (B, nh, T, hs) and returns causal attention of the same shape, optionally over a
-sliding window of W tokens (each query sees itself and the W-1 tokens before it). A kernel states what it
-supports; `build_attention` checks the profile against that when the model is built, never mid-step, so a kernel
-that cannot window is an error, never a silent dense fallback. `kernel.name` is what actually ran
-(e.g. `sdpa:cudnn`), recorded in run.json and the summary.
+sliding window of W tokens (each query sees itself and the W-1 tokens before it). Each kernel class carries a
+`Supports` declaration (window, dropout, dtypes, devices, CPU backward, whether it materializes the T x T scores,
+whether fake tensors can run it); the technique check, the estimator and the fake-tensor method read those
+declarations instead of guessing again.
+
+A profile names a kernel family (eager, sdpa, flash, flex). `build_attention` turns that into the kernel that will
+run on this device with this dtype and dropout: the family's own kernel where it supports the request, else a
+documented stand-in whose name says what runs and why (`Fallback`), else a one-line ConfigError. It is called by
+`check` (before any run folder or event exists) and again by the engine with the same inputs, so a kernel never
+refuses mid-step. `kernel.name` is what actually ran (e.g. `sdpa:cudnn`), recorded in run.json and the summary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.step import TrainStep
+
+ALL_DTYPES = frozenset({"fp32", "bf16", "fp16"})
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What one kernel can do; read by check(), the estimator and the fake-tensor method."""
+
+    window: bool  # honours a sliding window (cheaper with one), not by a dense fallback
+    dropout: bool  # applies attention dropout itself
+    dtypes: frozenset[str]  # input dtypes it takes: fp32 | bf16 | fp16
+    devices: frozenset[str]  # cuda | cpu
+    cpu_backward: bool  # trains on the CPU backend (FlexAttention's backward is CUDA-only)
+    materializes_scores: bool  # keeps a (B, nh, T, T) score matrix: memory grows with T^2
+    fake_tensors: bool  # runs under FakeTensorMode (memlab estimate --method fake)
+
 
 class AttentionKernel(Protocol):
     name: str
     window: int
+    supports: Supports
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor: ...
 
@@ -28,7 +54,7 @@ class AttentionKernel(Protocol):
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
-    build: Callable[[AttentionConfig, torch.device, torch.dtype], AttentionKernel]
+    build: Callable[[AttentionConfig, torch.device, torch.dtype, float], AttentionKernel]
     describe: str
 
 
@@ -44,12 +70,52 @@ def kernel_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_attention(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
+def build_attention(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> AttentionKernel:
+    """The kernel that will run for `cfg` on `device` with inputs of `dtype` and attention dropout `dropout`."""
     _load_builtin()
     spec = _REGISTRY.get(cfg.kernel)
     if spec is None:
         raise ConfigError(f"unknown attention.kernel {cfg.kernel!r}; valid: {', '.join(sorted(_REGISTRY))}")
-    return spec.build(cfg, device, dtype)
+    kernel = spec.build(cfg, device, dtype, dropout)
+    _require_supported(kernel, cfg, device, dtype, dropout)
+    return kernel
+
+
+def _require_supported(kernel: AttentionKernel, cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float) -> None:
+    """A builder's choice must honour the request; a mismatch is a bug in the builder, caught before any step."""
+    s, want = kernel.supports, dtype_name(dtype)
+    problems = [
+        cfg.window and not s.window and "a window",
+        dropout and not s.dropout and "dropout",
+        want not in s.dtypes and f"{want} inputs",
+        device.type not in s.devices and f"the {device.type} device",
+        device.type == "cpu" and not s.cpu_backward and "training on the CPU",
+    ]
+    missing = [p for p in problems if p]
+    if missing:
+        raise ConfigError(f"attention kernel {kernel.name} cannot do {', '.join(missing)} (attention.kernel = {cfg.kernel}); valid kernels: {', '.join(kernel_names())}")
+
+
+def effective_window(window: int, seq_len: int) -> int:
+    """A window of seq_len tokens or more keeps every causal pair: it is full attention, and runs as such."""
+    return window if 0 < window < seq_len else 0
+
+
+def kernel_for(experiment: Experiment, profile: Profile, device: torch.device) -> AttentionKernel:
+    """The kernel a run of `profile` on `experiment` uses on `device` (the window clipped to the context)."""
+    import dataclasses
+
+    from memlab.core.techniques.precision import compute_dtype
+
+    cfg = dataclasses.replace(profile.attention, window=effective_window(profile.attention.window, experiment.model.seq_len))
+    kernel = build_attention(cfg, device, compute_dtype(profile), experiment.model.dropout)
+    if profile.attention.window and not cfg.window:
+        kernel = Fallback(kernel, f"window {profile.attention.window} >= seq_len {experiment.model.seq_len}: full causal attention")
+    return kernel
 
 
 def window_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
@@ -60,6 +126,38 @@ def window_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
     if window:
         mask = mask & (i - j < window)
     return mask
+
+
+class Fallback:
+    """A kernel that stands in for the one asked for; its name says what ran and why, e.g.
+    `sdpa:flash (flash-attn not installed)`. The inner name is read live: SDPA's `auto` names its backend on the
+    first call."""
+
+    def __init__(self, inner: AttentionKernel, reason: str):
+        self.inner = inner
+        self.reason = reason
+        self.window = inner.window
+        self.supports = inner.supports
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} ({self.reason})"
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0):
+        return self.inner(q, k, v, dropout_p=dropout_p)
+
+
+# ---------------------------------------------------------------------------------------------- the technique door
+
+
+def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
+    """Refuse, before any work, a kernel that cannot run here; building it is cheap and touches no GPU memory."""
+    kernel_for(experiment, profile, device)
+
+
+def apply(step: TrainStep) -> None:
+    """The kernel the model is built with (the same choice check() made)."""
+    step.kernel = kernel_for(step.experiment, step.profile, step.device)
 
 
 _BUILTIN_LOADED = False

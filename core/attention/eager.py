@@ -7,11 +7,17 @@ import math
 import torch
 import torch.nn.functional as F
 
-from memlab.core.attention import KernelSpec, register, window_mask
+from memlab.core.attention import ALL_DTYPES, KernelSpec, Supports, register, window_mask
 from memlab.core.config import AttentionConfig
+
+# Windows by masking the full score matrix: honoured, but no memory or compute saved.
+SUPPORTS = Supports(window=True, dropout=True, dtypes=ALL_DTYPES, devices=frozenset({"cuda", "cpu"}), cpu_backward=True,
+                    materializes_scores=True, fake_tensors=True)
 
 
 class EagerAttention:
+    supports = SUPPORTS
+
     def __init__(self, window: int):
         self.window = window
         self.name = "eager"
@@ -29,7 +35,7 @@ class EagerAttention:
         return att @ v  # (B, nh, T, hs)
 
 
-def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype) -> EagerAttention:
+def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> EagerAttention:
     return EagerAttention(cfg.window)
 
 

@@ -3,10 +3,14 @@
 Both take (B, T, nh, hs) in bf16 or fp16 and window with `window_size=(W-1, 0)` next to `causal=True` (W-1 keys
 to the left, none to the right: each query sees itself and the W-1 tokens before it). FA4 returns `(out, lse)`
 and has no dropout; FA2 returns `out` and has. FA4 runs on Hopper and Blackwell (compute capability 9.x-11.x),
-where it is preferred when both are installed; FA2 otherwise. flash-attn is optional (`pip install memlab[flash]`):
-without it (or on the CPU backend, where flash-attn cannot run) the kernel falls back to SDPA and its name says
-so, e.g. `sdpa:flash (flash-attn not installed)`, never silently. SDPA's flash backend cannot window, so a window
-without flash-attn is an error on CUDA (use flex); on CPU it falls back to the masked SDPA, `sdpa:masked (...)`.
+where it is preferred when both are installed; FA2 otherwise. flash-attn is optional (`pip install memlab[flash]`).
+
+Where flash-attn cannot do what the run asks, a stand-in runs and its name says which and why, never silently:
+- dropout (the seeds trained with 0.1) where only FA4 is there: FA2 if installed; else SDPA's flash backend
+  (`sdpa:flash (flash_attn.cute has no dropout)`), or with a window SDPA's memory-efficient backend with an
+  explicit mask (`sdpa:efficient+mask (...)`): FlexAttention has no dropout either;
+- no flash-attn: SDPA's flash backend; a window then is an error on CUDA (use flex), the masked SDPA on the CPU;
+- the CPU backend: SDPA (flash-attn needs CUDA).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from memlab.core.attention import AttentionKernel, KernelSpec, register
+from memlab.core.attention import AttentionKernel, Fallback, KernelSpec, Supports, register
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError
@@ -33,23 +37,10 @@ class FlashImpl:
     label: str  # e.g. "flash_attn.cute 4.0.0b36"
     fa4: bool  # FA4: returns (out, lse), no dropout, Hopper or newer only
 
-
-class Fallback:
-    """A kernel that stands in for the one asked for; its name says what ran and why, e.g.
-    `sdpa:flash (flash-attn not installed)`. The inner name is read live: SDPA's `auto` names its backend on the
-    first call."""
-
-    def __init__(self, inner: AttentionKernel, reason: str):
-        self.inner = inner
-        self.reason = reason
-        self.window = inner.window
-
     @property
-    def name(self) -> str:
-        return f"{self.inner.name} ({self.reason})"
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0):
-        return self.inner(q, k, v, dropout_p=dropout_p)
+    def supports(self) -> Supports:
+        return Supports(window=True, dropout=not self.fa4, dtypes=frozenset({"bf16", "fp16"}), devices=frozenset({"cuda"}),
+                        cpu_backward=False, materializes_scores=False, fake_tensors=False)
 
 
 def _version(dist: str) -> str | None:
@@ -80,8 +71,9 @@ def _import_fa2() -> FlashImpl | str:
     return FlashImpl(flash_attn_func, f"flash_attn {_version('flash-attn') or '?'}", fa4=False)
 
 
-def find_impl(device: torch.device) -> tuple[FlashImpl | None, str]:
-    """The flash-attn to use on `device`, or None and the reason there is none (for the fallback's name)."""
+def find_impl(device: torch.device, dropout: bool = False) -> tuple[FlashImpl | None, str]:
+    """The flash-attn to use on `device` (one with dropout when `dropout`), or None and the reason there is none
+    (for the fallback's name)."""
     have = installed()
     if not any(have.values()):
         return None, "flash-attn not installed"
@@ -93,15 +85,18 @@ def find_impl(device: torch.device) -> tuple[FlashImpl | None, str]:
         return None, f"flash-attn-4 needs compute capability 9.0 or newer, this GPU is {major}.x"
     # FA4 first where it runs (it is the faster on Hopper and Blackwell), FA2 otherwise.
     order = (("fa4", _import_fa4), ("fa2", _import_fa2)) if hopper_or_newer else (("fa2", _import_fa2),)
-    errors = []
+    errors, no_dropout = [], None
     for dist, load in order:
         if not have[dist]:
             continue
         impl = load()
-        if isinstance(impl, FlashImpl):
+        if not isinstance(impl, FlashImpl):
+            errors.append(impl)
+        elif dropout and not impl.supports.dropout:
+            no_dropout = f"{impl.label.split()[0]} has no dropout"
+        else:
             return impl, ""
-        errors.append(impl)
-    return None, "flash-attn not importable: " + "; ".join(errors)
+    return None, no_dropout or "flash-attn not importable: " + "; ".join(errors)
 
 
 class FlashAttention:
@@ -109,6 +104,7 @@ class FlashAttention:
         self.impl = impl
         self.window = window
         self.name = impl.label
+        self.supports = impl.supports
         # FA2 spells "no window" (-1, -1), FA4 (None, None); both take (W-1, 0) for a causal window of W.
         self.window_size = (window - 1, 0) if window else ((None, None) if impl.fa4 else (-1, -1))
         # FA4's CuTe-DSL kernels are not traceable by torch.compile: keep them out of the graph explicitly
@@ -126,32 +122,31 @@ class FlashAttention:
         # (B, nh, T, hs) -> (B, T, nh, hs): a view of the qkv projection's layout, last dim contiguous as required
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.impl.fa4:
-            if dropout_p:
-                raise ConfigError(f"attention.kernel = flash runs {self.name}, which has no dropout; set model.dropout = 0 (got {dropout_p})")
+            assert not dropout_p, "FA4 has no dropout: build_attention chooses a stand-in before any step"
             out = self._call(q, k, v)
         else:
             out = self._call(q, k, v, dropout_p)
         return out.transpose(1, 2)  # (B, nh, T, hs)
 
 
-def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
+def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> AttentionKernel:
     if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
         # flash-attn and SDPA's flash backend alike take 16-bit inputs only (fp32 and tf32 keep q, k, v in fp32).
         raise ConfigError("attention.kernel = flash needs 16-bit inputs: set precision.dtype = bf16 or fp16 (fp32 and tf32 are not supported by flash-attn)")
-    impl, reason = find_impl(device)
+    impl, reason = find_impl(device, dropout=bool(dropout))
     if impl is not None:
         return FlashAttention(impl, cfg.window)
+    if device.type != "cuda":
+        # CPU: SDPA picks (its flash backend when it can; math with dropout, which CPU flash lacks); the name says which.
+        return Fallback(SDPAAttention("math", cfg.window, masked=True) if cfg.window else SDPAAttention("auto"), reason)
+    if cfg.window and dropout:
+        return Fallback(SDPAAttention("efficient", cfg.window, masked=True), reason)
     if cfg.window:
-        if device.type == "cuda":
-            raise ConfigError(
-                f"attention.window = {cfg.window} with attention.kernel = flash needs flash-attn ({reason}; {INSTALL}): "
-                "SDPA's flash backend cannot window. Use attention.kernel = flex for a sliding window without it"
-            )
-        return Fallback(SDPAAttention("math", cfg.window, masked=True), reason)
-    if device.type == "cuda":
-        return Fallback(SDPAAttention("flash"), reason)
-    # CPU: SDPA picks (its flash backend when it can; math with dropout, which CPU flash lacks); the name says which.
-    return Fallback(SDPAAttention("auto"), reason)
+        raise ConfigError(
+            f"attention.window = {cfg.window} with attention.kernel = flash needs flash-attn ({reason}; {INSTALL}): "
+            "SDPA's flash backend cannot window. Use attention.kernel = flex for a sliding window without it"
+        )
+    return Fallback(SDPAAttention("flash"), reason)
 
 
-register(KernelSpec("flash", _build, f"flash-attn: FA4 on Hopper+, else FA2; windows; falls back to SDPA's flash backend without it ({INSTALL})"))
+register(KernelSpec("flash", _build, f"flash-attn: FA4 on Hopper+, else FA2; windows; falls back to SDPA's flash backend without it or for dropout under FA4 ({INSTALL})"))

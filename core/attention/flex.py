@@ -4,18 +4,22 @@ tiles outside the causal (optionally windowed) band, so a window of W saves comp
 `flex_attention` is compiled once per process (uncompiled, it builds the full score matrix); the block mask is
 built lazily for each sequence length and cached. FlexAttention has no backward on the CPU, so on the CPU backend
 this kernel falls back to SDPA and says so: with a window, the explicit-mask SDPA (`sdpa:masked (flex has no CPU
-backward)`, correct but dense); without, SDPA's causal attention.
+backward)`, correct but dense); without, SDPA's causal attention. FlexAttention has no dropout: with
+`model.dropout > 0` SDPA stands in on CUDA too (a window through the memory-efficient backend with an explicit mask),
+and the name says so, e.g. `sdpa:efficient+mask (flex has no dropout)`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from memlab.core.attention import AttentionKernel, KernelSpec, register
-from memlab.core.attention.flash import Fallback
+from memlab.core.attention import ALL_DTYPES, AttentionKernel, Fallback, KernelSpec, Supports, register
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig
-from memlab.core.errors import ConfigError
+
+# Compiled kernels cannot run on fake tensors; the backward is CUDA-only (STACK.md).
+SUPPORTS = Supports(window=True, dropout=False, dtypes=ALL_DTYPES, devices=frozenset({"cuda", "cpu"}), cpu_backward=False,
+                    materializes_scores=False, fake_tensors=False)
 
 _COMPILED = None
 
@@ -43,6 +47,8 @@ def mask_mod_for(window: int):
 
 
 class FlexAttention:
+    supports = SUPPORTS
+
     def __init__(self, window: int, compiled: bool = True):
         self.window = window
         self.name = "flex"
@@ -65,8 +71,7 @@ class FlexAttention:
         return bm
 
     def __call__(self, q, k, v, dropout_p: float = 0.0):
-        if dropout_p:
-            raise ConfigError(f"attention.kernel = flex has no dropout; set model.dropout = 0 (got {dropout_p})")
+        assert not dropout_p, "flex has no dropout: build_attention chooses a stand-in before any step"
         bm = self.block_mask(q.size(-2), q.device)
         if self.compiled:
             return compiled_flex()(q, k, v, block_mask=bm)  # (B, nh, T, hs)
@@ -75,13 +80,13 @@ class FlexAttention:
         return flex_attention(q, k, v, block_mask=bm)
 
 
-def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype) -> AttentionKernel:
-    if device.type == "cuda":
+def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> AttentionKernel:
+    if device.type == "cuda" and not dropout:
         return FlexAttention(cfg.window)
-    reason = "flex has no CPU backward"
+    reason = "flex has no dropout" if device.type == "cuda" else "flex has no CPU backward"
     if cfg.window:
-        return Fallback(SDPAAttention("math", cfg.window, masked=True), reason)
+        return Fallback(SDPAAttention("efficient" if device.type == "cuda" else "math", cfg.window, masked=True), reason)
     return Fallback(SDPAAttention("auto"), reason)
 
 
-register(KernelSpec("flex", _build, "FlexAttention with a block mask, compiled; windows (CPU: SDPA, as it has no CPU backward)"))
+register(KernelSpec("flex", _build, "FlexAttention with a block mask, compiled; windows (SDPA stands in on the CPU, which has no flex backward, and for dropout)"))

@@ -6,6 +6,10 @@ the projection's bias and the *next* LayerNorm with it (block i's MLP output mee
 ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients; the MLP's input layer
 computes its bias gradient inside the GELU backward. Projections run without their bias (it is added, once, in
 add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
+
+With model.dropout > 0 (the seeds trained with 0.1), dropout runs in PyTorch where the stock model has it: on the
+embeddings, inside the attention kernel, and on each projection's output (bias included, as nn.Linear gives it),
+which then meets the fused add with a zero bias. The same dropout calls in the same order as the stock forward.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import torch.nn.functional as F
 from memlab.core.fused.ops import add_layer_norm, gelu_tanh_backward_bias
 
 
-def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + branch + bias, norm of it in the branch's dtype: what the next matmul takes under autocast)."""
+def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + dropout(branch + bias), its norm in the branch's dtype: what the next matmul takes under autocast)."""
+    if dropout:  # the bias must be dropped with the branch, as the stock model's nn.Linear output is
+        branch, bias = F.dropout(branch + bias.to(branch.dtype), dropout), torch.zeros_like(bias)
     x, h, _, _ = add_layer_norm(x, branch, bias, norm.weight, norm.bias, norm.eps, branch.dtype)
     return x, h
 
@@ -45,16 +51,15 @@ class _LinearGelu(torch.autograd.Function):
 
 def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
     """GPT.hidden(idx) for kernels.fused: (B, T) token ids -> final LayerNorm output (B, T, C), compute dtype."""
-    if model.training and model.cfg.dropout:  # the engine refuses this pair before building (config.validate_pair)
-        raise ValueError(f"kernels.fused has no dropout; model.dropout must be 0, not {model.cfg.dropout}")
+    p = model.cfg.dropout if model.training else 0.0
     T = idx.shape[1]
-    x = model.wte(idx) + model.wpe(torch.arange(T, device=idx.device))  # (B, T, C) fp32 residual stream
+    x = model.drop(model.wte(idx) + model.wpe(torch.arange(T, device=idx.device)))  # (B, T, C) fp32 residual stream
     blocks = list(model.blocks)
     h = blocks[0].ln_1(x)  # the first norm has no residual add before it: the stock one
     for i, block in enumerate(blocks):
         attn, mlp = block.attn, block.mlp
-        x, h = _add_norm(x, F.linear(attn.attend(h), attn.proj.weight), attn.proj.bias, block.ln_2)
+        x, h = _add_norm(x, F.linear(attn.attend(h), attn.proj.weight), attn.proj.bias, block.ln_2, p)
         act = _LinearGelu.apply(h, mlp.fc.weight, mlp.fc.bias)
         nxt = blocks[i + 1].ln_1 if i + 1 < len(blocks) else model.ln_f
-        x, h = _add_norm(x, F.linear(act, mlp.proj.weight), mlp.proj.bias, nxt)
+        x, h = _add_norm(x, F.linear(act, mlp.proj.weight), mlp.proj.bias, nxt, p)
     return h

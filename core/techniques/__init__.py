@@ -1,45 +1,82 @@
-"""Techniques applied to a built model, one function each, in one documented order (torchtitan's parallelize).
+"""Techniques, one module each, each with two functions: `check(experiment, profile, device, world)` refuses what
+cannot run here with a one-line error naming the fix and the valid choices, and `apply(step)` applies the
+technique to the training step under construction (memlab.core.step.TrainStep). This file is the one door.
 
-Order, and why:
-0. fused kernels (kernels.fused) switch the model's forward to memlab.core.fused first: what compile traces;
-1. activation checkpointing wraps blocks first, so compile sees (and can fuse around) the recompute boundaries;
-2. torch.compile next, over the checkpointed blocks;
-3. distributed wrapping (DDP / FSDP2) last, around the finished module (see memlab.core.distributed).
-Precision, attention kernel, loss and optimizer are chosen when the model and the step are built, not here.
+`check_techniques` runs every check, before a run folder or any event exists, so no refusal ever happens inside a
+step. `apply_techniques` applies them in this order, and why:
+
+ 1. memory cap      caps the caching allocator before anything allocates on the GPU;
+ 2. precision       matmul flags, the autocast context and (fp16) the GradScaler; the kernel depends on the dtype;
+ 3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
+    -- the model is built here, with that kernel, on the device --
+ 4. loss            chunked cross-entropy is a setting of the model's head;
+ 5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
+ 6. checkpointing   wraps blocks, so compile sees (and can fuse around) the recompute boundaries;
+ 7. compile         over the checkpointed blocks;
+ 8. distributed     DDP / FSDP2 last, around (FSDP2: inside) the finished module;
+ 9. optimizer       after wrapping: FSDP2 swaps in sharded parameters, which the optimizer must hold;
+10. act offload     a context the forward runs under.
+
+Loader and accumulation only check (the batch iterator and TrainStep.run read their settings). The allocator's
+setting is an environment variable CUDA reads when it initializes: `apply_to_process` runs first in the run's
+process, before the checks (which ask the device what it can do).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from memlab.core.config import Profile
-from memlab.core.techniques.checkpointing import apply_checkpointing
-from memlab.core.techniques.fused_kernels import apply_fused_kernels
+from memlab.core import attention
+from memlab.core.techniques import (
+    accumulation,
+    act_offload,
+    allocator,
+    checkpointing,
+    distributed,
+    fused_kernels,
+    loader,
+    loss,
+    memory_cap,
+    optimizer,
+    precision,
+    torch_compile,
+)
+
+if TYPE_CHECKING:
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.step import TrainStep
+
+BEFORE_MODEL = (memory_cap, precision, attention)
+ON_MODEL = (loss, fused_kernels, checkpointing, torch_compile, distributed, optimizer, act_offload)
+CHECK_ONLY = (allocator, loader, accumulation)
+TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
 
-def apply_compile(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
-    if not profile.compile.enabled:
-        return model
-    mode = None if profile.compile.mode == "default" else profile.compile.mode
-    if profile.compile.tune_kernels:
-        # torch.compile takes a mode or options, not both: spell the mode out as its options and add the tuning
-        from torch._inductor import list_mode_options
-
-        options = (dict(list_mode_options(mode)) if mode else {}) | {"coordinate_descent_tuning": True}
-        return torch.compile(model, options=options)
-    return torch.compile(model, mode=mode)
+def check_techniques(experiment: Experiment, profile: Profile, device: torch.device, world: int = 1) -> None:
+    """Every technique's refusal, before any work. Cheap: builds no model and allocates nothing on the GPU."""
+    for technique in TECHNIQUES:
+        technique.check(experiment, profile, device, world)
 
 
-def apply_techniques(model: torch.nn.Module, profile: Profile, dist=None) -> tuple[torch.nn.Module, dict[str, str]]:
-    """Returns the model to train (possibly a compiled / DDP wrapper) and one line per technique for run.json.
+def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None:
+    """The checks that depend on the configuration alone, not on what this machine has: for `memlab estimate`,
+    which plans for a GPU that may not be here (a run still meets every check on its own device)."""
+    accumulation.check(experiment, profile, torch.device("cuda"), world)
+    distributed.check(experiment, profile, torch.device("cuda"), world)
+    fused_kernels.check_plan(experiment, profile, world)
 
-    `dist` is the engine's memlab.core.distributed.DistContext; without one, no distributed wrapping.
-    """
-    applied = {"kernels": apply_fused_kernels(model, profile.kernels)}
-    applied["checkpointing"] = apply_checkpointing(model, profile.checkpointing)
-    model = apply_compile(model, profile)
-    compiled_as = profile.compile.mode + (" +tune_kernels" if profile.compile.tune_kernels else "")
-    applied["compile"] = compiled_as if profile.compile.enabled else "off"
-    if dist is not None:  # 3. DDP / FSDP2 last, around (FSDP2: inside) the finished module
-        model, applied["distributed"] = dist.wrap(model, profile)
-    return model, applied
+
+def apply_techniques(step: TrainStep) -> None:
+    """Build `step` in the order above (its model, wrapped model, optimizer, scaler, autocast, offload)."""
+    for technique in BEFORE_MODEL:
+        technique.apply(step)
+    step.build_model()
+    for technique in ON_MODEL:
+        technique.apply(step)
+
+
+def apply_to_process(profile: Profile) -> None:
+    """What must be set before CUDA initializes (the allocator's configuration)."""
+    allocator.apply_to_process(profile)

@@ -7,11 +7,18 @@ hooks, and gives the same loss and gradients as no checkpointing).
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from memlab.core.config import CheckpointingConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.step import TrainStep
 
 
 def _wrap(module: nn.Module) -> None:
@@ -43,3 +50,12 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
             _wrap(block.attn if cfg.target == "attention" else block.mlp)
         return f"selective:{cfg.target}"
     raise ValueError(cfg.mode)
+
+
+def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
+    """Nothing beyond the profile's own validation: every mode runs on every device (offload: act_offload)."""
+
+
+def apply(step: TrainStep) -> None:
+    """Before compile, so compile sees (and can fuse around) the recompute boundaries."""
+    step.applied["checkpointing"] = apply_checkpointing(step.model, step.profile.checkpointing)

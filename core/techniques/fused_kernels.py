@@ -2,23 +2,47 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from memlab.core.config import KernelsConfig
-from memlab.core.errors import DeviceError
+from memlab.core.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.step import TrainStep
 
 
-def apply_fused_kernels(model: torch.nn.Module, cfg: KernelsConfig) -> str:
-    """Switch the model to the fused forward; returns what runs, for run.json and the summary."""
-    if not cfg.fused:
-        return "off"
-    if next(model.parameters()).device.type == "cuda":
+def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
+    check_plan(experiment, profile, world)
+    if profile.kernels.fused and device.type == "cuda":
         try:
-            import triton
-        except ImportError as e:
-            raise DeviceError("kernels.fused needs Triton on CUDA (CUDA builds of torch ship it): pip install triton") from e
+            import triton  # noqa: F401
+        except ImportError:
+            raise DeviceError("kernels.fused needs Triton on CUDA (CUDA builds of torch ship it): pip install triton, or kernels.fused = false") from None
+
+
+def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
+    """What the configuration alone rules out, wherever it would run."""
+    if not profile.kernels.fused:
+        return
+    # the fused path wires the residual stream across blocks itself, so per-block wrappers would be bypassed
+    if profile.checkpointing.mode != "none":
+        raise ConfigError(f"kernels.fused runs the blocks itself and cannot checkpoint them; use checkpointing.mode = none, not {profile.checkpointing.mode} (or kernels.fused = false)")
+    if profile.distributed.mode == "fsdp":
+        raise ConfigError("kernels.fused cannot run under distributed.mode = fsdp (FSDP2 gathers each block in its own forward); use ddp or none")
+
+
+def apply(step: TrainStep) -> None:
+    """Switch the model to the fused forward (before compile, which traces it); the label goes to the summary."""
+    if not step.profile.kernels.fused:
+        step.applied["kernels"] = "off"
+        return
+    if step.device.type == "cuda":
+        import triton
+
         label = f"fused (triton {triton.__version__})"
     else:
         label = "fused (CPU reference)"  # no Triton on the CPU backend: the same ops in plain PyTorch
-    model.fused = True
-    return label
+    step.model.fused = True
+    step.applied["kernels"] = label

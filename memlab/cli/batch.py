@@ -44,10 +44,10 @@ def _err_console() -> Console:
 def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experiment, Profile]:
     """auto = gpt2s: both commands are about a GPU, wherever they run."""
     from memlab.cli.options import resolve
-    from memlab.core.config import validate_pair
+    from memlab.core.techniques import check_plan
 
     exp, prof = resolve("gpt2s" if experiment == "auto" else experiment, profile, "cuda", overrides)
-    validate_pair(exp, prof)
+    check_plan(exp, prof)
     return exp, prof
 
 
@@ -237,6 +237,11 @@ def find_batch(
     if gpu_memory is not None:
         bf.parse_size(gpu_memory)  # bad input is reported before anything else
     _require_cuda("find-batch")
+    import torch
+
+    from memlab.core.techniques import check_techniques
+
+    check_techniques(exp, prof, torch.device("cuda"))  # what the probes would refuse, refused once, here
     gpu = bf.gpu_info()
     cap = _cap_for(gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"

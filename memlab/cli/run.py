@@ -36,7 +36,8 @@ def run(
     from memlab.core.environment import resolve_device
     from memlab.core.errors import MemlabError
     from memlab.core.events import JsonLinesSink
-    from memlab.core.runner import configure_allocator, run_profile
+    from memlab.core.runner import run_profile
+    from memlab.core.techniques import apply_to_process
 
     from memlab.cli.console import ConsoleSink, print_summary
 
@@ -72,7 +73,7 @@ def run(
         args += [a for item in overrides for a in ("--set", item)] + (["--events", events] if events else [])
         args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
         _exec_torchrun(nproc, args, exp, prof, dev)
-    configure_allocator(prof)
+    apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
 
     sinks = []
     if not rank0:
@@ -140,13 +141,12 @@ def _exec_torchrun(nproc: int, args: list[str], exp, prof, dev) -> None:
     import torch
 
     from memlab.core import distributed
-    from memlab.core.config import validate_pair
     from memlab.core.errors import DeviceError, MemlabError
+    from memlab.core.techniques import check_techniques
 
     if nproc < 1:
         raise MemlabError(f"--nproc must be at least 1, got {nproc}")
-    validate_pair(exp, prof)
-    distributed.check(exp, prof, nproc, dev.type)
+    check_techniques(exp, prof, dev, nproc)  # the ranks' device is one GPU each: checked as this process sees them
     if dev.type == "cuda" and torch.cuda.device_count() < nproc:
         raise DeviceError(f"--nproc {nproc}: this host has {torch.cuda.device_count()} visible GPU(s); one rank needs one GPU")
     env = dict(os.environ)

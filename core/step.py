@@ -1,0 +1,136 @@
+"""One training step, built once: the model, what forward runs (compiled / DDP / FSDP wrapper), the optimizer, the
+GradScaler, autocast, activation offload, accumulation and clipping. The engine, the fake-tensor estimator
+(memlab.core.memsnapshot) and the tests all build it with `build_step` and run it with `TrainStep.run`.
+
+Techniques fill it in through their one door (memlab.core.techniques), in the order that file explains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+
+from memlab.core.config import Experiment, Profile
+from memlab.core.model import GPT, GPTConfig
+
+
+def model_config(experiment: Experiment, vocab_size: int) -> GPTConfig:
+    m = experiment.model
+    return GPTConfig(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, d_ff=m.d_ff or 4 * m.d_model,
+                     vocab_size=vocab_size, seq_len=m.seq_len, dropout=m.dropout)
+
+
+class _NoMeter:
+    """Stands in for memlab.core.meters.PhaseMeter where nothing is measured (fake tensors, tests)."""
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def end(self, phase: str) -> None:
+        pass
+
+
+@dataclass
+class StepResult:
+    loss_sum: torch.Tensor  # the batch's mean loss (summed over micro-batches), on the device: read it late
+    grad_norm: torch.Tensor | None  # before clipping; None without clipping
+    skipped: bool  # fp16: the GradScaler found inf/NaN gradients and skipped the update
+
+
+@dataclass
+class TrainStep:
+    experiment: Experiment
+    profile: Profile
+    device: torch.device
+    vocab_size: int
+    dist: Any = None  # memlab.core.distributed.DistContext; None: no distributed wrapping
+    micro_batch: int = 0
+    kernel: Any = None  # the attention kernel that runs (memlab.core.attention)
+    model: GPT | None = None  # the module whose parameters train
+    train_model: torch.nn.Module | None = None  # what forward runs: the model, or its compiled / DDP wrapper
+    optimizer: torch.optim.Optimizer | None = None
+    scaler: torch.amp.GradScaler | None = None
+    autocast: Callable[[], ContextManager] = contextlib.nullcontext
+    offload: Callable[[], ContextManager] = contextlib.nullcontext
+    applied: dict[str, str] = field(default_factory=dict)  # one line per technique, for run.json and the summary
+    on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
+
+    @property
+    def accumulation(self) -> int:
+        return self.profile.accumulation.steps
+
+    @property
+    def clip(self) -> float:
+        return self.experiment.train.clip
+
+    def build_model(self) -> None:
+        """The GPT with the chosen attention kernel, on the device (techniques then wrap it)."""
+        cfg = model_config(self.experiment, self.vocab_size)
+        if self.on_device:
+            with self.device:
+                self.model = GPT(cfg, self.kernel)
+        else:  # made on the CPU then moved: the same initial weights on every device, from the seed
+            self.model = GPT(cfg, self.kernel).to(self.device)
+        self.train_model = self.model
+
+    def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,
+            on_phase: Callable[[str], None] | None = None) -> StepResult:
+        """Forward and backward for each micro-batch, then the optimizer step. `meter` (a PhaseMeter) brackets the
+        phases; `on_phase` hears each phase's name as it starts (so an OOM says where it happened)."""
+        meter, on_phase = meter or _NoMeter(), on_phase or (lambda name: None)
+        loss_sum = None
+        for i, (x, y) in enumerate(micro_batches):
+            loss = self._forward_backward(i, x, y, meter, on_phase)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+        on_phase("optimizer")
+        meter.begin("opt")
+        grad_norm, skipped = self._optimizer_step()
+        meter.end("opt")
+        return StepResult(loss_sum, grad_norm, skipped)
+
+    def _forward_backward(self, i: int, x: torch.Tensor, y: torch.Tensor, meter: Any, on_phase: Callable[[str], None]) -> torch.Tensor:
+        if self.dist is not None:
+            self.dist.set_grad_sync(self.train_model, i == self.accumulation - 1)  # DDP: all-reduce once, last
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        on_phase("forward")
+        meter.begin("fwd")
+        with self.autocast(), self.offload():
+            loss = self.train_model(x, y) / self.accumulation
+        meter.end("fwd")
+        on_phase("backward")
+        meter.begin("bwd")
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        meter.end("bwd")
+        return loss.detach()
+
+    def _optimizer_step(self) -> tuple[torch.Tensor | None, bool]:
+        grad_norm, skipped, scaler = None, False, self.scaler
+        if scaler:
+            scaler.unscale_(self.optimizer)
+        if self.clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        if scaler:
+            scale_before = scaler.get_scale()
+            scaler.step(self.optimizer)
+            scaler.update()
+            skipped = scaler.get_scale() < scale_before
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
+
+def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,
+               on_device: bool = False) -> TrainStep:
+    """The step for `profile` on `experiment`, every technique applied. Call check_techniques first (the engine's
+    prepare does): apply assumes the checks passed."""
+    from memlab.core.techniques import apply_techniques
+    from memlab.core.techniques.accumulation import micro_batch
+
+    world = dist.world_size if dist is not None else 1
+    step = TrainStep(experiment, profile, device, vocab_size, dist=dist, micro_batch=micro_batch(experiment, profile, world), on_device=on_device)
+    apply_techniques(step)
+    return step

@@ -1,0 +1,29 @@
+"""allocator.expandable_segments: the CUDA caching allocator maps memory in growable segments (less fragmentation)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from memlab.core.errors import DeviceError
+
+if TYPE_CHECKING:
+    from memlab.core.config import Experiment, Profile
+
+ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
+    if profile.allocator.expandable_segments and device.type != "cuda":
+        raise DeviceError("allocator.expandable_segments configures the CUDA caching allocator and needs CUDA; set it to false on the CPU backend")
+
+
+def apply_to_process(profile: Profile) -> None:
+    """The allocator reads its settings when CUDA initializes, so this runs first in the run's process, before
+    check() (which asks the device what it can do) and before anything else touches CUDA."""
+    if profile.allocator.expandable_segments:
+        conf = os.environ.get(ENV, "")
+        if "expandable_segments" not in conf:
+            os.environ[ENV] = ",".join(filter(None, [conf, "expandable_segments:True"]))

@@ -1,0 +1,23 @@
+"""The memory cap (find-batch --gpu-memory, study --gpu-memory): MEMLAB_GPU_MEMORY_BYTES in the run's environment
+caps the caching allocator, to emulate a smaller card. The arithmetic lives in memlab.core.batchfind."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from memlab.core.batchfind import apply_memory_cap, memory_cap_request
+
+if TYPE_CHECKING:
+    from memlab.core.config import Experiment, Profile
+    from memlab.core.step import TrainStep
+
+
+def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
+    memory_cap_request(device)  # a malformed size, a cap on the CPU or above the card: one line
+
+
+def apply(step: TrainStep) -> None:
+    """First, before the model or anything else allocates on the GPU."""
+    apply_memory_cap(step.device)
