@@ -222,7 +222,8 @@ def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device
 
 
 def _attention_kind(profile: Profile) -> str:
-    """eager and SDPA's math backend materialize the T x T scores; every other kernel keeps O(T) per head."""
+    """eager and SDPA's math backend materialize the T x T scores; every other kernel keeps O(T) per head.
+    The estimator's one question to the attention kernel: every memory rule that depends on it reads this."""
     a = profile.attention
     if a.kernel == "eager" or (a.kernel == "sdpa" and a.sdpa_backend == "math"):
         return "materialized"
@@ -383,6 +384,279 @@ def _check(profile: Profile, experiment: Experiment, micro_batch: int, vocab_siz
         raise ConfigError(f"estimate: the vocabulary size must be at least 1, got {vocab_size}")
 
 
+@dataclass(frozen=True)
+class _Step:
+    """The training step being estimated: its shapes, its precision and the profile's switches, resolved once."""
+
+    profile: Profile
+    s: _Shape
+    pr: _Precision
+    kind: str  # _attention_kind: materialized | fused
+    dropout: int  # bytes per element of a dropout mask, 0 = no dropout
+    k: int  # accumulation steps
+    world_size: int
+    device: str
+
+    @property
+    def fsdp(self) -> bool:
+        return self.profile.distributed.mode == "fsdp"
+
+    @property
+    def ddp(self) -> bool:
+        return self.profile.distributed.mode == "ddp"
+
+    @property
+    def host(self) -> bool:  # fsdp with its sharded state in host memory
+        return self.fsdp and self.profile.distributed.cpu_offload
+
+    @property
+    def compiled(self) -> bool:
+        return self.profile.compile.enabled
+
+    @property
+    def offload(self) -> bool:  # activations saved on the CPU
+        return self.profile.checkpointing.offload
+
+    @property
+    def chunked(self) -> bool:
+        return self.profile.loss.chunked
+
+
+def _resolve_step(experiment: Experiment, p: Profile, vocab_size: int, micro_batch: int | None, world_size: int, device: str) -> _Step:
+    m = experiment.model
+    k = p.accumulation.steps
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // (k * world_size))
+    _check(p, experiment, b, vocab_size)
+    F = m.d_ff or 4 * m.d_model
+    s = _Shape(m.n_layer, m.d_model, m.n_head, F, m.seq_len, vocab_size, b)
+    pr = _precision(p)
+    if p.distributed.mode == "fsdp" and pr.autocast:
+        # FSDP2's MixedPrecisionPolicy all-gathers the parameters in bf16: autocast has no fp32 weight to cast, and
+        # the bf16 weights autograd saves are the unsharded parameters, freed after each block's forward (reshard)
+        # and gathered again for its backward: counted once, in the all-gather term (_static_memory), not per block.
+        pr = _Precision(pr.autocast, pr.e, weight_copies=False)
+    dropout = _dropout_mask_bytes(experiment, pr, device)
+    return _Step(p, s, pr, _attention_kind(p), dropout, k, world_size, device)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """Weights, gradients and optimizer state of one rank (fp32 parameters in every profile), and the constants
+    every moment of the step shares."""
+
+    params: int
+    weights: int
+    grads_full: int  # every parameter gradient
+    grads_fwd: int  # gradients alive during the forward: from earlier micro-batches, or DDP's buckets
+    head_grads: int  # wte (tied LM head) and ln_f: the first gradients backward makes
+    block_grads: int  # one block's
+    opt_state: int
+    opt_temp: int
+    gathered: int  # fsdp: the all-gathered unsharded parameters alive during forward and backward
+    workspace: int
+
+    def moment(self, grads: int, acts: int, loss: int, temps: int, *, gathered: bool = True) -> dict[str, int]:
+        """The components alive at one moment of the step."""
+        return {
+            "weights": self.weights + (self.gathered if gathered else 0), "gradients": grads,
+            "optimizer_state": self.opt_state, "activations": acts, "logits_loss": loss, "temporaries": temps,
+            "workspace": self.workspace,
+        }
+
+
+def _static_memory(st: _Step, notes: list[str]) -> _Static:
+    """Distributed (profile.distributed, world_size ranks; memlab.core.distributed builds the wrappers):
+      ddp   every rank keeps whole weights, gradients and optimizer state, plus DDP's gradient buckets: one fp32
+            copy of the gradients, allocated when the model is wrapped, so alive from the first forward on. With
+            gradient_as_bucket_view=True (as memlab wraps) the .grad tensors are views of the buckets: the bucket
+            term replaces the gradients as they are made, and the optimizer step sees 4N, not 8N. Measured on
+            2 x H200, gpt2s micro 16 bf16 (bench/results/distributed-h200x2/distributed.txt): DDP per-GPU peak
+            8.26 GiB vs 7.91 on one GPU, +0.35 GiB = 92.1M params x 4 B; the optimizer phase unchanged (1.79).
+      fsdp  weights, gradients and optimizer state divided by world_size (FSDP2 shards every tensor on dim 0),
+            plus the unsharded parameters in the compute dtype of one block (all-gathered for its forward and
+            again for its backward) and of the root (wte/LM head, wpe, ln_f: not resharded between forward and
+            backward). FSDP2 prefetches the next block's all-gather, so a second block may briefly be whole too.
+            Measured (same run): peak 7.27 GiB, optimizer phase 0.95 GiB vs 1.79 on one GPU.
+      fsdp + cpu_offload   the sharded parameters, gradients and optimizer state live in pinned host memory
+            (CPUOffloadPolicy; the step runs on the CPU): the GPU holds only the all-gathered unsharded
+            parameters. Measured (same run): peak 6.74 GiB, optimizer phase 0.06 GiB.
+    """
+    s, p = st.s, st.profile
+    shapes = param_shapes(s.L, s.C, s.F, s.T, s.V)
+    N = param_count(s.L, s.C, s.F, s.T, s.V)
+    shard = st.world_size if st.fsdp else 1
+    on_gpu = 0 if st.host else 1
+    grads_full = on_gpu * 4 * N // shard
+    bp = block_params(s.C, s.F)
+    gathered = 0
+    if st.ddp:
+        notes.append(f"ddp x{st.world_size}: whole weights, gradients and optimizer state per GPU, plus DDP's gradient buckets (one fp32 copy of the gradients, alive all step)")
+    elif st.fsdp:
+        root = s.V * s.C + s.T * s.C + 2 * s.C
+        gathered = st.pr.e * (bp["matrix"] + bp["vector"] + root)
+        where = "on the host (cpu_offload); the GPU holds" if st.host else f"sharded {st.world_size} ways, plus"
+        notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
+    return _Static(
+        params=N,
+        weights=on_gpu * 4 * N // shard,
+        grads_full=grads_full,
+        # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
+        # DDP: the buckets hold every gradient from the start.
+        grads_fwd=grads_full if st.k > 1 or st.ddp else 0,
+        head_grads=on_gpu * 4 * (s.V * s.C + 2 * s.C) // shard,
+        block_grads=on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard,
+        opt_state=on_gpu * optimizer_state_bytes(p, shapes) // shard,
+        opt_temp=on_gpu * optimizer_temp_bytes(p, shapes, st.device) // shard,
+        gathered=gathered,
+        workspace=WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if st.device == "cuda" else 0,
+    )
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What the blocks keep for backward."""
+
+    layout: list[str]  # per block: _block_layout
+    plain: dict[str, int]  # an un-checkpointed block's saves, by tensor
+    per_block: list[int]  # bytes each block keeps between its forward and its backward
+    block_input: int  # bytes per element of a block's input
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_block)
+
+
+def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
+    s, pr, kind, dropout, p = st.s, st.pr, st.kind, st.dropout, st.profile
+    layout = _block_layout(p, s.L)
+    # Compiled blocks save what eager ones do: AOTAutograd's min-cut partitioner (with Inductor's decompositions)
+    # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
+    # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
+    plain = block_saved(s, pr, kind, dropout)
+    # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
+    # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
+    block_input = pr.e if st.fsdp and pr.autocast else 4
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input) for lay in layout]
+    if st.compiled:
+        saved = [int(x * COMPILE_ACTIVATION_SCALE) for x in saved]
+        notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
+    if p.kernels.fused:
+        # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
+        # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
+        notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
+    if st.offload:
+        # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
+        # is a reference the checkpoint holds, not a saved tensor).
+        saved = [4 * s.BTC if lay == "full" else 0 for lay in layout]
+    return _Saved(layout, plain, saved, block_input)
+
+
+@dataclass(frozen=True)
+class _ModelSaved:
+    """Model-level tensors around the blocks: tokens, ln_f, the LM head's input and weight, the loss's rows."""
+
+    rows: int  # rows of logits alive at once (a chunk's, or every token's)
+    tokens: int  # x and y (and the embedding dropout's mask)
+    total: int  # everything model-level saved for backward, tokens included
+    cache_extra: int  # forward only: autocast's weight copies that nothing saves
+    h_fp32: int  # the fp32 h GPT.forward holds while the loss runs
+
+
+def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
+    s, pr, dropout, compiled, chunked = st.s, st.pr, st.dropout, st.compiled, st.chunked
+    c = min(st.profile.loss.chunk_size, s.BT) if chunked else s.BT
+    tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
+    if dropout:
+        tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
+    final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
+    if chunked:
+        head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
+    else:
+        head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
+        head_w = pr.e * s.V * s.C if pr.autocast and pr.weight_copies else 0  # its bf16 weight, saved for the input gradient
+    if st.offload:
+        final = head_in = head_w = 0
+    # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
+    # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
+    cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if st.offload else lay, s, pr) for lay in saved.layout)
+    if chunked and pr.autocast and pr.weight_copies and not compiled:
+        cache_extra += pr.e * s.V * s.C
+    h_fp32 = 4 * s.BTC if pr.autocast and not chunked else 0
+    return _ModelSaved(c, tokens, tokens + final + head_in + head_w, cache_extra, h_fp32)
+
+
+def _forward_moment(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved) -> dict[str, int]:
+    """Forward, in the last block: the blocks below keep their saves; this one adds its temporaries."""
+    s, pr, kind = st.s, st.pr, st.kind
+    last = saved.per_block[-1]
+    if saved.layout[-1] == "plain" and not st.offload:
+        fwd_block = last + _block_fwd_extra(s, pr, kind)
+    else:  # a checkpointed block's internals are temporaries: fc and GELU outputs coexist, or the scores
+        fwd_block = last + max(2 * pr.e * s.BTF, _block_fwd_extra(s, pr, kind))
+    return static.moment(static.grads_fwd, saved.total - last + model.tokens, 0, fwd_block + model.cache_extra)
+
+
+def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved) -> dict[str, dict[str, int]]:
+    """The loss, forward and backward."""
+    s, pr, c = st.s, st.pr, model.rows
+    acts = saved.total + model.total
+    grads = static.grads_fwd
+    if st.compiled and not st.chunked:
+        # Inductor fuses upcast, log-softmax and NLL: it keeps the logits in the matmul's dtype with the row max and
+        # log-sum-exp, and writes the logits' gradient in that dtype in one kernel
+        return {
+            "loss forward": static.moment(grads, acts, pr.e * s.BT * s.V, model.h_fp32),
+            "loss backward": static.moment(grads, acts, 2 * pr.e * s.BT * s.V, 0),
+        }
+    # forward: inside cross_entropy the fp32 logits and the log-softmax output coexist (8 bytes a logit);
+    # the log-softmax output (4) is kept for backward unless the chunk is checkpointed
+    # (a chunk also keeps its bf16 logits alive in a local variable: e more)
+    fwd_logits = (8 + (pr.e if st.chunked and pr.autocast else 0)) * c * s.V
+    forward = static.moment(grads, acts, fwd_logits, model.h_fp32 + model.cache_extra)
+    # backward: the log-softmax output, NLL's gradient and log-softmax's gradient, all fp32 (12 bytes a logit)
+    loss_tmp = 0
+    if st.chunked:
+        # per chunk: the recomputed bf16 head weight and input rows, and the fp32 gradient of h summed over the
+        # chunks (4 BTC); between chunks the sum and the next chunk's full-size slice gradient (8 BTC) coexist
+        with_chunk = (pr.e * s.V * s.C if pr.autocast else 0) + pr.e * c * s.C + 4 * s.BTC
+        loss_tmp = max(with_chunk, 8 * s.BTC - 12 * c * s.V)
+        grads = grads or 4 * s.V * s.C  # the head's gradient exists after the first chunk
+    return {"loss forward": forward, "loss backward": static.moment(grads, acts, 12 * c * s.V, loss_tmp)}
+
+
+def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: int) -> int:
+    """Activations alive while one block is differentiated: what is still saved, plus the block's own tensors
+    (recomputed if checkpointed, unpacked back from the host if offloaded)."""
+    s = st.s
+    if st.offload:
+        return remaining + st.pr.e * s.BTF
+    if layout == "full":
+        return remaining - saved.block_input * s.BTC + sum(saved.plain.values())  # its input is counted already
+    if layout in ("sel_attn", "sel_mlp"):
+        half = "attn" if layout == "sel_attn" else "mlp"
+        return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half).values()) - 4 * s.BTC - 8 * s.BT
+    return remaining
+
+
+def _block_backward_moment(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved) -> dict[str, dict[str, int]]:
+    """Block backward, top down: what is still saved, the block being differentiated (recomputed if
+    checkpointed), its backward temporaries, and the parameter gradients made so far. The largest block wins."""
+    s = st.s
+    extra = _block_bwd_extra(s, st.pr, st.kind, saved.plain, st.dropout)
+    best: tuple[int, int, int, int] | None = None  # (total, block, grads, live)
+    remaining = saved.total + model.tokens
+    for i in reversed(range(s.L)):
+        live = _live_in_block_backward(st, saved, saved.layout[i], remaining)
+        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i)
+        total = g + live + extra
+        if best is None or total > best[0]:
+            best = (total, i, g, live)
+        remaining -= saved.per_block[i]
+    assert best is not None
+    _, top, grads, live = best
+    return {f"block backward (block {top})": static.moment(grads, live, 0, extra)}
+
+
 def estimate(
     experiment: Experiment,
     profile: Profile,
@@ -395,192 +669,29 @@ def estimate(
     """Predicted peak allocated bytes of a training step of `profile` on `experiment` at `micro_batch`
     (default: train.batch_size / (accumulation.steps x world_size), per rank as the engine splits it). `vocab_size`
     is the model's (already padded) vocabulary. `world_size` ranks (--nproc) matter under profile.distributed: see
-    _distributed below.
+    _static_memory.
     `device` = "cpu" predicts the tensors of the CPU backend (no workspace; Adafactor's per-tensor loop)."""
-    m, p = experiment.model, profile
-    k = p.accumulation.steps
-    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // (k * world_size))
-    _check(p, experiment, b, vocab_size)
-    F = m.d_ff or 4 * m.d_model
-    s = _Shape(m.n_layer, m.d_model, m.n_head, F, m.seq_len, vocab_size, b)
-    mode = p.distributed.mode
-    fsdp, ddp, host = mode == "fsdp", mode == "ddp", mode == "fsdp" and p.distributed.cpu_offload
-    pr = _precision(p)
-    if fsdp and pr.autocast:
-        # FSDP2's MixedPrecisionPolicy all-gathers the parameters in bf16: autocast has no fp32 weight to cast, and
-        # the bf16 weights autograd saves are the unsharded parameters, freed after each block's forward (reshard)
-        # and gathered again for its backward: counted once, in the all-gather term below, not per block.
-        pr = _Precision(pr.autocast, pr.e, weight_copies=False)
-    kind = _attention_kind(p)
-    dropout = _dropout_mask_bytes(experiment, pr, device)
-    compiled = p.compile.enabled
-    offload = p.checkpointing.offload
-    chunked = p.loss.chunked
+    st = _resolve_step(experiment, profile, vocab_size, micro_batch, world_size, device)
     notes: list[str] = []
-
-    # ---- static: weights, gradients, optimizer state (fp32 parameters in every profile)
-    shapes = param_shapes(s.L, s.C, F, s.T, s.V)
-    N = param_count(s.L, s.C, F, s.T, s.V)
-    # Distributed (profile.distributed, world_size ranks; memlab.core.distributed builds the wrappers):
-    #   ddp   every rank keeps whole weights, gradients and optimizer state, plus DDP's gradient buckets: one fp32
-    #         copy of the gradients, allocated when the model is wrapped, so alive from the first forward on. With
-    #         gradient_as_bucket_view=True (as memlab wraps) the .grad tensors are views of the buckets: the bucket
-    #         term replaces the gradients as they are made, and the optimizer step sees 4N, not 8N. Measured on
-    #         2 x H200, gpt2s micro 16 bf16 (bench/results/distributed-h200x2/distributed.txt): DDP per-GPU peak
-    #         8.26 GiB vs 7.91 on one GPU, +0.35 GiB = 92.1M params x 4 B; the optimizer phase unchanged (1.79).
-    #   fsdp  weights, gradients and optimizer state divided by world_size (FSDP2 shards every tensor on dim 0),
-    #         plus the unsharded parameters in the compute dtype of one block (all-gathered for its forward and
-    #         again for its backward) and of the root (wte/LM head, wpe, ln_f: not resharded between forward and
-    #         backward). FSDP2 prefetches the next block's all-gather, so a second block may briefly be whole too.
-    #         Measured (same run): peak 7.27 GiB, optimizer phase 0.95 GiB vs 1.79 on one GPU.
-    #   fsdp + cpu_offload   the sharded parameters, gradients and optimizer state live in pinned host memory
-    #         (CPUOffloadPolicy; the step runs on the CPU): the GPU holds only the all-gathered unsharded
-    #         parameters. Measured (same run): peak 6.74 GiB, optimizer phase 0.06 GiB.
-    shard = world_size if fsdp else 1
-    on_gpu = 0 if host else 1
-    weights = on_gpu * 4 * N // shard
-    grads_full = on_gpu * 4 * N // shard
-    opt_state = on_gpu * optimizer_state_bytes(p, shapes) // shard
-    opt_temp = on_gpu * optimizer_temp_bytes(p, shapes, device) // shard
-    gathered = 0  # the all-gathered unsharded parameters alive during forward and backward (fsdp)
-    if ddp:
-        notes.append(f"ddp x{world_size}: whole weights, gradients and optimizer state per GPU, plus DDP's gradient buckets (one fp32 copy of the gradients, alive all step)")
-    elif fsdp:
-        bp0 = block_params(s.C, F)
-        root = s.V * s.C + s.T * s.C + 2 * s.C
-        gathered = pr.e * (bp0["matrix"] + bp0["vector"] + root)
-        where = "on the host (cpu_offload); the GPU holds" if host else f"sharded {world_size} ways, plus"
-        notes.append(f"fsdp x{world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
-    workspace = WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if device == "cuda" else 0
-    # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
-    # DDP: the buckets hold every gradient from the start.
-    grads_fwd = grads_full if k > 1 or ddp else 0
-    bp = block_params(s.C, F)
-    head_grads = on_gpu * 4 * (s.V * s.C + 2 * s.C) // shard  # wte (tied LM head) and ln_f: the first gradients made
-    block_grads = on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard
-
-    # ---- saved activations, per block
-    layout = _block_layout(p, s.L)
-    # Compiled blocks save what eager ones do: AOTAutograd's min-cut partitioner (with Inductor's decompositions)
-    # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
-    # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
-    plain = block_saved(s, pr, kind, dropout)
-    # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
-    # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
-    block_input = pr.e if fsdp and pr.autocast else 4
-    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input) for lay in layout]
-    if compiled:
-        saved = [int(x * COMPILE_ACTIVATION_SCALE) for x in saved]
-        notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
-    if p.kernels.fused:
-        # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
-        # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
-        notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
-    if offload:
-        # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
-        # is a reference the checkpoint holds, not a saved tensor).
-        saved = [4 * s.BTC if lay == "full" else 0 for lay in layout]
-    A_blocks = sum(saved)
-
-    # ---- model-level saved: tokens, ln_f, the LM head's input and weight, the loss
-    c = min(p.loss.chunk_size, s.BT) if chunked else s.BT  # rows of logits alive at once
-    tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
-    if dropout:
-        tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
-    final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
-    if chunked:
-        head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
-    else:
-        head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
-        head_w = pr.e * s.V * s.C if pr.autocast and pr.weight_copies else 0  # its bf16 weight, saved for the input gradient
-    if offload:
-        final = head_in = head_w = 0
-    model_saved = tokens + final + head_in + head_w
-
-    # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
-    # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
-    cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if offload else lay, s, pr) for lay in layout)
-    if chunked and pr.autocast and pr.weight_copies and not compiled:
-        cache_extra += pr.e * s.V * s.C
-    h_fp32 = 4 * s.BTC if pr.autocast and not chunked else 0  # GPT.forward holds the fp32 h while the loss runs
-
-    phases: dict[str, dict[str, int]] = {}
-
-    def put(name: str, grads: int, acts: int, loss: int, temps: int, gather: int = gathered) -> None:
-        phases[name] = {
-            "weights": weights + gather, "gradients": grads, "optimizer_state": opt_state, "activations": acts,
-            "logits_loss": loss, "temporaries": temps, "workspace": workspace,
-        }
-
-    # forward, in the last block: the blocks below keep their saves; this one adds its temporaries
-    last = layout[-1]
-    if last == "plain" and not offload:
-        fwd_block = saved[-1] + _block_fwd_extra(s, pr, kind)
-    else:  # a checkpointed block's internals are temporaries: fc and GELU outputs coexist, or the scores
-        fwd_block = saved[-1] + max(2 * pr.e * s.BTF, _block_fwd_extra(s, pr, kind))
-    put("forward (last block)", grads_fwd, A_blocks - saved[-1] + tokens, 0, fwd_block + cache_extra)
-
-    # the loss, forward and backward
-    if compiled and not chunked:
-        # Inductor fuses upcast, log-softmax and NLL: it keeps the logits in the matmul's dtype with the row max and
-        # log-sum-exp, and writes the logits' gradient in that dtype in one kernel
-        put("loss forward", grads_fwd, A_blocks + model_saved, pr.e * s.BT * s.V, h_fp32)
-        put("loss backward", grads_fwd, A_blocks + model_saved, 2 * pr.e * s.BT * s.V, 0)
-    else:
-        # forward: inside cross_entropy the fp32 logits and the log-softmax output coexist (8 bytes a logit);
-        # the log-softmax output (4) is kept for backward unless the chunk is checkpointed
-        # (a chunk also keeps its bf16 logits alive in a local variable: e more)
-        fwd_logits = (8 + (pr.e if chunked and pr.autocast else 0)) * c * s.V
-        put("loss forward", grads_fwd, A_blocks + model_saved, fwd_logits, h_fp32 + cache_extra)
-        # backward: the log-softmax output, NLL's gradient and log-softmax's gradient, all fp32 (12 bytes a logit)
-        loss_tmp = 0
-        grads_loss = grads_fwd
-        if chunked:
-            # per chunk: the recomputed bf16 head weight and input rows, and the fp32 gradient of h summed over the
-            # chunks (4 BTC); between chunks the sum and the next chunk's full-size slice gradient (8 BTC) coexist
-            with_chunk = (pr.e * s.V * s.C if pr.autocast else 0) + pr.e * c * s.C + 4 * s.BTC
-            loss_tmp = max(with_chunk, 8 * s.BTC - 12 * c * s.V)
-            grads_loss = grads_fwd or 4 * s.V * s.C  # the head's gradient exists after the first chunk
-        put("loss backward", grads_loss, A_blocks + model_saved, 12 * c * s.V, loss_tmp)
-
-    # block backward, top down: what is still saved, the block being differentiated (recomputed if checkpointed),
-    # its backward temporaries, and the parameter gradients made so far
-    best: tuple[int, int, int, int, int] | None = None  # (total, block, grads, live, extra)
-    remaining = A_blocks + tokens
-    for i in reversed(range(s.L)):
-        lay = layout[i]
-        extra = _block_bwd_extra(s, pr, kind, plain, dropout)
-        if offload:
-            live = remaining + pr.e * s.BTF  # the node's tensors, unpacked back from the host
-        elif lay == "full":
-            live = remaining - block_input * s.BTC + sum(plain.values())  # recomputed whole (its input is counted already)
-        elif lay in ("sel_attn", "sel_mlp"):
-            half = "attn" if lay == "sel_attn" else "mlp"
-            live = remaining + sum(block_saved(s, pr, kind, dropout, half).values()) - 4 * s.BTC - 8 * s.BT
-        else:
-            live = remaining
-        g = grads_full if k > 1 or ddp else head_grads + block_grads * (s.L - 1 - i)
-        total = g + live + extra
-        if best is None or total > best[0]:
-            best = (total, i, g, live, extra)
-        remaining -= saved[i]
-    assert best is not None
-    _, top, g_b, live_b, extra_b = best
-    block_phase = f"block backward (block {top})"
-    put(block_phase, g_b, live_b, 0, extra_b)
-
-    # the optimizer step: every gradient, the state, the step's temporaries
-    put("optimizer step", grads_full, tokens, 0, opt_temp, gather=0)  # fsdp: every unit resharded by now
-
+    static = _static_memory(st, notes)
+    saved = _saved_activations(st, notes)
+    model = _model_saved(st, saved)
+    phases = {
+        "forward (last block)": _forward_moment(st, static, saved, model),
+        **_loss_moments(st, static, saved, model),
+        **_block_backward_moment(st, static, saved, model),
+        # the optimizer step: every gradient, the state, the step's temporaries; fsdp: every unit resharded by now
+        "optimizer step": static.moment(static.grads_full, model.tokens, 0, static.opt_temp, gathered=False),
+    }
     totals = {name: sum(v.values()) for name, v in phases.items()}
     peak = max(totals, key=lambda n: totals[n])
     return Estimate(
-        profile=p.name,
+        profile=profile.name,
         experiment=experiment.name,
-        micro_batch=b,
-        accumulation=k,
-        vocab_size=s.V,
-        params=N,
+        micro_batch=st.s.b,
+        accumulation=st.k,
+        vocab_size=st.s.V,
+        params=static.params,
         components=dict(phases[peak]),
         peak_phase=peak,
         phases=totals,

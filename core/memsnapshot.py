@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
 import json
 import os
 import pickle
@@ -205,7 +207,31 @@ def _any(frames: list[tuple[str, str]], files: tuple[str, ...] = (), names: tupl
     return any(any(x in fn for x in files) or name in names for fn, name in frames)
 
 
-_OPTIM_FILES = ("torch/optim/", "torchao/optim", "memlab/core/optim.py", "optim_offload.py")
+def _source_of(module: str) -> str:
+    """Where this install keeps a memlab module (its file) or package (its folder), as stack frames name it: core/
+    at the top level under `pip install -e .`, site-packages/memlab/core/ from a wheel. Asked of the import system,
+    so frames are matched by module, whatever the layout."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"memsnapshot: cannot locate {module}")
+    path = os.path.dirname(spec.origin) + os.sep if spec.submodule_search_locations is not None else spec.origin
+    return path.replace("\\", "/")
+
+
+# Resolved on first use, not at import: locating a module imports its parent package (memlab.core.techniques: torch).
+@functools.cache
+def _optim_files() -> tuple[str, ...]:
+    """Frames of the optimizer's code: its state and temporaries."""
+    return ("torch/optim/", "torchao/optim", _source_of("memlab.core.optim"), _source_of("memlab.core.techniques.optim_offload"))
+
+
+@functools.cache
+def _step_files() -> tuple[str, ...]:
+    """Frames of forward and backward: what they make and free within the step are activations."""
+    memlab_files = tuple(_source_of(m) for m in ("memlab.core.model", "memlab.core.loss", "memlab.core.attention", "memlab.core.techniques"))
+    return memlab_files + ("torch/utils/checkpoint.py", "torch/nn/", "torch/autograd/")
+
+
 _PARAM_NAMES = ("_apply", "to_empty")
 
 
@@ -223,14 +249,14 @@ def classify(alloc_frames: list[dict] | None, free_frames: list[dict] | None, al
     if _any(ff, names=("zero_grad",)):
         return "gradients"
     if alive_at_cut:
-        if _any(af, files=_OPTIM_FILES):
+        if _any(af, files=_optim_files()):
             return "optimizer_state"
         if _any(af, names=_PARAM_NAMES):
             return "parameters"
         return "other"
-    if _any(af, files=_OPTIM_FILES):
+    if _any(af, files=_optim_files()):
         return "other"
-    if not af or _any(af, files=("memlab/core/model.py", "memlab/core/loss.py", "memlab/core/attention", "torch/utils/checkpoint.py", "torch/nn/", "torch/autograd/", "memlab/core/techniques")):
+    if not af or _any(af, files=_step_files()):
         return "activations"
     return "other"
 

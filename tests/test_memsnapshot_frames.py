@@ -1,0 +1,59 @@
+"""The snapshot classifier (memlab.core.memsnapshot.classify) knows memlab's own frames by module, not by a path
+spelled out: `pip install -e .` keeps the engine in a top-level core/, a wheel in site-packages/memlab/core/."""
+
+from __future__ import annotations
+
+import pytest
+
+from memlab.core import memsnapshot as M
+
+EDITABLE = "/home/me/src/checkout/core/"
+WHEEL = "/home/me/.venv/lib/python3.11/site-packages/memlab/core/"
+
+
+def _frames(filename: str, name: str = "forward") -> list[dict]:
+    return [{"filename": filename, "name": name, "line": 1}]
+
+
+def _layout(root: str):
+    """A resolver that puts memlab.core's modules under `root`, as that install would."""
+
+    def source_of(module: str) -> str:
+        rel = module.removeprefix("memlab.core.").replace(".", "/")
+        return root + rel + ("/" if rel in ("attention", "techniques") else ".py")
+
+    return source_of
+
+
+def _clear_resolved_paths() -> None:
+    M._optim_files.cache_clear()
+    M._step_files.cache_clear()
+
+
+@pytest.fixture
+def fresh_paths():
+    _clear_resolved_paths()
+    yield
+    _clear_resolved_paths()
+
+
+@pytest.mark.parametrize("root", [EDITABLE, WHEEL], ids=["editable", "wheel"])
+def test_each_layout_classifies_memlab_frames(root, monkeypatch, fresh_paths):
+    monkeypatch.setattr(M, "_source_of", _layout(root))
+    for file in ("model.py", "loss.py", "attention/sdpa.py", "techniques/checkpointing.py"):
+        assert M.classify(_frames(root + file), None, False, True) == "activations", file
+    assert M.classify(_frames(root + "optim.py", "build_optimizer"), None, True, True) == "optimizer_state"
+    assert M.classify(_frames(root + "techniques/optim_offload.py", "step"), None, True, True) == "optimizer_state"
+    other = WHEEL if root == EDITABLE else EDITABLE  # another install's (or library's) core/model.py is not ours
+    assert M.classify(_frames(other + "model.py"), None, False, True) == "other"
+
+
+def test_the_installed_files_are_found_by_module(fresh_paths):
+    from memlab.core import loss, model, optim
+    from memlab.core.techniques import optim_offload
+
+    assert M.classify(_frames(model.__file__), None, False, True) == "activations"
+    assert M.classify(_frames(loss.__file__), None, False, True) == "activations"
+    assert M.classify(_frames(optim.__file__), None, True, True) == "optimizer_state"
+    assert M.classify(_frames(optim_offload.__file__), None, True, True) == "optimizer_state"
+    assert M.classify(_frames("/elsewhere/memlab/core/engine.py", "_train"), None, False, True) == "other"
