@@ -222,12 +222,12 @@ def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device
 
 
 def _attention_kind(profile: Profile) -> str:
-    """eager and SDPA's math backend materialize the T x T scores; every other kernel keeps O(T) per head.
-    The estimator's one question to the attention kernel: every memory rule that depends on it reads this."""
-    a = profile.attention
-    if a.kernel == "eager" or (a.kernel == "sdpa" and a.sdpa_backend == "math"):
-        return "materialized"
-    return "fused"
+    """The kernel's own declaration (memlab.core.attention): eager and SDPA's math backend materialize the T x T
+    scores; every other kernel keeps O(T) per head. The estimator's one question to the attention kernel: every
+    memory rule that depends on it reads this."""
+    from memlab.core.attention import declared
+
+    return "materialized" if declared(profile.attention).materializes_scores else "fused"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class KernelSpec:
     name: str
     build: Callable[[AttentionConfig, torch.device, torch.dtype, float], AttentionKernel]
     describe: str
+    declares: Callable[[AttentionConfig], Supports]  # what the family's own kernel supports on CUDA, unbuilt
 
 
 _REGISTRY: dict[str, KernelSpec] = {}
@@ -68,6 +69,13 @@ def register(spec: KernelSpec) -> None:
 def kernel_names() -> list[str]:
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def declared(cfg: AttentionConfig) -> Supports:
+    """The declaration of the kernel `cfg` names, without building it (no GPU needed): for the estimator, which
+    plans for a GPU that may not be here."""
+    _load_builtin()
+    return _REGISTRY[cfg.kernel].declares(cfg)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -39,4 +39,4 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
     return EagerAttention(cfg.window)
 
 
-register(KernelSpec("eager", _build, "plain PyTorch, materializes T x T (windows by masking: no memory saved)"))
+register(KernelSpec("eager", _build, "plain PyTorch, materializes T x T (windows by masking: no memory saved)", lambda cfg: SUPPORTS))

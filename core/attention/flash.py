@@ -149,4 +149,7 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
     return Fallback(SDPAAttention("flash"), reason)
 
 
-register(KernelSpec("flash", _build, f"flash-attn: FA4 on Hopper+, else FA2; windows; falls back to SDPA's flash backend without it or for dropout under FA4 ({INSTALL})"))
+# Declared as FA2 (FA4 is the same but for dropout): no T x T scores, as with every stand-in flash uses on CUDA.
+_DECLARED = FlashImpl(lambda *a, **k: None, "flash_attn", fa4=False).supports
+
+register(KernelSpec("flash", _build, f"flash-attn: FA4 on Hopper+, else FA2; windows; falls back to SDPA's flash backend without it or for dropout under FA4 ({INSTALL})", lambda cfg: _DECLARED))

@@ -89,4 +89,4 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
     return Fallback(SDPAAttention("auto"), reason)
 
 
-register(KernelSpec("flex", _build, "FlexAttention with a block mask, compiled; windows (SDPA stands in on the CPU, which has no flex backward, and for dropout)"))
+register(KernelSpec("flex", _build, "FlexAttention with a block mask, compiled; windows (SDPA stands in on the CPU, which has no flex backward, and for dropout)", lambda cfg: SUPPORTS))

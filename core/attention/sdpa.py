@@ -111,4 +111,4 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
     return SDPAAttention(cfg.sdpa_backend)
 
 
-register(KernelSpec("sdpa", _build, "torch SDPA (flash / cudnn / efficient / math backends)"))
+register(KernelSpec("sdpa", _build, "torch SDPA (flash / cudnn / efficient / math backends)", lambda cfg: supports_of(cfg.sdpa_backend, False)))
