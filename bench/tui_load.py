@@ -30,8 +30,8 @@ import polars as pl
 
 from memlab.core.events import make_event
 from memlab.tui.app import MemlabApp
+from memlab.core.units import GIB
 
-GIB = 2**30
 KEYS = ["down", "down", "up", "tab", "shift+tab", "question_mark", "escape", "t", "t"]
 
 

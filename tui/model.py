@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GIB = 1024**3
+from memlab.core.units import gib  # noqa: F401 (the TUI's widgets format bytes with it)
+
 SERIES_LEN = 600  # points kept per live series; a sparkline squeezes them into its width
 SERIES = ("device_used", "allocated", "reserved", "host_rss", "step_times", "losses")
 
@@ -114,10 +115,6 @@ class RunQueue:
 def display_name(profile: str) -> str:
     """A profile as shown: built-in names as they are, a TOML path by its file name."""
     return Path(profile).name if profile.endswith(".toml") or "/" in profile else profile
-
-
-def gib(n: float | None, digits: int = 2) -> str:
-    return "—" if n is None else f"{n / GIB:.{digits}f} GiB"
 
 
 def duration(seconds: float | None) -> str:
