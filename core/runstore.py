@@ -66,6 +66,10 @@ def frame(rows: list[dict], schema_: dict[str, pl.DataType]) -> pl.DataFrame:
 RANK_SCHEMA = schema.RANK_SCHEMA  # one row per rank of a distributed run (memlab.core.metrics: per_rank)
 
 
+# What run.json keeps of the started event (memlab.core.events.StartedEvent).
+STARTED_IN_RUN_JSON = ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device", "world_size", "distributed")
+
+
 class RunStore:
     """Sink that persists one run. `flush_every_s` bounds what a hard kill (SIGKILL) can lose from steps.parquet."""
 
@@ -94,7 +98,7 @@ class RunStore:
                 status="running",
                 pid=os.getpid(),
                 started_at=event.get("started_at"),
-                **{k: event[k] for k in ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device", "world_size", "distributed") if k in event},
+                **{k: event[k] for k in STARTED_IN_RUN_JSON if k in event},
             )
         elif kind == "step":
             self._steps.append(event)
