@@ -9,7 +9,6 @@ default latest-per-profile view and --all both have work), then times the real c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import polars as pl
+
+from memlab.core.runfolder import atomic_write_json, atomic_write_parquet, read_info
 
 
 def main() -> None:
@@ -35,15 +36,16 @@ def main() -> None:
                     "--steps", "4", "--runs-dir", str(runs), "--events", str(work / "ev.jsonl")], check=True, capture_output=True)
     (seed,) = list(runs.iterdir())
     summary = pl.read_parquet(seed / "summary.parquet")
-    meta = json.loads((seed / "run.json").read_text())
+    meta = read_info(seed)
     for i in range(1, args.folders):
         profile = f"profile{i % 10}"
         run_id = f"20260101-{i:06d}-{profile}-{i:04x}"
         d = runs / run_id
         shutil.copytree(seed, d)
-        summary.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(profile).alias("profile"),
-                             pl.lit(f"2026-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}+00:00").alias("started_at")).write_parquet(d / "summary.parquet")
-        (d / "run.json").write_text(json.dumps(meta | {"run_id": run_id, "profile": meta["profile"] | {"name": profile}}))
+        atomic_write_parquet(d / "summary.parquet", summary.with_columns(
+            pl.lit(run_id).alias("run_id"), pl.lit(profile).alias("profile"),
+            pl.lit(f"2026-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}+00:00").alias("started_at")))
+        atomic_write_json(d / "run.json", meta | {"run_id": run_id, "profile": meta["profile"] | {"name": profile}})
     rows = []
     for mode in ([], ["--all"]):
         times = []

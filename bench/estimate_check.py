@@ -18,8 +18,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from memlab.core.units import GIB, gib_number
 
-GIB = 1024**3
 EXPERIMENT = "gpt2s"
 PROBE_LINE = re.compile(r"find-batch (\S+): micro-batch (\d+) (fits|OOM) · peak ([0-9.]+) GiB")
 CAP_LINE = re.compile(r"find-batch (\S+) under ([0-9.]+)GiB")
@@ -140,7 +140,7 @@ def main() -> int:
         pred = total(r["profile"], r["batch"])
         err = pct(pred, r["measured"])
         worst.append(abs(err))
-        lines.append(f"| {r['profile']} | {r['kernel']} | {r['measured'] / GIB:.2f} | {pred / GIB:.2f} | {err:+.1f}% |")
+        lines.append(f"| {r['profile']} | {r['kernel']} | {gib_number(r['measured'])} | {gib_number(pred)} | {err:+.1f}% |")
 
     searches = read_searches(folder)
     lines += ["", "## probes that fitted (peak at the probed batch)", "", "| profile | cap GiB | batch | measured GiB | predicted GiB | error |", "|:--|--:|--:|--:|--:|--:|"]
@@ -149,7 +149,7 @@ def main() -> int:
             pred = total(name, b, accumulation=1)
             err = pct(pred, peak)
             worst.append(abs(err))
-            lines.append(f"| {name} | {cap / GIB:.0f} | {b} | {peak / GIB:.2f} | {pred / GIB:.2f} | {err:+.1f}% |")
+            lines.append(f"| {name} | {gib_number(cap, 0)} | {b} | {gib_number(peak)} | {gib_number(pred)} | {err:+.1f}% |")
 
     lines += ["", "## max batch under the cap", "", "| profile | cap GiB | largest fit | smallest OOM | found | predicted | error |", "|:--|--:|--:|--:|--:|--:|--:|"]
     batch_errors: list[float] = []
@@ -167,7 +167,7 @@ def main() -> int:
         else:
             continue
         batch_errors.append(abs(err))
-        lines.append(f"| {name} | {cap / GIB:.0f} | {lo} | {hi} | {found} | {pred} | {shown} |")
+        lines.append(f"| {name} | {gib_number(cap, 0)} | {lo} | {hi} | {found} | {pred} | {shown} |")
 
     n_peak, n_batch = len(worst), len(batch_errors)
     lines += ["", f"peaks within 10%: {sum(e <= 10 for e in worst)}/{n_peak} (worst {max(worst, default=0):.1f}%) · "

@@ -36,8 +36,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from memlab.core.units import GIB, gib, gib_number
 
-GIB = 1024**3
 EXPERIMENT = "gpt2s"
 DEVICE = "cuda"
 COMPILE_HEAVY = ("compile", "fastest")  # a minute of Inductor each, cold: started first so they overlap the rest
@@ -140,7 +140,7 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
 
     def on_probe(r):
         done.append(r)
-        log(f"  find-batch {name}: micro-batch {r.batch} {'fits' if r.fits else 'OOM'} · peak {(r.peak_alloc_bytes or 0) / GIB:.2f} GiB · {r.seconds:.1f} s")
+        log(f"  find-batch {name}: micro-batch {r.batch} {'fits' if r.fits else 'OOM'} · peak {gib(r.peak_alloc_bytes or 0)} · {r.seconds:.1f} s")
         lo = max((p.batch for p in done if p.fits), default=0)
         exact = any(not p.fits and p.batch == lo + 1 for p in done)
         if time.monotonic() > budget_end and not exact:  # an answer already exact is let through
@@ -200,7 +200,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         if r.get("kind") != "fixed":
             continue
-        g = lambda k: f"{r[k] / GIB:.2f}" if r.get(k) else "—"  # noqa: E731
+        g = lambda k: gib_number(r[k]) if r.get(k) else "—"  # noqa: E731
         err = f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None else "—"
         lines.append(f"| {r['profile']} | {r.get('attention_kernel') or '—'} | {r['status']} | {r.get('micro_batch') or '—'} | {g('measured_bytes')} | {g('estimate_bytes')} | {err} | {r.get('estimate_phase', '—')} | {g('measured_fwd_bytes')} / {g('measured_bwd_bytes')} / {g('measured_opt_bytes')} |")
     finds = [r for r in rows if r.get("kind") == "find_batch"]
@@ -208,7 +208,7 @@ def table(rows: list[dict]) -> str:
         lines += ["", "| profile | cap GiB | status | found max batch | predicted | error | probes | s |", "|:--|--:|:--|--:|--:|--:|--:|--:|"]
         for r in finds:
             err = f"{r['error_pct']:+.1f}%" if r.get("error_pct") is not None else "—"
-            lines.append(f"| {r['profile']} | {r['cap_bytes'] / GIB:.0f} | {r['status']} | {r.get('found_max_batch', '—')} | {r.get('predicted_max_batch', '—')} | {err} | {r.get('probes', '—')} | {r['seconds']:.0f} |")
+            lines.append(f"| {r['profile']} | {gib_number(r['cap_bytes'], 0)} | {r['status']} | {r.get('found_max_batch', '—')} | {r.get('predicted_max_batch', '—')} | {err} | {r.get('probes', '—')} | {r['seconds']:.0f} |")
     return "\n".join(lines)
 
 
@@ -245,12 +245,13 @@ def main() -> None:
     runs_dir = Path(tempfile.mkdtemp(prefix="est-runs-"))
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
-    from memlab.core.batchfind import gpu_info, parse_size
+    from memlab.core.batchfind import gpu_info
+    from memlab.core.units import parse_size
 
     gpu = GpuInfo("cpu (check)", 8 * GIB) if args.cpu_check else gpu_info()
     if gpu is None:
         sys.exit("no CUDA GPU visible: this benchmark measures on a GPU")
-    log(f"{gpu.name} · {gpu.total_bytes / GIB:.1f} GiB · out {out}")
+    log(f"{gpu.name} · {gib(gpu.total_bytes, 1)} · out {out}")
     names = builtin_names("profile") if args.profiles == "all" else [p.strip() for p in args.profiles.split(",") if p.strip()]
     share = int((gpu.total_bytes - args.parallel * 1.5 * GIB) / args.parallel) if args.parallel > 1 and not args.cpu_check else None
     rows: list[dict] = []
@@ -271,7 +272,7 @@ def main() -> None:
             row = {"profile": name, "kind": "fixed", "status": "error", "message": f"{e.__class__.__name__}: {e}"[:300]}
         err = f"{row['error_pct']:+.1f}%" if row.get("error_pct") is not None else "—"
         with lock:
-            log(f"[{time.monotonic() - t_start:5.0f}s] {name}{' (snapshot)' if extra else ''}: {row['status']} · measured {(row.get('measured_bytes') or 0) / GIB:.2f} GiB · estimate {(row.get('estimate_bytes') or 0) / GIB:.2f} GiB · {err} · {row.get('attention_kernel')}"
+            log(f"[{time.monotonic() - t_start:5.0f}s] {name}{' (snapshot)' if extra else ''}: {row['status']} · measured {gib(row.get('measured_bytes') or 0)} · estimate {gib(row.get('estimate_bytes') or 0)} · {err} · {row.get('attention_kernel')}"
                 + (f" · {row['message'][:120]}" if row["status"] != "finished" and row.get("message") else ""))
         return row
 

@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from memlab.core.units import gib_number
 
 # The parent never touches CUDA: kernel checks and runs happen in children, so each has the GPU to itself and
 # the device-wide (NVML) figures of a run hold no one else's memory.
@@ -185,7 +186,6 @@ def _write_rows(stem: Path, rows: list[dict]) -> None:
         print(f"(could not write {stem}.parquet: {e.__class__.__name__}: {e}; the .json has the rows)", flush=True)
 
 
-GIB = 2**30
 TABLE_COLS = [  # (header, key, format)
     ("section", "section", "s"), ("run", "label", "s"), ("status", "status", "s"), ("kernel", "attention_kernel", "s"),
     ("mb", "micro_batch", "d"), ("alloc GiB", "peak_alloc_bytes", "gib"), ("resv GiB", "peak_reserved_bytes", "gib"),
@@ -200,7 +200,7 @@ def _fmt(value, spec: str) -> str:
         return "-"
     try:
         if spec == "gib":
-            return f"{value / GIB:.2f}"
+            return gib_number(value)
         if spec == "s":
             return str(value)
         return format(value, spec)

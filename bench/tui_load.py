@@ -30,8 +30,8 @@ import polars as pl
 
 from memlab.core.events import make_event
 from memlab.tui.app import MemlabApp
+from memlab.core.units import GIB
 
-GIB = 2**30
 KEYS = ["down", "down", "up", "tab", "shift+tab", "question_mark", "escape", "t", "t"]
 
 
@@ -39,7 +39,9 @@ def gpu_events(total: int):
     """An endless stream like a GPU child's: step i, then an NVML sample, then step i+1..."""
     t0 = time.time()
     yield make_event("started", run_id="bench-run", run_dir="/nowhere/bench-run", device="cuda", profile={"name": "fastest"},
-                     experiment={"name": "gpt2s"}, total_steps=total, params=124_000_000)
+                     experiment={"name": "gpt2s"}, total_steps=total, params=124_000_000, started_at="2026-01-01T00:00:00+00:00",
+                     experiment_id="bench", changes=[], environment={}, vocab_size=50304, micro_batch=64, grad_accum=1,
+                     world_size=1, distributed="none", tokens_per_step=131072, data={}, attention_kernel="flash", nvml=True)
     i = 0
     while True:
         peak = int((40 + i % 8 / 8) * GIB)

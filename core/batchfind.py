@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,40 +35,9 @@ from typing import Any, Callable, Sequence
 
 from memlab.core.config import Experiment, Profile, to_dict
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
+from memlab.core.units import gib, parse_size  # noqa: F401 (parse_size: tests reach it as batchfind.parse_size)
 
 MEMORY_ENV = "MEMLAB_GPU_MEMORY_BYTES"
-GIB = 1024**3
-
-# ---------------------------------------------------------------------------------------------- sizes
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(text: str, what: str = "--gpu-memory") -> int:
-    """'24GiB', '40GB', '48G', '25769803776' -> bytes. K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB
-    powers of 1000 (so '40GB' is 40e9 bytes, 37.25 GiB); a bare number is bytes."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ConfigError(f"{what} {text!r}: not a size; expected e.g. 24GiB, 40GB, 48G or a number of bytes")
-    number, unit = m.group(1), m.group(2).lower()
-    if unit not in _UNITS:
-        raise ConfigError(f"{what} {text!r}: unknown unit {m.group(2)!r}; use B, K/KiB, M/MiB, G/GiB, T/TiB (1024s) or KB, MB, GB, TB (1000s)")
-    value = float(number) * _UNITS[unit]
-    if value < 1:
-        raise ConfigError(f"{what} {text!r}: must be more than zero")
-    return int(value)
-
-
-def format_size(n: int | None) -> str:
-    return "—" if n is None else f"{n / GIB:.2f} GiB"
-
 
 # ---------------------------------------------------------------------------------------------- the child's cap
 
@@ -89,7 +57,7 @@ def memory_cap_request(device: Any) -> tuple[int, int] | None:
     index = device.index if getattr(device, "index", None) is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     if cap > props.total_memory:
-        raise DeviceError(f"{MEMORY_ENV}={raw} ({format_size(cap)}) is more than this GPU has ({props.name}: {format_size(props.total_memory)})")
+        raise DeviceError(f"{MEMORY_ENV}={raw} ({gib(cap)}) is more than this GPU has ({props.name}: {gib(props.total_memory)})")
     return cap, index
 
 

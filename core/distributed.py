@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from memlab.core import metrics
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, DeviceError
 
@@ -47,21 +48,11 @@ CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 # the same final evaluation in lockstep); past it, rank 0 writes what it has alone.
 GATHER_TIMEOUT_S = 60.0
 
-# Summary columns that become the max over ranks (memory; time: the slowest rank sets the pace of a synchronous step),
-# and counts that add up.
-MAX_OVER_RANKS = (
-    "peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes", "peak_alloc_bytes", "peak_reserved_bytes",
-    "peak_nvml_bytes", "peak_host_rss_bytes", "step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median",
-    "opt_ms_median", "time_to_first_step_s", "compile_s", "total_s",
-)
-SUM_OVER_RANKS = ("alloc_retries", "ooms")
-# What each rank's row in ranks.parquet keeps from its own summary (see memlab.core.runstore.RANK_SCHEMA).
-RANK_COLUMNS = (
-    "status", "steps", "tokens", "peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes",
-    "peak_alloc_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "peak_host_rss_bytes", "alloc_retries", "ooms",
-    "step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median", "opt_ms_median", "tokens_per_s",
-    "time_to_first_step_s", "total_s", "final_loss",
-)
+# How the ranks' summaries reduce to the run's, and what each rank's row keeps: declared in memlab.core.metrics.
+MAX_OVER_RANKS = metrics.reduced_by("max")  # memory; time: the slowest rank sets the pace of a synchronous step
+SUM_OVER_RANKS = metrics.reduced_by("sum")  # counts
+AT_SLOWEST_PACE = metrics.reduced_by("pace")  # rank 0's tokens/s and MFU, scaled to the slowest rank's step time
+RANK_COLUMNS = metrics.per_rank_names()  # ranks.parquet (memlab.core.schema.RANK_SCHEMA)
 
 # FSDP2 keeps (and all-gathers) parameters in the profile's compute dtype; fp32 / tf32 leave them in fp32.
 _PARAM_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -317,9 +308,9 @@ def aggregate(summaries: list[dict[str, Any]], world: int) -> dict[str, Any]:
     own, slowest = summaries[0].get("step_ms_median"), out.get("step_ms_median")
     if own and slowest and out.get("tokens_per_s"):
         scale = own / slowest  # rank 0's figures assumed its own pace; the run goes at the slowest rank's
-        out["tokens_per_s"] *= scale
-        if out.get("mfu") is not None:
-            out["mfu"] *= scale
+        for key in AT_SLOWEST_PACE:
+            if out.get(key) is not None:
+                out[key] *= scale
     failed = [s["status"] for s in summaries if s.get("status") not in (None, "finished")]
     if failed and out.get("status") == "finished":
         out["status"] = failed[0]

@@ -1,20 +1,114 @@
 """Events and sinks. The engine emits plain dicts to a sink; sinks share one tiny interface.
 
-Event kinds: started, step, eval, gpu_sample, finished, failed (reason: oom | nan | interrupted | error).
-Every event carries "event" (its kind) and "t" (unix seconds).
+Each event kind is declared once below as a TypedDict: its fields, their types, and which may be absent
+(NotRequired). `make_event` checks the required ones, so a reader can index them (`ev["step"]`) without guessing.
+Every event carries "event" (its kind) and "t" (unix seconds; a gpu_sample's "t" is seconds since the run started).
+A failed event's reason is one of FAIL_REASONS.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict must see NotRequired[...] evaluated to leave it out of
+# __required_keys__.
 import json
 import math
 import sys
 import threading
 import time
-from typing import IO, Any, Protocol
+from typing import IO, Any, NotRequired, Protocol, TypedDict
 
-EVENT_KINDS = ("started", "step", "eval", "gpu_sample", "finished", "failed")
 FAIL_REASONS = ("oom", "nan", "interrupted", "error")
+
+
+class Event(TypedDict):
+    event: str
+    t: float
+
+
+class StartedEvent(Event):
+    """The run is built and about to take its first step: who, what, where."""
+
+    run_id: str | None
+    run_dir: str | None
+    started_at: str  # UTC ISO-8601
+    device: str  # cuda | cpu
+    profile: dict[str, Any]  # the resolved profile (config.to_dict)
+    experiment: dict[str, Any]  # the resolved experiment
+    experiment_id: str
+    changes: list[str]  # what the profile changes, in words
+    environment: dict[str, Any]  # memlab.core.environment
+    params: int
+    vocab_size: int
+    total_steps: int
+    micro_batch: int  # per rank
+    grad_accum: int
+    world_size: int
+    distributed: str
+    tokens_per_step: int
+    data: dict[str, Any]  # source, tokenizer, train_tokens, val_tokens, cache_hit
+    attention_kernel: str  # the kernel that actually runs, e.g. sdpa:cudnn
+    nvml: bool
+
+
+class StepEvent(Event):
+    """One optimizer step, as measured (a row of steps.parquet: memlab.core.schema.STEP_SCHEMA)."""
+
+    step: int  # 0-based
+    total_steps: int
+    loss: float | None  # mean over ranks; None when not finite
+    lr: float
+    grad_norm: float | None
+    step_ms: float
+    fwd_ms: float | None
+    bwd_ms: float | None
+    opt_ms: float | None
+    tokens: int
+    tokens_per_s: float | None
+    peak_alloc_fwd_bytes: int | None
+    peak_alloc_bwd_bytes: int | None
+    peak_alloc_opt_bytes: int | None
+    peak_reserved_bytes: int | None
+    host_rss_bytes: int | None
+    measured: bool  # False for warm-up steps
+
+
+class EvalEvent(Event):
+    step: int  # steps completed when evaluated
+    val_loss: float
+    val_ppl: float
+
+
+class GpuSampleEvent(Event):
+    """One NVML sample (a row of gpu.parquet); its "t" is seconds since the run started."""
+
+    used_bytes: int
+    util_pct: float
+    power_w: float | None
+
+
+class FinishedEvent(Event):
+    summary: dict[str, Any]  # memlab.core.metrics: one value per summary metric
+    ranks: NotRequired[list[dict[str, Any]]]  # distributed runs: each rank's own row (schema.RANK_SCHEMA)
+
+
+class FailedEvent(Event):
+    reason: str  # FAIL_REASONS
+    message: str
+    step: int  # steps completed
+    summary: dict[str, Any]
+    ranks: NotRequired[list[dict[str, Any]]]
+
+
+EVENT_TYPES: dict[str, type] = {
+    "started": StartedEvent,
+    "step": StepEvent,
+    "eval": EvalEvent,
+    "gpu_sample": GpuSampleEvent,
+    "finished": FinishedEvent,
+    "failed": FailedEvent,
+}
+EVENT_KINDS = tuple(EVENT_TYPES)
+# Fields a caller of make_event must give ("event" and "t" it adds itself), and every declared field, by kind.
+REQUIRED: dict[str, frozenset[str]] = {k: frozenset(td.__required_keys__) - {"event", "t"} for k, td in EVENT_TYPES.items()}
+FIELDS: dict[str, frozenset[str]] = {k: frozenset(td.__required_keys__ | td.__optional_keys__) for k, td in EVENT_TYPES.items()}
 
 
 class Sink(Protocol):
@@ -24,6 +118,14 @@ class Sink(Protocol):
 
 
 def make_event(kind: str, **fields: Any) -> dict[str, Any]:
+    """An event of `kind` stamped with the time; ValueError when the kind is unknown or a required field is missing
+    (a set difference: cheap enough for every step and NVML sample). Undeclared extra fields pass through."""
+    required = REQUIRED.get(kind)
+    if required is None:
+        raise ValueError(f"unknown event kind {kind!r}; one of: {', '.join(EVENT_KINDS)}")
+    missing = required - fields.keys()
+    if missing:
+        raise ValueError(f"{kind} event without {', '.join(sorted(missing))}")
     return {"event": kind, "t": time.time(), **fields}
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
-from memlab.core.compare import GIB, groups
+from memlab.core.compare import groups
+from memlab.core.units import GIB
 
 BAND_W_IN = 15.0  # inches per band
 BAND_H_IN = 7.5

@@ -8,10 +8,8 @@ final status when the run ends, whatever the reason.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,38 +20,13 @@ import polars as pl
 from memlab.core import schema
 from memlab.core.errors import MemlabError
 from memlab.core.events import JsonLinesSink
+from memlab.core.runfolder import RunFolder, atomic_write_json, atomic_write_parquet, read_run
 
 
 def new_run_id(profile: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in profile) or "profile"
     return f"{stamp}-{safe}-{secrets.token_hex(2)}"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
-
-
-def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def ensure_runs_dir(runs_dir: Path, create: bool = True) -> Path:
@@ -90,21 +63,11 @@ def frame(rows: list[dict], schema_: dict[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame([{k: r.get(k) for k in schema_} for r in rows], schema=schema_, orient="row")
 
 
-# ranks.parquet (schema.RANKS), distributed runs only: one row per rank, each rank's own measurements (its memory,
-# its step time, its share of the tokens); summary.parquet holds the max over ranks. Rows: memlab.core.distributed.
-RANK_SCHEMA: dict[str, pl.DataType] = {
-    "rank": pl.Int64,
-    "local_rank": pl.Int64,
-    "world_size": pl.Int64,
-    "hostname": pl.String,
-    "device": pl.String,  # e.g. cuda:1
-    **{k: schema.SUMMARY_SCHEMA[k] for k in (
-        "status", "steps", "tokens", "peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes",
-        "peak_alloc_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "peak_host_rss_bytes", "alloc_retries", "ooms",
-        "step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median", "opt_ms_median", "tokens_per_s",
-        "time_to_first_step_s", "total_s", "final_loss",
-    )},
-}
+RANK_SCHEMA = schema.RANK_SCHEMA  # one row per rank of a distributed run (memlab.core.metrics: per_rank)
+
+
+# What run.json keeps of the started event (memlab.core.events.StartedEvent).
+STARTED_IN_RUN_JSON = ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device", "world_size", "distributed")
 
 
 class RunStore:
@@ -135,7 +98,7 @@ class RunStore:
                 status="running",
                 pid=os.getpid(),
                 started_at=event.get("started_at"),
-                **{k: event[k] for k in ("profile", "experiment", "experiment_id", "environment", "attention_kernel", "device", "world_size", "distributed") if k in event},
+                **{k: event[k] for k in STARTED_IN_RUN_JSON if k in event},
             )
         elif kind == "step":
             self._steps.append(event)
@@ -192,34 +155,37 @@ def mark_status(run_dir: Path, status: str, message: str) -> None:
     """For a child that died without saying how (SIGKILL, segfault): run.json and summary.parquet say so.
 
     The summary keeps what the folder proves (steps completed, from steps.parquet); every figure it cannot
-    know stays null. A folder that already reached an outcome is left as it is.
+    know stays null. A folder that already reached an outcome is left as it is; one that is gone is no error.
     """
     run_dir = Path(run_dir)
-    path = run_dir / schema.RUN_JSON
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        data = {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name}
-    if data.get("status") not in (None, "running"):
-        return
-    data.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    atomic_write_json(path, data)
-    if (run_dir / schema.SUMMARY).exists():
+    if not run_dir.is_dir():
         return
     try:
-        steps = pl.read_parquet(run_dir / schema.STEPS).height
-    except Exception:  # noqa: BLE001 (missing or torn: nothing proven)
-        steps = 0
-    experiment = data.get("experiment") or {}
-    row = {
+        run = read_run(run_dir, gpu=False)
+    except ValueError:  # no run.json yet, or a torn one: what the folder name says
+        run = RunFolder(run_dir, {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name})
+    if run.info.get("status") not in (None, "running"):
+        return
+    run.info.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    try:
+        atomic_write_json(run_dir / schema.RUN_JSON, run.info)
+        if not (run_dir / schema.SUMMARY).exists():
+            atomic_write_parquet(run_dir / schema.SUMMARY, frame([_unfinished_summary(run, status)], schema.SUMMARY_SCHEMA))
+    except FileNotFoundError:
+        pass  # the folder was removed while we wrote
+
+
+def _unfinished_summary(run: RunFolder, status: str) -> dict:
+    """The summary row of a run that never wrote one: who it was and how far it got, no figures."""
+    info = run.info
+    return {
         "schema_version": schema.SCHEMA_VERSION,
-        "run_id": data.get("run_id", run_dir.name),
-        "profile": (data.get("profile") or {}).get("name"),
-        "experiment": experiment.get("name"),
-        "experiment_id": data.get("experiment_id"),
+        "run_id": info.get("run_id", run.path.name),
+        "profile": (info.get("profile") or {}).get("name"),
+        "experiment": (info.get("experiment") or {}).get("name"),
+        "experiment_id": info.get("experiment_id"),
         "status": status,
-        "device": data.get("device"),
-        "steps": steps,
-        "started_at": data.get("started_at"),
+        "device": info.get("device"),
+        "steps": run.steps.height if run.steps is not None else 0,
+        "started_at": info.get("started_at"),
     }
-    atomic_write_parquet(run_dir / schema.SUMMARY, frame([row], schema.SUMMARY_SCHEMA))

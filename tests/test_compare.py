@@ -483,7 +483,7 @@ def test_load_reads_filters_and_compares(tmp_path):
 
 def test_distributed_runs_show_their_gpus(tmp_path):
     """Issue 9: a DDP/FSDP run is a row like any other, with its world size in the GPUs column (terminal and markdown)."""
-    from memlab.cli.table import render_markdown
+    from memlab.core.compare import render_markdown
 
     root = tmp_path / "runs"
     gpu = dict(device="cuda", gpu_name="NVIDIA H200")

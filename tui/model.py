@@ -7,14 +7,14 @@ series the live panel draws.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GIB = 1024**3
+from memlab.core.units import gib  # noqa: F401 (the TUI's widgets format bytes with it)
+
 SERIES_LEN = 600  # points kept per live series; a sparkline squeezes them into its width
 SERIES = ("device_used", "allocated", "reserved", "host_rss", "step_times", "losses")
 
@@ -114,10 +114,6 @@ class RunQueue:
 def display_name(profile: str) -> str:
     """A profile as shown: built-in names as they are, a TOML path by its file name."""
     return Path(profile).name if profile.endswith(".toml") or "/" in profile else profile
-
-
-def gib(n: float | None, digits: int = 2) -> str:
-    return "—" if n is None else f"{n / GIB:.{digits}f} GiB"
 
 
 def duration(seconds: float | None) -> str:
@@ -253,64 +249,75 @@ class LiveState:
             self.message = message or self.message
 
 
+PEAK_OF_COLUMN = {  # LiveState.peaks key of each steps.parquet / summary.parquet memory column
+    "peak_alloc_fwd_bytes": "fwd", "peak_alloc_bwd_bytes": "bwd", "peak_alloc_opt_bytes": "opt",
+    "peak_reserved_bytes": "reserved", "host_rss_bytes": "host", "peak_nvml_bytes": "device", "peak_host_rss_bytes": "host",
+}
+
+
 def load_run(run_dir: str | Path, max_points: int = 2000) -> LiveState:
     """A past run folder as a LiveState: run.json for who, summary.parquet for the outcome, steps/gpu for the charts.
     Raises ValueError with a short reason when the folder is not a readable run."""
-    import polars as pl
-
-    from memlab.core import schema
+    from memlab.core import runfolder, schema
 
     d = Path(run_dir)
     try:
-        info = json.loads((d / schema.RUN_JSON).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{d}: no {schema.RUN_JSON} (not a run folder)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{d}: {schema.RUN_JSON} unreadable ({e.__class__.__name__})") from None
-    s = LiveState(source="folder", run_dir=str(d))
-    profile, experiment = info.get("profile"), info.get("experiment")
-    s.profile = profile.get("name", "") if isinstance(profile, dict) else str(profile or "")
-    s.experiment = experiment.get("name", "") if isinstance(experiment, dict) else str(experiment or "")
-    s.run_id = info.get("run_id") or d.name
-    s.device = info.get("device") or ""
-    s.status = info.get("status") or "incomplete"
-    s.message = info.get("message") or ""
+        run = runfolder.read_run(d)
+    except ValueError as e:
+        hint = " (not a run folder)" if not (d / schema.RUN_JSON).exists() else ""
+        raise ValueError(f"{d}: {e}{hint}") from None
+    s = _identity(run)
     for name in SERIES:
         setattr(s, name, deque(maxlen=max_points))
-    try:
-        summary = pl.read_parquet(d / schema.SUMMARY).row(0, named=True)
-    except Exception:  # noqa: BLE001 (missing or torn: the charts still show what steps.parquet has)
-        summary = {}
-    s.summary = {k: v for k, v in summary.items() if v is not None}
-    s.status = summary.get("status") or s.status
-    try:
-        steps = pl.read_parquet(d / schema.STEPS)
-    except Exception:  # noqa: BLE001
-        steps = None
-    if steps is not None and steps.height:
-        stride = max(1, steps.height // max_points)
-        for row in steps.gather_every(stride).iter_rows(named=True):
-            s._add_step(row)
-        last = steps.row(-1, named=True)
-        s.step = int(last.get("step", -1)) + 1
-        s.loss, s.step_ms, s.tokens_per_s = last.get("loss"), last.get("step_ms"), last.get("tokens_per_s")
-        for col, key in (("peak_alloc_fwd_bytes", "fwd"), ("peak_alloc_bwd_bytes", "bwd"), ("peak_alloc_opt_bytes", "opt"), ("peak_reserved_bytes", "reserved"), ("host_rss_bytes", "host")):
-            if col in steps.columns:
-                s._peak(key, steps[col].max())
-    try:
-        gpu = pl.read_parquet(d / schema.GPU)
-    except Exception:  # noqa: BLE001
-        gpu = None
-    if gpu is not None and gpu.height:
-        stride = max(1, gpu.height // max_points)
-        s.device_used.extend(v for v in gpu["used_bytes"].gather_every(stride).to_list() if v is not None)
-        s._peak("device", gpu["used_bytes"].max())
+    _add_steps(s, run.steps, max_points)
+    _add_gpu(s, run.gpu, max_points)
+    _add_summary(s, run.summary)
+    return s
+
+
+def _identity(run: Any) -> LiveState:
+    info = run.info
+    profile, experiment = info.get("profile"), info.get("experiment")
+    s = LiveState(source="folder", run_dir=str(run.path))
+    s.profile = profile.get("name", "") if isinstance(profile, dict) else str(profile or "")
+    s.experiment = experiment.get("name", "") if isinstance(experiment, dict) else str(experiment or "")
+    s.run_id = info.get("run_id") or run.path.name
+    s.device = info.get("device") or ""
+    s.status = run.status
+    s.message = info.get("message") or ""
+    s.summary = {k: v for k, v in run.summary.items() if v is not None}
+    return s
+
+
+def _add_steps(s: LiveState, steps: Any, max_points: int) -> None:
+    if steps is None or not steps.height:
+        return
+    stride = max(1, steps.height // max_points)
+    for row in steps.gather_every(stride).iter_rows(named=True):
+        s._add_step(row)
+    last = steps.row(-1, named=True)
+    s.step = int(last.get("step", -1)) + 1
+    s.loss, s.step_ms, s.tokens_per_s = last.get("loss"), last.get("step_ms"), last.get("tokens_per_s")
+    for col in steps.columns:
+        if col in PEAK_OF_COLUMN:
+            s._peak(PEAK_OF_COLUMN[col], steps[col].max())
+
+
+def _add_gpu(s: LiveState, gpu: Any, max_points: int) -> None:
+    if gpu is None or not gpu.height:
+        return
+    stride = max(1, gpu.height // max_points)
+    s.device_used.extend(v for v in gpu["used_bytes"].gather_every(stride).to_list() if v is not None)
+    s._peak("device", gpu["used_bytes"].max())
+
+
+def _add_summary(s: LiveState, summary: dict[str, Any]) -> None:
     s.total_steps = summary.get("steps") or s.step or None
     if summary.get("steps") is not None:
         s.step = summary["steps"]
     s.tokens_per_s = summary.get("tokens_per_s", s.tokens_per_s)
     s.step_ms = summary.get("step_ms_median", s.step_ms)
     s.val_ppl = summary.get("val_ppl")
-    for col, key in (("peak_alloc_fwd_bytes", "fwd"), ("peak_alloc_bwd_bytes", "bwd"), ("peak_alloc_opt_bytes", "opt"), ("peak_reserved_bytes", "reserved"), ("peak_nvml_bytes", "device"), ("peak_host_rss_bytes", "host")):
-        s._peak(key, summary.get(col))
-    return s
+    for col, key in PEAK_OF_COLUMN.items():
+        if col in summary:
+            s._peak(key, summary[col])

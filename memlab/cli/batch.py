@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memlab.cli.options import SetOpt
+from memlab.core.units import gib, gib_number, parse_size
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.estimate import Estimate
 
-GIB = 1024**3
 DEFAULT_CARD = "80GiB"  # what `memlab estimate` assumes without a GPU to ask: an 80 GB H100
 FRAGMENTATION_HINT = 0.10
 
@@ -29,10 +29,6 @@ ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name (memlab profiles) or a TOML file.")]
 GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory to fit in, e.g. 24GiB, 40GB, 48G or bytes (G/GiB = 1024^3, GB = 1000^3). find-batch caps each probe at it (set_per_process_memory_fraction) to emulate a smaller card.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (bytes) instead of a table.")]
-
-
-def _gib(n: int | None) -> str:
-    return "—" if n is None else f"{n / GIB:.2f} GiB"
 
 
 def _err_console() -> Console:
@@ -66,7 +62,7 @@ def estimate(
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
     from memlab.core import estimate as est_mod
-    from memlab.core.batchfind import gpu_info, parse_size
+    from memlab.core.batchfind import gpu_info
     from memlab.core.errors import ConfigError
 
     if method not in ("analytic", "fake"):
@@ -134,17 +130,17 @@ def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, wh
     t.add_column("GiB", justify="right")
     t.add_column("bytes", justify="right")
     for c in COMPONENTS:
-        t.add_row(c.replace("_", " "), f"{result.components[c] / GIB:.2f}", f"{result.components[c]:,}")
-    t.add_row("[bold]total (peak)[/]", f"[bold]{result.total_bytes / GIB:.2f}[/]", f"[bold]{result.total_bytes:,}[/]")
+        t.add_row(c.replace("_", " "), gib_number(result.components[c]), f"{result.components[c]:,}")
+    t.add_row("[bold]total (peak)[/]", f"[bold]{gib_number(result.total_bytes)}[/]", f"[bold]{result.total_bytes:,}[/]")
     console.print(t)
     console.print(f"peak at: {result.peak_phase} · {result.params / 1e6:.1f}M parameters · vocabulary {result.vocab_size:,} (from {vocab_from})")
     if analytic is not None:
         diff = (analytic.total_bytes - result.total_bytes) / max(result.total_bytes, 1)
-        console.print(f"analytic estimate: {_gib(analytic.total_bytes)} ({diff:+.1%} against the fake-tensor measurement)")
+        console.print(f"analytic estimate: {gib(analytic.total_bytes)} ({diff:+.1%} against the fake-tensor measurement)")
     if max_batch:
-        console.print(f"predicted max micro-batch in {_gib(memory)} ({where}): [bold]{max_batch}[/]")
+        console.print(f"predicted max micro-batch in {gib(memory)} ({where}): [bold]{max_batch}[/]")
     else:
-        console.print(f"predicted: not even micro-batch 1 fits in {_gib(memory)} ({where})")
+        console.print(f"predicted: not even micro-batch 1 fits in {gib(memory)} ({where})")
     for n in result.notes:
         console.print(f"  [dim]{n}[/]")
 
@@ -163,14 +159,13 @@ def _require_cuda(what: str) -> None:
 
 
 def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
-    from memlab.core.batchfind import parse_size
     from memlab.core.errors import DeviceError
 
     if gpu_memory is None:
         return None
     cap = parse_size(gpu_memory)
     if gpu is not None and cap > gpu.total_bytes:
-        raise DeviceError(f"--gpu-memory {gpu_memory} ({_gib(cap)}) is more than this GPU has ({gpu.name}: {_gib(gpu.total_bytes)})")
+        raise DeviceError(f"--gpu-memory {gpu_memory} ({gib(cap)}) is more than this GPU has ({gpu.name}: {gib(gpu.total_bytes)})")
     return cap
 
 
@@ -178,7 +173,7 @@ def _probe_line(i: int, r: ProbeResult) -> str:
     verdict = "fits" if r.fits else "out of memory"
     frag = f"{r.fragmentation:.1%}" if r.fragmentation is not None else "—"
     return (
-        f"probe {i}: micro-batch {r.batch} {verdict} · peak {_gib(r.peak_alloc_bytes)} · reserved {_gib(r.peak_reserved_bytes)}"
+        f"probe {i}: micro-batch {r.batch} {verdict} · peak {gib(r.peak_alloc_bytes)} · reserved {gib(r.peak_reserved_bytes)}"
         f" · fragmentation {frag} · retries {r.alloc_retries if r.alloc_retries is not None else '—'} · {r.seconds:.1f} s"
     )
 
@@ -235,7 +230,7 @@ def find_batch(
         raise ConfigError(f"--steps must be at least 1, got {steps}")
     exp, prof = _load(experiment, profile, list(set_ or []))
     if gpu_memory is not None:
-        bf.parse_size(gpu_memory)  # bad input is reported before anything else
+        parse_size(gpu_memory)  # bad input is reported before anything else
     _require_cuda("find-batch")
     import torch
 
@@ -252,7 +247,7 @@ def find_batch(
     start = start or hint
     err = _err_console()
     exp_ref = "gpt2s" if experiment == "auto" else experiment
-    err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {_gib(cap)}" if cap else "") + f" · {steps} steps a probe"
+    err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {gib(cap)}" if cap else "") + f" · {steps} steps a probe"
               + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
     probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap)
     seen: list[ProbeResult] = []
@@ -282,7 +277,7 @@ def find_batch(
         return
     exact = f"{result.min_oom} runs out of memory" if result.min_oom else f"the limit {max_} fits: the true maximum may be larger"
     typer.echo(f"max micro-batch: {result.max_batch} ({exact})")
-    typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {seconds:.1f} s · {gpu_name}" + (f" · cap {_gib(cap)}" if cap else ""))
+    typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {seconds:.1f} s · {gpu_name}" + (f" · cap {gib(cap)}" if cap else ""))
     if predicted:
         typer.echo(f"estimator predicted: {predicted} ({(predicted - result.max_batch) / result.max_batch:+.1%})")
     if advice:
@@ -318,7 +313,7 @@ def resolve_max_batch(
     gpu = bf.gpu_info(dev.index or 0)
     gpu_name = gpu.name if gpu else "unknown GPU"
     raw_cap = os.environ.get(bf.MEMORY_ENV)
-    cap = bf.parse_size(raw_cap, bf.MEMORY_ENV) if raw_cap else None
+    cap = parse_size(raw_cap, bf.MEMORY_ENV) if raw_cap else None
     err = _err_console()
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": 3}
     t0 = time.monotonic()
@@ -386,9 +381,9 @@ def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, con
     for c in CATEGORIES:
         m, e = result["categories"].get(c, 0), predicted.get(c)
         diff = f"{(e - m) / m:+.0%}" if e is not None and m else "—"
-        t.add_row(c.replace("_", " "), f"{m / GIB:.2f}", "—" if e is None else f"{e / GIB:.2f}", diff)
+        t.add_row(c.replace("_", " "), gib_number(m), gib_number(e), diff)
     total_e = est.total_bytes if est is not None else None
-    t.add_row("[bold]total[/]", f"[bold]{result['peak_bytes'] / GIB:.2f}[/]", "—" if total_e is None else f"[bold]{total_e / GIB:.2f}[/]",
+    t.add_row("[bold]total[/]", f"[bold]{gib_number(result['peak_bytes'])}[/]", "—" if total_e is None else f"[bold]{gib_number(total_e)}[/]",
               f"{(total_e - result['peak_bytes']) / result['peak_bytes']:+.1%}" if total_e and result["peak_bytes"] else "—")
     console.print(t)
     console.print(f"snapshot: {result.get('snapshot')} (open it at https://pytorch.org/memory_viz)")

@@ -9,11 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-GIB = 1024**3
-
-
-def gib(n: int | None) -> str:
-    return "—" if n is None else f"{n / GIB:.2f} GiB"
+from memlab.core.units import gib
 
 
 def num(x: float | None, fmt: str = "{:,.0f}") -> str:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt
+from memlab.core.units import gib
 
 
 def sweep(
@@ -77,7 +78,7 @@ def sweep(
             if tps:
                 detail += f" · {tps:,.0f} tok/s"
             if peak:
-                detail += f" · peak {peak / 2**30:.2f} GiB"
+                detail += f" · peak {gib(peak)}"
             if s.get("val_ppl") is not None:
                 detail += f" · val ppl {s['val_ppl']:.2f}"
             message = f" · {result.message}" if result.status != "finished" and result.message else ""

@@ -66,6 +66,7 @@ def table(
     from rich.console import Console
 
     from memlab.core import compare
+    from memlab.core.compare import machine_frame, render_markdown
     from memlab.core.errors import MemlabError
 
     err = Console(stderr=True, highlight=False)
@@ -144,40 +145,10 @@ def register(app: typer.Typer) -> None:
 # ---------------------------------------------------------------------------------------------- rendering
 
 
-def visible_columns(g: pl.DataFrame):
-    """DISPLAY_COLUMNS minus measured figures that are null on every row of `g` (e.g. NVML and MFU on CPU)."""
-    from memlab.core.compare import DISPLAY_COLUMNS
-
-    shown, hidden = [], []
-    for c in DISPLAY_COLUMNS:
-        if c.figure and g[c.name].null_count() == g.height:
-            hidden.append(c)
-        else:
-            shown.append(c)
-    return shown, hidden
-
-
-def _notes(g: pl.DataFrame, hidden) -> list[str]:
-    notes = []
-    base = g["baseline"][0]
-    if base is None:
-        notes.append("no baseline in this experiment: relative columns blank")
-    if not (g["status"] == "finished").any():
-        notes.append("no finished runs in this experiment")
-    elif hidden:
-        notes.append("not measured on these runs: " + ", ".join(c.header for c in hidden))
-    if g["peak_alloc_bytes"].null_count() == g.height and g["peak_host_rss_bytes"].null_count() < g.height:
-        notes.append("memory here is the host process's peak RSS (no device memory on CPU); mem saved compares it")
-    for r in g.filter(g["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
-        if r["reason"]:
-            notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:160]}")
-    return notes
-
-
 def render_rich(result: pl.DataFrame, console: Console) -> None:
     from rich.table import Table
 
-    from memlab.core.compare import format_value, groups
+    from memlab.core.compare import format_value, group_notes, groups, visible_columns
 
     n_groups = result["group_index"].n_unique()
     if n_groups > 1:
@@ -200,42 +171,6 @@ def render_rich(result: pl.DataFrame, console: Console) -> None:
                 cells.append(text)
             t.add_row(*cells)
         console.print(t)
-        for note in _notes(g, hidden):
+        for note in group_notes(g, hidden):
             console.print(f"  [dim]{note}[/]", soft_wrap=True)
         console.print()
-
-
-def render_markdown(result: pl.DataFrame) -> str:
-    from memlab.core.compare import format_value, groups
-
-    out = []
-    n_groups = result["group_index"].n_unique()
-    if n_groups > 1:
-        out.append(f"_{n_groups} experiments: runs of different experiments or hardware are never compared; one table each._\n")
-    for label, g in groups(result):
-        shown, hidden = visible_columns(g)
-        base = g["baseline"][0]
-        out.append(f"### {_md(label)}\n")
-        out.append(f"Baseline: `{base}` · {g.height} run{'s' if g.height != 1 else ''}\n" if base else f"{g.height} runs\n")
-        out.append("| " + " | ".join(_md(c.header) for c in shown) + " |")
-        out.append("|" + "|".join(":---" if c.kind == "text" else "---:" for c in shown) + "|")
-        for r in g.iter_rows(named=True):
-            cells = [_md(format_value(r[c.name], c.kind)) for c in shown]
-            if r["is_baseline"]:
-                cells[0] = f"**{cells[0]}**"
-            out.append("| " + " | ".join(cells) + " |")
-        notes = _notes(g, hidden)
-        if notes:
-            out.append("")
-            out.extend(f"- {_md(n)}" for n in notes)
-        out.append("")
-    return "\n".join(out) + "\n"
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def machine_frame(result: pl.DataFrame) -> pl.DataFrame:
-    """The frame for csv / json / parquet: every column, raw units (bytes, ms, fractions) as the names say."""
-    return result.drop("group_index")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.text import Text
@@ -18,18 +17,18 @@ STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "running": "yellow
 
 def list_runs(runs_dir: str | Path) -> list[tuple[Path, str]]:
     """(folder, status) for each run folder, newest first (run ids start with the UTC time)."""
-    from memlab.core import compare, schema
+    from memlab.core import runfolder
     from memlab.core.errors import MemlabError
 
     try:
-        dirs = compare.find_run_dirs([runs_dir])
+        dirs = runfolder.find_run_dirs([runs_dir])
     except MemlabError:
         return []
     out = []
     for d in dirs:
         try:
-            status = json.loads((d / schema.RUN_JSON).read_text()).get("status", "?")
-        except (OSError, ValueError, AttributeError):
+            status = runfolder.read_info(d).get("status", "?")
+        except ValueError:
             status = "unreadable"
         out.append((d, str(status)))
     return sorted(out, key=lambda x: x[0].name, reverse=True)

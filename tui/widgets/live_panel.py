@@ -8,7 +8,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from memlab.tui.model import GIB, LiveState, duration, gib
+from memlab.core.units import gib, gib_number
+from memlab.tui.model import LiveState, duration
 from memlab.tui.widgets.metric_row import MetricRow
 
 
@@ -115,15 +116,12 @@ class LivePanel(Vertical):
         for i, (key, label) in enumerate((("fwd", "fwd"), ("bwd", "bwd"), ("opt", "opt"))):
             text.append(" · " if i else "", style="dim")
             text.append(f"{label} ", style="dim")
-            text.append(_g(p.get(key)))
+            text.append(gib_number(p.get(key)))
         text.append(" GiB\n     ", style="dim")
         text.append("reserved ", style="dim")
-        text.append(_g(p.get("reserved")))
+        text.append(gib_number(p.get("reserved")))
         text.append(" · device ", style="dim")
-        text.append(_g(p.get("device")) if "device" in p else "— (no NVML)")
+        text.append(gib_number(p.get("device")) if "device" in p else "— (no NVML)")
         text.append(" GiB", style="dim")
         return text
 
-
-def _g(n: int | None) -> str:
-    return "—" if n is None else f"{n / GIB:.2f}"

@@ -68,7 +68,7 @@ class ResultsTable(DataTable):
             sort = ("-" if self.sort_descending else "") + self.sort_column
         table = compare.comparison(self.frame, sort=sort)
         self.table = table
-        shown = [c for c in compare.DISPLAY_COLUMNS if not (c.figure and table[c.name].null_count() == table.height)]
+        shown, _ = compare.visible_columns(table)  # the columns of memlab.core.metrics.TABLE that have figures
         cursor_col = self._columns[self.cursor_column].name if self._columns and self.cursor_column < len(self._columns) else None
         cursor_row = self.cursor_row
         self.clear(columns=True)
@@ -109,7 +109,7 @@ class ResultsTable(DataTable):
         for label, g in compare.groups(table):
             base = g["baseline"][0]
             notes.append(f"{label}: " + (f"relative to {base}" if base else "no baseline, relative columns blank"))
-        if table["peak_alloc_bytes"].null_count() == table.height and table["peak_host_rss_bytes"].null_count() < table.height:
+        if compare.host_memory_only(table):
             notes.append("memory is host RSS (CPU: no device memory)")
         for r in table.filter(table["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
             if r["reason"]:

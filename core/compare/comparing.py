@@ -1,0 +1,186 @@
+"""Comparing runs: groups of comparable runs, the latest run of each profile, the baseline and relative columns.
+
+Groups. Runs are compared only with runs of the same experiment fingerprint (`experiment_id`) on the same hardware
+(`device`, `gpu_name`): peak memory on a CPU host and on an H100 are not the same quantity, nor are step times on two
+different GPUs. Every row carries its `group` label; a table never mixes groups.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import polars as pl
+
+from memlab.core import metrics
+from memlab.core.compare.reading import FRAME_SCHEMA, read_runs
+from memlab.core.errors import MemlabError
+
+GROUP_KEYS = ("experiment_id", "device", "gpu_name")
+RELATIVE_COLUMNS = tuple(m.name for m in metrics.RELATIVE)
+
+
+def group_label(experiment: str | None, experiment_id: str | None, device: str | None, gpu_name: str | None) -> str:
+    """How a group is named on screen: `tiny (3f2a1b2c3d4e) on cpu` / `… on NVIDIA H100 80GB HBM3`."""
+    where = gpu_name or device or "unknown device"
+    return f"{experiment or 'unnamed'} ({experiment_id or 'no id'}) on {where}"
+
+
+def select_experiment(frame: pl.DataFrame, key: str) -> pl.DataFrame:
+    """Rows whose experiment name or experiment_id (or an id prefix of 4+ characters) is `key`."""
+    match = (pl.col("experiment") == key) | (pl.col("experiment_id") == key)
+    if len(key) >= 4:
+        match = match | pl.col("experiment_id").str.starts_with(key)
+    out = frame.filter(match.fill_null(False))
+    if out.height == 0:
+        present = sorted({f"{n} ({i})" for n, i in frame.select("experiment", "experiment_id").unique().iter_rows()}, key=str)
+        raise MemlabError(f"no runs of experiment {key!r}; present: {', '.join(present) or 'none'}")
+    return out
+
+
+def sortable_columns() -> dict[str, str]:
+    """Names `--sort` accepts (frame column names and on-screen headers, lower case) -> frame column."""
+    out: dict[str, str] = {}
+    for c in metrics.TABLE:
+        out[c.name] = c.name
+        out[c.header.lower()] = c.name
+    for name in ("run_id", "started_at", "experiment", "device"):
+        out[name] = name
+    return out
+
+
+def resolve_sort(column: str) -> tuple[str, bool]:
+    """`--sort` value -> (frame column, descending). A leading '-' sorts descending."""
+    descending = column.startswith("-")
+    key = column.lstrip("-").strip().lower()
+    names = sortable_columns()
+    if key not in names:
+        raise MemlabError(f"unknown sort column {column!r}; choose one of: {', '.join(c.name for c in metrics.TABLE)}")
+    return names[key], descending
+
+
+def comparison(
+    frame: pl.DataFrame,
+    baseline: str | None = None,
+    latest_only: bool = True,
+    sort: str | None = None,
+) -> pl.DataFrame:
+    """The comparison frame: one row per run (the latest of each profile per group unless `latest_only=False`),
+    grouped by experiment and hardware, with the baseline's profile and the relative columns.
+
+    baseline: profile name; default "baseline" where a group has it, else the group's first row (oldest run).
+    A name no group has is a MemlabError listing the profiles present; a group that lacks it has null relative
+    columns. Runs that did not finish keep their identity and status; their figures are null.
+
+    Relative columns: mem_saved_pct = 100 (1 - peak / base peak) on peak_alloc_bytes, or on peak_host_rss_bytes in a
+    group with no device figures (CPU); speedup_x = base step ms / step ms when both do the same tokens per step, else
+    tokens/s / base tokens/s; ppl_change_pct = 100 (val ppl / base val ppl - 1).
+    """
+    if frame.height == 0:
+        return _empty_comparison(frame)
+    df = frame.with_columns(
+        pl.col("started_at").fill_null(pl.col("run_id")).alias("_order"),
+        pl.col("profile").fill_null("?"),
+    )
+    # Runs that did not finish: keep who and what, blank every measured figure.
+    figures = [name for name in metrics.figure_names() if name in df.columns]
+    finished = pl.col("status") == "finished"
+    df = df.with_columns([pl.when(finished).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
+
+    df = df.sort([*GROUP_KEYS, "_order", "run_id"], nulls_last=True)
+    if latest_only:
+        df = df.unique(subset=[*GROUP_KEYS, "profile"], keep="last", maintain_order=True)
+
+    parts = [g for _, g in df.group_by(list(GROUP_KEYS), maintain_order=True)]
+    if baseline is not None and baseline not in set(df["profile"].to_list()):
+        raise MemlabError(f"unknown baseline {baseline!r}; profiles present: {', '.join(sorted(set(df['profile'].to_list())))}")
+    out = [_relative(g, baseline) for g in parts]
+    # Groups in a stable order: by experiment name, then id, then hardware.
+    out.sort(key=lambda g: tuple(str(g[c][0] or "") for c in ("experiment", "experiment_id", "device", "gpu_name")))
+    out = [g.with_columns(pl.lit(i, dtype=pl.Int64).alias("group_index")) for i, g in enumerate(out)]
+    result = pl.concat(out, how="diagonal_relaxed")
+    if sort:
+        # Sort within each group, keeping the groups in their order; ties stay in run order.
+        column, descending = resolve_sort(sort)
+        result = result.sort(["group_index", column, "_order"], descending=[False, descending, False], nulls_last=True, maintain_order=True)
+    keep = ["group", "group_index", "baseline", "is_baseline", *FRAME_SCHEMA, *RELATIVE_COLUMNS]
+    return result.select([c for c in keep if c in result.columns])
+
+
+def _relative(g: pl.DataFrame, baseline: str | None) -> pl.DataFrame:
+    profiles = g["profile"].to_list()
+    name = baseline if baseline is not None else ("baseline" if "baseline" in profiles else profiles[0])
+    base_rows = g.filter(pl.col("profile") == name)
+    first = g.row(0, named=True)
+    label = group_label(first["experiment"], first["experiment_id"], first["device"], first["gpu_name"])
+    if base_rows.height == 0:
+        g = g.with_columns(
+            pl.lit(label).alias("group"),
+            pl.lit(None, dtype=pl.String).alias("baseline"),
+            pl.lit(False).alias("is_baseline"),
+            *[pl.lit(None, dtype=pl.Float64).alias(c) for c in RELATIVE_COLUMNS],
+        )
+        return g
+    # With --all a profile has several runs: the baseline is its latest finished one (else its latest).
+    fin = base_rows.filter(pl.col("status") == "finished")
+    base = (fin if fin.height else base_rows).row(-1, named=True)
+    mem_col = "peak_alloc_bytes"
+    if base["peak_alloc_bytes"] is None and g["peak_alloc_bytes"].null_count() == g.height:
+        mem_col = "peak_host_rss_bytes"  # a CPU group: host memory is what was measured
+    base_mem = base[mem_col]
+    base_tokens_step = _tokens_per_step(base)
+    same_work = (pl.col("batch_size") * pl.col("seq_len")) == (base_tokens_step if base_tokens_step is not None else -1)
+
+    def ratio(num: pl.Expr, den: pl.Expr) -> pl.Expr:
+        return pl.when(den > 0).then(num / den).otherwise(None)
+
+    speed_by_step = ratio(pl.lit(base["step_ms_median"], dtype=pl.Float64), pl.col("step_ms_median"))
+    speed_by_tps = ratio(pl.col("tokens_per_s"), pl.lit(base["tokens_per_s"], dtype=pl.Float64))
+    is_base = (pl.col("run_id") == base["run_id"]).fill_null(False)
+    relative = {
+        "mem_saved_pct": 100 * (1 - ratio(pl.col(mem_col).cast(pl.Float64), pl.lit(base_mem, dtype=pl.Float64))),
+        "speedup_x": pl.when(same_work.fill_null(False) & speed_by_step.is_not_null()).then(speed_by_step).otherwise(speed_by_tps),
+        "ppl_change_pct": 100 * (ratio(pl.col("val_ppl"), pl.lit(base["val_ppl"], dtype=pl.Float64)) - 1),
+    }
+    # The baseline against itself is exactly 0 % / 1x (polars may divide by a literal as a multiply by its inverse).
+    exact = {"mem_saved_pct": 0.0, "speedup_x": 1.0, "ppl_change_pct": 0.0}
+    return g.with_columns(
+        pl.lit(label).alias("group"),
+        pl.lit(name).alias("baseline"),
+        is_base.alias("is_baseline"),
+        *[pl.when(is_base & e.is_not_null()).then(pl.lit(exact[c])).otherwise(e).alias(c) for c, e in relative.items()],
+    )
+
+
+def _tokens_per_step(row: dict) -> int | None:
+    if row.get("batch_size") is None or row.get("seq_len") is None:
+        return None
+    return int(row["batch_size"]) * int(row["seq_len"])
+
+
+def _empty_comparison(frame: pl.DataFrame) -> pl.DataFrame:
+    extra = {"group": pl.String, "group_index": pl.Int64, "baseline": pl.String, "is_baseline": pl.Boolean}
+    rel = {c: pl.Float64 for c in RELATIVE_COLUMNS}
+    return pl.DataFrame(schema={**extra, **FRAME_SCHEMA, **rel})
+
+
+def load(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+    baseline: str | None = None,
+    latest_only: bool = True,
+    experiment: str | None = None,
+    sort: str | None = None,
+    strict: bool = False,
+) -> tuple[pl.DataFrame, list[tuple[str, str]]]:
+    """read_runs + select_experiment + comparison in one call (what `memlab table` and the TUI's results view do).
+    Returns (comparison frame, skipped folders)."""
+    frame, skipped = read_runs(paths, strict=strict)
+    if experiment is not None and frame.height:
+        frame = select_experiment(frame, experiment)
+    return comparison(frame, baseline=baseline, latest_only=latest_only, sort=sort), skipped
+
+
+def groups(table: pl.DataFrame) -> Iterable[tuple[str, pl.DataFrame]]:
+    """(label, rows) for each group of a comparison frame, in order."""
+    for (_, label), g in table.group_by(["group_index", "group"], maintain_order=True):
+        yield label, g

@@ -1,0 +1,148 @@
+"""One run folder, read in one place and written atomically in one place.
+
+    run = read_run(path)           # run.json, summary row, steps and GPU frames; ValueError (a short reason) if no run
+    run.status                     # the summary's outcome, else run.json's, else "incomplete"
+    atomic_write_json(path, obj)   # temp file + os.replace: a reader never sees half a file
+
+Readers: memlab.core.compare (many folders: run.json here, summaries in one parquet scan), the TUI's run view and
+open-run list, and memlab.core.runstore.mark_status. File names are in memlab.core.schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from memlab.core import schema
+from memlab.core.errors import MemlabError
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------- finding
+
+
+def is_run_dir(d: str | os.PathLike) -> bool:
+    """A folder is a run when it has a run.json or a summary.parquet."""
+    return os.path.isfile(os.path.join(d, schema.RUN_JSON)) or os.path.isfile(os.path.join(d, schema.SUMMARY))
+
+
+def _run_dirs_inside(d: str, depth: int, found: dict[str, Path]) -> None:
+    try:
+        entries = sorted((e for e in os.scandir(d) if e.is_dir() and not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if is_run_dir(e.path):
+            found.setdefault(e.path, Path(e.path))
+        elif depth > 1:
+            _run_dirs_inside(e.path, depth - 1, found)
+
+
+def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Run folders under `paths`: a path that is a run folder itself, or the run folders inside it (two levels deep,
+    so that `runs/` and `runs/<sweep>/` both work). A path that does not exist is a MemlabError."""
+    found: dict[str, Path] = {}  # insertion-ordered, no duplicates
+    for p in paths:
+        p = os.path.normpath(os.fspath(p))
+        if not os.path.exists(p):
+            raise MemlabError(f"{p}: no such folder")
+        if not os.path.isdir(p):
+            raise MemlabError(f"{p}: not a folder (give a run folder or a folder of runs)")
+        if is_run_dir(p):
+            found.setdefault(p, Path(p))
+        else:
+            _run_dirs_inside(p, 2, found)
+    return list(found.values())
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read_info(d: Path) -> dict:
+    """run.json as a dict; raises ValueError with a short reason when it is missing, partial or not a run."""
+    f = Path(d) / schema.RUN_JSON
+    try:
+        text = f.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"no {schema.RUN_JSON}") from None
+    except OSError as e:
+        raise ValueError(f"{schema.RUN_JSON} unreadable ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{schema.RUN_JSON} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{schema.RUN_JSON} is not a JSON object")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > schema.SCHEMA_VERSION:
+        raise ValueError(f"{schema.RUN_JSON} has schema_version {version}, newer than this memlab ({schema.SCHEMA_VERSION})")
+    return data
+
+
+def read_frame(path: Path) -> pl.DataFrame | None:
+    """A parquet file of the folder, or None when it is missing or torn (a run killed mid-write)."""
+    try:
+        return pl.read_parquet(path)
+    except Exception:  # noqa: BLE001 (polars raises its own types for corrupt or partial files)
+        return None
+
+
+@dataclass
+class RunFolder:
+    """What a run folder holds; a part that is missing or unreadable is empty ({} or None)."""
+
+    path: Path
+    info: dict  # run.json
+    summary: dict = field(default_factory=dict)  # summary.parquet's row
+    steps: pl.DataFrame | None = None
+    gpu: pl.DataFrame | None = None
+
+    @property
+    def status(self) -> str:
+        return self.summary.get("status") or self.info.get("status") or "incomplete"
+
+
+def read_run(d: str | os.PathLike, *, steps: bool = True, gpu: bool = True) -> RunFolder:
+    """The run folder `d`. Raises ValueError with a short reason when its run.json is missing or unreadable."""
+    d = Path(d)
+    run = RunFolder(path=d, info=read_info(d))
+    summary = read_frame(d / schema.SUMMARY)
+    if summary is not None and summary.height:
+        run.summary = summary.row(0, named=True)
+    run.steps = read_frame(d / schema.STEPS) if steps else None
+    run.gpu = read_frame(d / schema.GPU) if gpu else None
+    return run
