@@ -188,33 +188,51 @@ class RunStore:
         self._events.close()
 
 
-def mark_status(run_dir: Path, status: str, message: str) -> None:
+def mark_status(run_dir: Path, status: str, message: str) -> bool:
     """For a child that died without saying how (SIGKILL, segfault): run.json and summary.parquet say so.
 
     The summary keeps what the folder proves (steps completed, from steps.parquet); every figure it cannot
-    know stays null. A folder that already reached an outcome is left as it is.
+    know stays null. A folder that already reached an outcome is left as it is. Never raises: a folder that
+    vanished (a child that refused deletes its own) or cannot be written gets nothing; returns whether it was marked.
     """
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return False
+    try:
+        return _mark_status(run_dir, status, message)
+    except Exception:  # noqa: BLE001 (removed or unwritable meanwhile: the supervisor's outcome stands without it)
+        return False
+
+
+def _mark_status(run_dir: Path, status: str, message: str) -> bool:
     path = run_dir / schema.RUN_JSON
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
+        data = None
+    if not isinstance(data, dict):
         data = {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name}
     if data.get("status") not in (None, "running"):
-        return
+        return False
     data.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     atomic_write_json(path, data)
-    if (run_dir / schema.SUMMARY).exists():
-        return
+    if not (run_dir / schema.SUMMARY).exists():
+        atomic_write_parquet(run_dir / schema.SUMMARY, frame([_marked_summary(run_dir, data, status)], schema.SUMMARY_SCHEMA))
+    return True
+
+
+def _marked_summary(run_dir: Path, data: dict, status: str) -> dict:
+    """The one summary row a marked folder can prove: who, where, and the steps steps.parquet holds."""
     try:
         steps = pl.read_parquet(run_dir / schema.STEPS).height
     except Exception:  # noqa: BLE001 (missing or torn: nothing proven)
         steps = 0
-    experiment = data.get("experiment") or {}
-    row = {
+    experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
+    profile = data.get("profile") if isinstance(data.get("profile"), dict) else {}
+    return {
         "schema_version": schema.SCHEMA_VERSION,
         "run_id": data.get("run_id", run_dir.name),
-        "profile": (data.get("profile") or {}).get("name"),
+        "profile": profile.get("name"),
         "experiment": experiment.get("name"),
         "experiment_id": data.get("experiment_id"),
         "status": status,
@@ -222,4 +240,3 @@ def mark_status(run_dir: Path, status: str, message: str) -> None:
         "steps": steps,
         "started_at": data.get("started_at"),
     }
-    atomic_write_parquet(run_dir / schema.SUMMARY, frame([row], schema.SUMMARY_SCHEMA))
