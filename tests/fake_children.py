@@ -14,7 +14,8 @@ PRELUDE = textwrap.dedent("""
     RUNS = sys.argv[1]
     def emit(kind, **fields):
         print(json.dumps({"event": kind, "t": time.time(), **fields}), flush=True)
-    def make_run(name="fake-run"):
+    def make_run():
+        name = f"fake-run-{os.getpid()}"
         d = os.path.join(RUNS, name)
         os.makedirs(d)
         with open(os.path.join(d, "run.json"), "w") as f:
