@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from memlab.core.events import FAIL_REASONS
+from memlab.core.events import EVENT_KINDS, FAIL_REASONS
 from memlab.core.runstore import mark_status
 
 STATUSES = ("finished", "oom", "nan", "interrupted", "rejected", "crashed", "error")
@@ -78,8 +78,8 @@ class ChildResult:
 
 
 def parse_event(line: str) -> dict | None:
-    """One stdout line as an event, or None when it is not one: not JSON, truncated, not an object, or without
-    a string `event`. A child's garbage is skipped, never raised."""
+    """One stdout line as an event, or None when it is not a sound one (see `sound`). A child's garbage is
+    skipped, never raised; a finished / failed event is always kept, its fields made sound (see `outcome_event`)."""
     line = line.strip()
     if not line.startswith("{"):
         return None
@@ -87,8 +87,37 @@ def parse_event(line: str) -> dict | None:
         event = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+    if not isinstance(event, dict) or event.get("event") not in EVENT_KINDS:
         return None
+    if event["event"] in ("finished", "failed"):
+        return outcome_event(event)
+    return event if sound(event) else None
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def sound(event: dict) -> bool:
+    """The fields every reader relies on have their types: a started event names its run folder, a step or eval
+    its step; step, eval and gpu_sample carry only numbers (and the `measured` flag); started's counts are numbers."""
+    kind = event["event"]
+    if kind == "started":
+        return isinstance(event.get("run_dir"), str) and all(_number(event.get(k)) for k in ("total_steps", "params", "t"))
+    if kind in ("step", "eval") and (not isinstance(event.get("step"), int) or isinstance(event.get("step"), bool)):
+        return False
+    return all(_number(v) or k in ("event", "measured") for k, v in event.items())
+
+
+def outcome_event(event: dict) -> dict:
+    """A finished / failed event as readers may trust it: reason one of FAIL_REASONS (else `error`), message a
+    string, summary a dict (else absent)."""
+    event = dict(event)
+    if not isinstance(event.get("summary"), dict):
+        event.pop("summary", None)
+    if event["event"] == "failed":
+        event["reason"] = event.get("reason") if event.get("reason") in FAIL_REASONS else "error"
+        event["message"] = _text(event.get("message"))
     return event
 
 
@@ -247,12 +276,10 @@ class ChildRun:
 
     def _reported(self) -> tuple[str, str, dict | None]:
         """The child's own word (its finished / failed event), its fields checked."""
-        ev = self.last
-        summary = ev.get("summary") if isinstance(ev.get("summary"), dict) else None
+        ev = self.last  # made sound by outcome_event
         if ev["event"] == "finished":
-            return "finished", "", summary
-        reason = ev.get("reason") if ev.get("reason") in FAIL_REASONS else "error"
-        return reason, _text(ev.get("message")) or self._last_error(), summary
+            return "finished", "", ev.get("summary")
+        return ev["reason"], ev["message"] or self._last_error(), ev.get("summary")
 
     def _silent_message(self, code: int) -> str:
         asked = " after it was asked to stop" if self.cancelled else ""

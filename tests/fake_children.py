@@ -11,7 +11,7 @@ from memlab.core.supervisor import ChildSpec
 # What every fake child can call: emit an event on stdout, make a run folder as the engine does (run.json running).
 PRELUDE = textwrap.dedent("""
     import json, os, shutil, signal, sys, time
-    RUNS = sys.argv[1]
+    RUNS, PROFILE = sys.argv[1], sys.argv[2]
     def emit(kind, **fields):
         print(json.dumps({"event": kind, "t": time.time(), **fields}), flush=True)
     def make_run():
@@ -20,7 +20,7 @@ PRELUDE = textwrap.dedent("""
         os.makedirs(d)
         with open(os.path.join(d, "run.json"), "w") as f:
             json.dump({"schema_version": 1, "run_id": name, "status": "running", "profile": {"name": "fake"}}, f)
-        emit("started", run_id=name, run_dir=d)
+        emit("started", run_id=name, run_dir=d, profile={"name": PROFILE})
         return d
 """)
 
@@ -55,8 +55,10 @@ SCRIPTS = {
     "garbage": """
         d = make_run()
         for line in ['not json', '[1, 2]', '"a string"', '42', '{"event": 3}', '{"no_event": 1}', '{"event": "step", "st',
-                     '{' * 5000 + '}' * 5000, '{"event": "step"}', '{"event": "step", "step": "three"}']:
+                     '{' * 5000 + '}' * 5000, '{"event": "step"}', '{"event": "step", "step": "three"}',
+                     '{"event": "party", "step": 1}', '{"event": "step", "step": 1, "loss": "low"}']:
             print(line, flush=True)
+        emit("step", step=0, loss=1.0)
         sys.stdout.buffer.write(b'\\xff\\xfe not utf-8\\n')
         sys.stdout.flush()
         emit("failed", reason=123, message=["not", "a", "string"], summary="not a dict")
@@ -92,5 +94,5 @@ def fake_spec(kind: str, runs_dir, profile: str | None = None) -> ChildSpec:
     if kind == "unstartable":
         command = [str(runs_dir) + "/no-such-executable"]
     else:
-        command = [sys.executable, "-c", PRELUDE + textwrap.dedent(SCRIPTS[kind]), str(runs_dir)]
+        command = [sys.executable, "-c", PRELUDE + textwrap.dedent(SCRIPTS[kind]), str(runs_dir), profile or kind]
     return ChildSpec(profile=profile or kind, runs_dir=str(runs_dir), command=command)

@@ -117,7 +117,8 @@ def test_a_sigkill_is_a_crash_that_names_the_signal_and_the_oom_killer(tmp_path)
 def test_garbage_on_stdout_is_skipped_and_bad_fields_are_not_trusted(tmp_path):
     seen: list[dict] = []
     result = run_child(fake_spec("garbage", tmp_path), on_event=seen.append)
-    assert [e["event"] for e in seen] == ["started", "step", "step", "failed"]  # only objects with a string `event`
+    assert [e["event"] for e in seen] == ["started", "step", "failed"]  # only sound events of known kinds
+    assert seen[-1]["reason"] == "error" and isinstance(seen[-1]["message"], str) and "summary" not in seen[-1]
     assert result.status == "error"  # reason 123 is not a reason
     assert result.message == "['not', 'a', 'string']" and result.summary is None
     assert json.loads((Path(result.run_dir) / schema.RUN_JSON).read_text())["status"] == "error"
@@ -184,7 +185,11 @@ def test_mark_status_never_raises(tmp_path):
 
 
 def test_parse_event_skips_everything_that_is_not_an_event():
-    good = '{"event": "step", "step": 1}'
-    assert parse_event(good) == {"event": "step", "step": 1}
-    for line in ("", "text", "[1]", '"s"', '{"event": 1}', '{"x": 1}', '{"event": "st', "{" * 100000 + "}" * 100000):
-        assert parse_event(line) is None, line[:20]
+    good = '{"event": "step", "step": 1, "loss": 2.5, "measured": true}'
+    assert parse_event(good) == {"event": "step", "step": 1, "loss": 2.5, "measured": True}
+    for line in ("", "text", "[1]", '"s"', '{"event": 1}', '{"x": 1}', '{"event": "st', "{" * 100000 + "}" * 100000,
+                 '{"event": "party"}', '{"event": "step"}', '{"event": "step", "step": "1"}', '{"event": "eval", "step": 1, "val_ppl": "3"}',
+                 '{"event": "started"}', '{"event": "started", "run_dir": "r", "total_steps": "many"}'):
+        assert parse_event(line) is None, line[:40]
+    failed = parse_event('{"event": "failed", "reason": 5, "message": null, "summary": [1]}')
+    assert failed == {"event": "failed", "reason": "error", "message": ""}

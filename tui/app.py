@@ -238,7 +238,10 @@ class MemlabApp(App[None]):
             kind, item_id, payload = self._inbox.popleft()
             if kind == "event":
                 live_dirty = True
-                self._on_child_event(payload)
+                try:
+                    self._on_child_event(payload)
+                except (TypeError, ValueError, KeyError, AttributeError):
+                    pass  # a child's malformed event (a field of the wrong type): skipped, never the app's end
             elif kind == "run_started":
                 self.live_state = LiveState(profile=display_name(payload))
                 self.view_state = None
