@@ -121,15 +121,16 @@ def outcome_event(event: dict) -> dict:
     return event
 
 
-def signal_text(code: int) -> str:
-    """'killed by signal 9 (SIGKILL, e.g. the OOM killer)' for a negative return code, else 'exited with status N'."""
+def signal_text(code: int, oom_hint: bool = True) -> str:
+    """'killed by signal 9 (SIGKILL, e.g. the OOM killer)' for a negative return code, else 'exited with status N'.
+    No OOM hint where the supervisor itself escalated to SIGKILL."""
     if code >= 0:
         return f"exited with status {code}"
     try:
         name = signal.Signals(-code).name
     except ValueError:
         return f"killed by signal {-code}"
-    hint = ", e.g. the OOM killer" if -code == signal.SIGKILL else ""
+    hint = ", e.g. the OOM killer" if -code == signal.SIGKILL and oom_hint else ""
     return f"killed by signal {-code} ({name}{hint})"
 
 
@@ -284,7 +285,7 @@ class ChildRun:
     def _silent_message(self, code: int) -> str:
         asked = " after it was asked to stop" if self.cancelled else ""
         last = self._last_error()
-        return f"child {signal_text(code)}{asked} without reporting an outcome" + (f": {last}" if last else "")
+        return f"child {signal_text(code, oom_hint=not self.cancelled)}{asked} without reporting an outcome" + (f": {last}" if last else "")
 
 
 def run_child(spec: ChildSpec, on_event: Callable[[dict], None] | None = None) -> ChildResult:
