@@ -51,7 +51,7 @@ class ChildQueue:
         self.current: ChildRun | None = None  # the child in flight
         self.current_key: Any = None  # the item in flight (set before its child exists)
         self._cancel_asked = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: sweep's SIGINT handler runs on the thread that may hold it
 
     def run(self, items: Iterable[tuple[Any, ChildSpec]]) -> list[QueueOutcome]:
         outcomes = []
