@@ -133,6 +133,10 @@ class ProbeError(MemlabError):
     """A probe failed for a reason other than running out of memory: reported, never counted as "does not fit"."""
 
 
+class ProbeRejected(ProbeError):
+    """The probe's child refused its input (exit 2): the profile itself is refused, whatever the batch."""
+
+
 class DoesNotFitError(MemlabError):
     """Not even the smallest micro-batch fits."""
 
@@ -309,22 +313,36 @@ class ChildProbe:
         from memlab.core.supervisor import run_child
 
         t0 = time.monotonic()
-        result = run_child(self.spec(b))
+        result = run_child(self.spec(b))  # never raises: a crashed, refusing or babbling child is an outcome
         seconds = time.monotonic() - t0
         if result.run_dir:
             shutil.rmtree(result.run_dir, ignore_errors=True)
-        s = result.summary or {}
-        if result.status == "finished":
-            return ProbeResult(b, True, seconds, s.get("peak_alloc_bytes"), s.get("peak_reserved_bytes"), s.get("alloc_retries"))
-        if result.status == "oom":
-            return ProbeResult(b, False, seconds, s.get("peak_alloc_bytes"), s.get("peak_reserved_bytes"), s.get("alloc_retries"), result.message)
-        tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
-        detail = result.message or (tail[-1] if tail else "")
-        raise ProbeError(f"probe at micro-batch {b} ended with '{result.status}', not out of memory: {detail}".rstrip(": "))
+        return probe_result(b, result, seconds, self.profile_ref)
 
     def close(self) -> None:
         if self._own_dir:
             shutil.rmtree(self.runs_dir, ignore_errors=True)
+
+
+def probe_result(b: int, result: Any, seconds: float, profile_ref: str) -> ProbeResult:
+    """A child's outcome (a supervisor ChildResult) as a probe: finished fits; oom, or a SIGKILL with no outcome
+    (the kernel's OOM killer, out of host memory), does not fit; a refusal is ProbeRejected; anything else ProbeError."""
+    s = result.summary or {}
+    figures = [_count(s.get(k)) for k in ("peak_alloc_bytes", "peak_reserved_bytes", "alloc_retries")]
+    if result.status == "finished":
+        return ProbeResult(b, True, seconds, *figures)
+    if result.status == "oom" or result.killed_by_sigkill:
+        return ProbeResult(b, False, seconds, *figures, result.message or "out of memory")
+    if result.status == "rejected":
+        raise ProbeRejected(f"profile {profile_ref} refused (probe at micro-batch {b}): {result.message}".rstrip(": "))
+    tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
+    detail = result.message or (tail[-1] if tail else "")
+    raise ProbeError(f"probe at micro-batch {b} ended with '{result.status}', not out of memory: {detail}".rstrip(": "))
+
+
+def _count(value: Any) -> int | None:
+    """A byte or retry count from a child's summary; anything else (a garbage child) is unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 # ---------------------------------------------------------------------------------------------- the cache

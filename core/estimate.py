@@ -33,7 +33,6 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, MemlabError
 
 MIB = 1024**2
-GIB = 1024**3
 
 # ---------------------------------------------------------------------------------------------- measured constants
 

@@ -151,28 +151,34 @@ class RunStore:
         self._events.close()
 
 
-def mark_status(run_dir: Path, status: str, message: str) -> None:
+def mark_status(run_dir: Path, status: str, message: str) -> bool:
     """For a child that died without saying how (SIGKILL, segfault): run.json and summary.parquet say so.
 
     The summary keeps what the folder proves (steps completed, from steps.parquet); every figure it cannot
-    know stays null. A folder that already reached an outcome is left as it is; one that is gone is no error.
+    know stays null. A folder that already reached an outcome is left as it is. Never raises: a folder that
+    vanished (a child that refused deletes its own) or cannot be written gets nothing; returns whether it was marked.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        return
+        return False
+    try:
+        return _mark_status(run_dir, status, message)
+    except Exception:  # noqa: BLE001 (removed or unwritable meanwhile: the supervisor's outcome stands without it)
+        return False
+
+
+def _mark_status(run_dir: Path, status: str, message: str) -> bool:
     try:
         run = read_run(run_dir, gpu=False)
     except ValueError:  # no run.json yet, or a torn one: what the folder name says
         run = RunFolder(run_dir, {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name})
     if run.info.get("status") not in (None, "running"):
-        return
+        return False
     run.info.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    try:
-        atomic_write_json(run_dir / schema.RUN_JSON, run.info)
-        if not (run_dir / schema.SUMMARY).exists():
-            atomic_write_parquet(run_dir / schema.SUMMARY, frame([_unfinished_summary(run, status)], schema.SUMMARY_SCHEMA))
-    except FileNotFoundError:
-        pass  # the folder was removed while we wrote
+    atomic_write_json(run_dir / schema.RUN_JSON, run.info)
+    if not (run_dir / schema.SUMMARY).exists():
+        atomic_write_parquet(run_dir / schema.SUMMARY, frame([_unfinished_summary(run, status)], schema.SUMMARY_SCHEMA))
+    return True
 
 
 def _unfinished_summary(run: RunFolder, status: str) -> dict:

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from fake_children import fake_spec
 
 from memlab.core import batchfind as bf
 from memlab.core.config import load_experiment, load_profile
@@ -159,7 +160,7 @@ def test_real_child_probe_on_cpu(tmp_path):
     r = probe(4)
     assert r.fits and r.batch == 4 and r.seconds > 0
     bad = bf.ChildProbe("baseline", "tiny", ["model.vocab_size=3"], seq_len=64, steps=2, device="cpu", runs_dir=tmp_path)
-    with pytest.raises(bf.ProbeError, match="ended with 'rejected', not out of memory: model.vocab_size"):
+    with pytest.raises(bf.ProbeRejected, match=r"profile baseline refused \(probe at micro-batch 4\): model.vocab_size"):
         bad(4)
     assert not any(tmp_path.iterdir())
 
@@ -231,3 +232,74 @@ def test_gpu_memory_larger_than_the_card_is_refused():
     with pytest.raises(DeviceError, match="more than this GPU has"):
         _cap_for("100GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30))
     assert _cap_for("24GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30)) == 24 * 2**30
+
+
+# ---------------------------------------------------------------------------------------------- probes that misbehave
+
+
+class FakeKindProbe(bf.ChildProbe):
+    """The real ChildProbe, its child a fake one (tests/fake_children.py) chosen by the micro-batch."""
+
+    def __init__(self, kind_at, runs_dir):
+        super().__init__("baseline", "tiny", [], seq_len=64, steps=1, device="cpu", runs_dir=runs_dir)
+        self.kind_at = kind_at
+
+    def spec(self, b):
+        return fake_spec(self.kind_at(b), self.runs_dir)
+
+
+@pytest.mark.parametrize("kind, fits", [("finished", True), ("oom", False), ("sigkilled", False)])
+def test_a_probe_fits_unless_out_of_memory_or_killed_by_the_oom_killer(kind, fits, tmp_path):
+    r = FakeKindProbe(lambda b: kind, tmp_path)(4)
+    assert r.batch == 4 and r.fits is fits
+    if kind == "sigkilled":
+        assert "killed by signal 9 (SIGKILL, e.g. the OOM killer)" in r.message
+    assert not any(tmp_path.iterdir())  # the probe's folder is removed
+
+
+@pytest.mark.parametrize("kind, error, match", [
+    ("refuses_after_started", bf.ProbeRejected, r"profile baseline refused \(probe at micro-batch 4\): validation slice"),
+    ("garbage", bf.ProbeError, r"ended with 'error', not out of memory: \['not'"),
+    ("silent_exit_0", bf.ProbeError, r"ended with 'crashed', not out of memory: child exited with status 0"),
+    ("unstartable", bf.ProbeError, r"ended with 'crashed', not out of memory: could not start the child process: FileNotFoundError"),
+])
+def test_a_probe_that_neither_fits_nor_runs_out_of_memory_is_an_error(kind, error, match, tmp_path):
+    with pytest.raises(error, match=match):
+        FakeKindProbe(lambda b: kind, tmp_path)(4)
+
+
+def find_batch_with(kind_at, monkeypatch, capsys, tmp_path) -> tuple[int, str, str]:
+    """`memlab find-batch` in process on a pretend GPU, each probe's child a fake one."""
+    from memlab.cli import batch as batch_cli
+    from memlab.cli import main
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
+    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: FakeKindProbe(kind_at, tmp_path / "probes"))
+    try:
+        main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--start", "1", "--max", "8"])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_find_batch_reports_a_refused_profile_in_one_line_with_exit_2(monkeypatch, capsys, tmp_path):
+    code, out, err = find_batch_with(lambda b: "refuses_after_started", monkeypatch, capsys, tmp_path)
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == "memlab: error: profile baseline refused (probe at micro-batch 1): validation slice of 10 tokens is shorter than one window"
+
+
+def test_find_batch_reports_a_crashed_probe_and_what_was_measured_before_it(monkeypatch, capsys, tmp_path):
+    code, out, err = find_batch_with(lambda b: "finished" if b == 1 else "garbage", monkeypatch, capsys, tmp_path)
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("memlab: error: probe at micro-batch 2 ended with 'error', not out of memory")
+    assert err.splitlines()[-1].endswith("(measured before it: micro-batch 1 fits)")
+
+
+def test_find_batch_counts_an_oom_kill_as_not_fitting(monkeypatch, capsys, tmp_path):
+    code, out, err = find_batch_with(lambda b: "finished" if b <= 3 else "sigkilled", monkeypatch, capsys, tmp_path)
+    assert code == 0 and "max micro-batch: 3 (4 runs out of memory)" in out
+    assert "micro-batch 4 out of memory" in err

@@ -8,9 +8,11 @@ import signal
 from pathlib import Path
 
 import polars as pl
+from fake_children import fake_spec
 
 from memlab.core import schema
-from memlab.core.supervisor import ChildRun, ChildSpec, run_child
+from memlab.core.runstore import mark_status
+from memlab.core.supervisor import ChildRun, ChildSpec, parse_event, run_child
 
 
 def spec(tmp_path, profile="baseline", steps=4, **kw):
@@ -83,3 +85,111 @@ def test_two_processes_in_one_runs_folder_never_collide(tmp_path):
     assert ra.status == rb.status == "finished"
     assert ra.run_dir != rb.run_dir
     assert len(list(tmp_path.iterdir())) == 2
+
+
+# ---------------------------------------------------------------------------------------------- children that misbehave
+# Fake children (tests/fake_children.py: python -c scripts, no torch): whatever they do, wait() returns an outcome.
+
+
+def test_a_refusal_after_started_whose_folder_vanished_is_rejected_with_its_reason(tmp_path):
+    result = run_child(fake_spec("refuses_after_started", tmp_path))
+    assert result.status == "rejected" and result.returncode == 2
+    assert result.message == "validation slice of 10 tokens is shorter than one window"
+    assert result.run_dir is None and list(tmp_path.iterdir()) == []  # nothing recreated
+
+
+def test_a_refusal_after_started_that_kept_its_folder_marks_it_rejected(tmp_path):
+    result = run_child(fake_spec("refuses_keeping_folder", tmp_path))
+    assert result.status == "rejected" and result.message == "attention.window needs the flash kernel"
+    meta = json.loads((Path(result.run_dir) / schema.RUN_JSON).read_text())
+    assert meta["status"] == "rejected" and meta["message"] == result.message
+
+
+def test_a_sigkill_is_a_crash_that_names_the_signal_and_the_oom_killer(tmp_path):
+    result = run_child(fake_spec("sigkilled", tmp_path))
+    assert result.status == "crashed" and result.returncode == -signal.SIGKILL and result.killed_by_sigkill
+    assert result.message == ("child killed by signal 9 (SIGKILL, e.g. the OOM killer) without reporting an outcome: "
+                              "allocating a lot of host memory")
+    assert json.loads((Path(result.run_dir) / schema.RUN_JSON).read_text())["status"] == "crashed"
+    assert pl.read_parquet(Path(result.run_dir) / schema.SUMMARY)["status"].to_list() == ["crashed"]
+
+
+def test_garbage_on_stdout_is_skipped_and_bad_fields_are_not_trusted(tmp_path):
+    seen: list[dict] = []
+    result = run_child(fake_spec("garbage", tmp_path), on_event=seen.append)
+    assert [e["event"] for e in seen] == ["started", "step", "failed"]  # only sound events of known kinds
+    assert seen[-1]["reason"] == "error" and isinstance(seen[-1]["message"], str) and "summary" not in seen[-1]
+    assert result.status == "error"  # reason 123 is not a reason
+    assert result.message == "['not', 'a', 'string']" and result.summary is None
+    assert json.loads((Path(result.run_dir) / schema.RUN_JSON).read_text())["status"] == "error"
+
+
+def test_a_clean_exit_without_an_outcome_is_a_crash(tmp_path):
+    result = run_child(fake_spec("silent_exit_0", tmp_path))
+    assert result.status == "crashed" and result.returncode == 0
+    assert result.message == "child exited with status 0 without reporting an outcome"
+    assert result.run_dir is None  # its `started` named no folder
+
+
+def test_a_child_that_cannot_start_is_a_crash_with_the_os_error(tmp_path):
+    result = run_child(fake_spec("unstartable", tmp_path))
+    assert result.status == "crashed" and result.returncode is None
+    assert result.message.startswith("could not start the child process: FileNotFoundError")
+    assert "no-such-executable" in result.message
+
+
+def test_a_folder_outside_the_runs_folder_is_never_written(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    result = run_child(fake_spec("claims_a_foreign_folder", runs))
+    assert result.status == "crashed" and result.run_dir is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no run.json beside it
+
+
+def test_a_cancelled_child_that_reports_nothing_is_interrupted(tmp_path):
+    child: ChildRun
+
+    def cancel_at_step(event):
+        if event["event"] == "step":
+            child.cancel()
+
+    child = ChildRun(fake_spec("sleeps", tmp_path), on_event=cancel_at_step)
+    result = child.wait()
+    assert result.status == "interrupted" and result.returncode != 0
+    assert "after it was asked to stop without reporting an outcome: KeyboardInterrupt" in result.message
+    assert json.loads((Path(result.run_dir) / schema.RUN_JSON).read_text())["status"] == "interrupted"
+
+
+def test_an_on_event_callback_that_raises_is_noted_and_the_child_still_read_to_its_end(tmp_path):
+    calls = []
+
+    def broken(event):
+        calls.append(event["event"])
+        raise KeyError("oops")
+
+    result = run_child(fake_spec("finished", tmp_path), on_event=broken)
+    assert result.status == "finished" and result.summary["steps"] == 1
+    assert calls == ["started"]  # not called again after it raised
+    assert result.callback_error == "on_event raised KeyError: 'oops'"
+
+
+def test_mark_status_never_raises(tmp_path):
+    assert mark_status(tmp_path / "vanished", "crashed", "gone") is False
+    assert not (tmp_path / "vanished").exists()
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / schema.RUN_JSON).write_text('["not", "an object"]')
+    assert mark_status(torn, "crashed", "killed") is True
+    assert json.loads((torn / schema.RUN_JSON).read_text())["status"] == "crashed"
+    assert mark_status(torn, "interrupted", "again") is False  # an outcome already recorded stays
+
+
+def test_parse_event_skips_everything_that_is_not_an_event():
+    good = '{"event": "step", "step": 1, "loss": 2.5, "measured": true}'
+    assert parse_event(good) == {"event": "step", "step": 1, "loss": 2.5, "measured": True}
+    for line in ("", "text", "[1]", '"s"', '{"event": 1}', '{"x": 1}', '{"event": "st', "{" * 100000 + "}" * 100000,
+                 '{"event": "party"}', '{"event": "step"}', '{"event": "step", "step": "1"}', '{"event": "eval", "step": 1, "val_ppl": "3"}',
+                 '{"event": "started"}', '{"event": "started", "run_dir": "r", "total_steps": "many"}'):
+        assert parse_event(line) is None, line[:40]
+    failed = parse_event('{"event": "failed", "reason": 5, "message": null, "summary": [1]}')
+    assert failed == {"event": "failed", "reason": "error", "message": ""}

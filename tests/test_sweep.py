@@ -11,6 +11,10 @@ import sys
 import time
 
 import polars as pl
+from fake_children import fake_spec
+
+from memlab.cli import main
+from memlab.core.supervisor import ChildSpec
 
 SWEEP = [sys.executable, "-m", "memlab", "sweep", "--experiment", "tiny", "--device", "cpu", "--set", "train.measure_after=1"]
 
@@ -18,7 +22,7 @@ SWEEP = [sys.executable, "-m", "memlab", "sweep", "--experiment", "tiny", "--dev
 def test_a_failing_profile_is_recorded_and_the_sweep_goes_on(tmp_path):
     r = subprocess.run([*SWEEP, "--profiles", "baseline,tf32,gradcp", "--steps", "3", "--runs-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # not every run finished
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
     assert any(ln.startswith("[1/3] baseline: finished") for ln in lines)
     assert any(ln.startswith("[2/3] tf32: rejected") and "needs CUDA" in ln for ln in lines)
@@ -44,3 +48,48 @@ def test_ctrl_c_stops_the_sweep_and_keeps_finished_runs(tmp_path):
     (run,) = list(tmp_path.iterdir())  # the queue did not go on
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert pl.read_parquet(run / "summary.parquet")["status"].to_list() == ["interrupted"]
+
+
+def test_the_reproduction_of_issue_16_ends_with_an_outcome_for_each_run_and_no_traceback(tmp_path):
+    """A child that refuses after `started` deletes its folder; the sweep used to die marking it (FileNotFoundError)."""
+    r = subprocess.run([sys.executable, "-m", "memlab", "sweep", "--profiles", "baseline,bf16", "--experiment", "tiny", "--device", "cpu",
+                        "--set", "data.val_tokens=10", "--steps", "2", "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, r.stderr
+    assert any(ln.startswith("[1/2] baseline: rejected") and "val_tokens" in ln for ln in r.stderr.splitlines()), r.stderr
+    assert any(ln.startswith("[2/2] bf16: rejected") for ln in r.stderr.splitlines()), r.stderr
+    assert "sweep: 0/2 finished" in r.stderr
+
+
+def fake_sweep(monkeypatch, capsys, tmp_path, kinds: dict[str, str]) -> tuple[int, list[str]]:
+    """`memlab sweep` in process, each profile's child replaced by a fake one (tests/fake_children.py)."""
+    monkeypatch.setattr(ChildSpec, "argv", lambda self: list(fake_spec(kinds[self.profile], self.runs_dir).command))
+    try:
+        main(["sweep", "--profiles", ",".join(kinds), "--device", "cpu", "--runs-dir", str(tmp_path)])
+        code = 0  # main returns on success
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_sweep_exits_1_when_a_run_did_not_finish_and_says_how_each_ended(monkeypatch, capsys, tmp_path):
+    code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "finished", "gradcp": "sigkilled", "bf16": "refuses_after_started", "tf32": "garbage"})
+    assert code == 1
+    ended = [ln for ln in lines if ln.startswith("[") and not ln.endswith("...")]
+    assert ended[0].startswith("[1/4] baseline: finished") and "1 steps" in ended[0]
+    assert ended[1].startswith("[2/4] gradcp: crashed") and "killed by signal 9 (SIGKILL, e.g. the OOM killer)" in ended[1]
+    assert ended[2].startswith("[3/4] bf16: rejected") and ended[2].endswith("validation slice of 10 tokens is shorter than one window · no run folder")
+    assert ended[3].startswith("[4/4] tf32: error")
+    assert lines[-1].startswith("sweep: 1/4 finished")
+
+
+def test_sweep_exits_0_when_every_run_finished(monkeypatch, capsys, tmp_path):
+    code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "finished", "gradcp": "finished"})
+    assert code == 0 and lines[-1].startswith("sweep: 2/2 finished")
+
+
+def test_sweep_help_says_what_each_status_and_exit_code_means():
+    r = subprocess.run([sys.executable, "-m", "memlab", "sweep", "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    for status in ("finished:", "oom:", "nan:", "interrupted:", "rejected:", "crashed:", "error:", "skipped:"):
+        assert status in r.stdout, status
+    assert "0 when every run finished, 1 when any did not, 2 for bad input" in r.stdout

@@ -326,3 +326,24 @@ def test_tui_command_rejects_a_bad_device(device):
     with pytest.raises(SystemExit) as exc:
         main(["tui", "--device", device])
     assert exc.value.code == 2
+
+
+async def test_children_that_crash_babble_or_cannot_start_each_end_only_their_run(tmp_path, monkeypatch):
+    """Through the core queue supervisor: fake children (tests/fake_children.py) that misbehave in every way; each
+    item gets its outcome, the app stays up, and the queue goes on to the last one."""
+    from fake_children import fake_spec
+
+    from memlab.core.supervisor import ChildSpec
+
+    monkeypatch.setattr(ChildSpec, "argv", lambda self: list(fake_spec(self.profile, self.runs_dir).command))
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for kind in ("garbage", "sigkilled", "unstartable", "refuses_after_started", "finished"):
+            app.queue.add(kind)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: all(i.done for i in app.queue.items()), what="the queue to finish")
+        assert [i.status for i in app.queue.items()] == ["error", "crashed", "crashed", "rejected", "finished"]
+        await wait_for(pilot, lambda: "✓ finished: finished" in "\n".join(app.event_log.lines_text), what="the last log line")
+        log = "\n".join(app.event_log.lines_text)
+        assert "✗ unstartable: crashed: could not start the child process: FileNotFoundError" in log
+        assert "✗ sigkilled: crashed: child killed by signal 9 (SIGKILL, e.g. the OOM killer)" in log

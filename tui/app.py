@@ -22,7 +22,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.worker import Worker, WorkerState
 
-from memlab.tui.model import RUNNING, LiveState, RunQueue, display_name, load_run
+from memlab.tui.model import LiveState, RunQueue, display_name, load_run
 from memlab.tui.screens.help import HelpScreen
 from memlab.tui.screens.main import MainScreen
 from memlab.tui.screens.open_run import OpenRunScreen
@@ -76,10 +76,7 @@ class MemlabApp(App[None]):
         self.view_state: LiveState | None = None  # a past run shown instead of the live one
         self.main: MainScreen | None = None
         self._inbox: deque[tuple[str, int, Any]] = deque()
-        self._child = None  # the ChildRun in flight
-        self._child_item: int | None = None
-        self._child_lock = threading.Lock()
-        self._cancel_item: int | None = None
+        self._runner = self._make_runner()  # the core queue supervisor: one child at a time, an outcome for each
         self._stopping = False
         self._queue_worker: Worker | None = None
         self._worker_lock = threading.Lock()
@@ -171,40 +168,45 @@ class MemlabApp(App[None]):
             overrides=self.overrides + s.overrides(), extra_args=s.extra_args(),
         )
 
+    def _make_runner(self):
+        from memlab.core.queue import ChildQueue
+
+        def on_start(item_id: int, spec) -> None:
+            self.feed(("run_started", item_id, spec.profile))
+
+        def on_event(item_id: int, ev: dict) -> None:
+            self.feed(("event", item_id, ev))
+
+        def on_result(outcome) -> None:
+            result = outcome.result
+            self.queue.update(outcome.key, status=result.status, run_dir=result.run_dir, message=result.message)
+            self.feed(("run_ended", outcome.key, result))
+
+        return ChildQueue(on_start=on_start, on_event=on_event, on_result=on_result)
+
+    @property
+    def _child(self):
+        """The ChildRun in flight, or None."""
+        return self._runner.current
+
     # Not `exclusive`: one loop at a time is guaranteed by _worker_active (a thread cannot be cancelled anyway).
     @work(thread=True, exit_on_error=False, group="queue", name="queue")
     def _run_queue(self) -> None:
         """Run waiting items one after another, each in a child process, until none waits, a pause or a quit."""
-        from memlab.core.supervisor import ChildResult, ChildRun
-
         done = False
-        try:
+
+        def claim():
+            nonlocal done
             while True:
                 with self._worker_lock:  # claim, or say "no worker" atomically: an item added now is never stranded
                     item = self.queue.claim_next() if not self._stopping and self.mode == "running" else None
                     if item is None:
                         self._worker_active, done = False, True
-                        break
-                self.feed(("run_started", item.id, item.profile))
-                try:
-                    child = ChildRun(self._spec_for(item.profile), on_event=lambda ev, i=item.id: self.feed(("event", i, ev)))
-                except Exception as e:  # noqa: BLE001 (this item failed to start; the queue goes on)
-                    result = ChildResult("error", f"could not start the child process: {e.__class__.__name__}: {e}")
-                else:
-                    with self._child_lock:
-                        self._child, self._child_item = child, item.id
-                        if self._stopping or self._cancel_item == item.id:
-                            child.cancel(self.QUIT_GRACE_S)
-                    try:
-                        result = child.wait()
-                    except Exception as e:  # noqa: BLE001 (reading its events failed: stop it, record why, go on)
-                        child.cancel(self.QUIT_GRACE_S)
-                        result = ChildResult("error", f"supervising the child failed: {e.__class__.__name__}: {e}")
-                    finally:
-                        with self._child_lock:
-                            self._child, self._child_item = None, None
-                self.queue.update(item.id, status=result.status, run_dir=result.run_dir, message=result.message)
-                self.feed(("run_ended", item.id, result))
+                        return
+                yield item.id, self._spec_for(item.profile)
+
+        try:
+            self._runner.run(claim())
         finally:
             if not done:  # an unexpected error: let a later `r` start a fresh loop
                 with self._worker_lock:
@@ -236,7 +238,10 @@ class MemlabApp(App[None]):
             kind, item_id, payload = self._inbox.popleft()
             if kind == "event":
                 live_dirty = True
-                self._on_child_event(payload)
+                try:
+                    self._on_child_event(payload)
+                except (TypeError, ValueError, KeyError, AttributeError):
+                    pass  # a child's malformed event (a field of the wrong type): skipped, never the app's end
             elif kind == "run_started":
                 self.live_state = LiveState(profile=display_name(payload))
                 self.view_state = None
@@ -296,16 +301,13 @@ class MemlabApp(App[None]):
             icon = "■" if result.status == "interrupted" else "✗"
             reason = (result.message or "").strip().splitlines()
             self.log_line(f"{icon} {name}: {result.status}" + (f": {reason[0][:200]}" if reason else ""), result.status)
-        if self._cancel_item == item_id:
-            self._cancel_item = None
 
     def _refresh_queue(self) -> None:
         if self.main is None:
             return
         view = self.main.query_one(QueueView)
         view.show(self.queue.items())
-        with self._child_lock:
-            running = self._child is not None
+        running = self._child is not None
         label = {"idle": "r runs it", "paused": "paused"}.get(self.mode, "running" if running or self.busy else "idle")
         view.border_title = f"Queue · {label}"
 
@@ -413,22 +415,14 @@ class MemlabApp(App[None]):
         self._refresh_queue()
 
     def action_cancel_run(self) -> None:
-        with self._child_lock:
-            child, item_id = self._child, self._child_item
-            if child is None:
-                running = [i for i in self.queue.items() if i.status == RUNNING]
-                if running:
-                    self._cancel_item = running[0].id  # starting: cancelled as soon as it exists
-        if child is None:
-            if self._cancel_item is None:
-                self.notify("no run in progress", timeout=2)
-            return
-        if child.cancelled:
+        child = self._child
+        if child is not None and child.cancelled:
             self.notify("already stopping: it is saving what it has", timeout=2)
             return
-        self._cancel_item = item_id
+        if not self._runner.cancel_current():  # a run still starting is cancelled as soon as its child exists
+            self.notify("no run in progress", timeout=2)
+            return
         self.log_line(f"cancelling {self.live_state.profile or 'the current run'} (SIGINT: it keeps what it has)")
-        child.cancel()
 
     def action_open_run(self) -> None:
         def opened(path: str | None) -> None:
@@ -462,12 +456,12 @@ class MemlabApp(App[None]):
         if self._stopping:
             return
         self._stopping = True
+        self._runner.stop(self.QUIT_GRACE_S)
         deadline = time.monotonic() + self.QUIT_WAIT_S
         told = False
         while True:
-            with self._child_lock:
-                child = self._child
-            alive = child is not None and child.proc.poll() is None
+            child = self._child
+            alive = child is not None and child.alive
             if alive and not child.cancelled:
                 child.cancel(self.QUIT_GRACE_S)
             if alive and not told:
@@ -503,25 +497,14 @@ class MemlabApp(App[None]):
 
     def _kill(self, child) -> None:
         """The child did not stop in time: kill it, and mark its folder as the user asked (interrupted)."""
-        from memlab.core.runstore import mark_status
-
-        child.proc.kill()
-        try:
-            child.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            pass
-        run_dir = (child.started or {}).get("run_dir")
-        if run_dir:
-            mark_status(Path(run_dir), "interrupted", "killed when memlab tui quit (it did not stop within the grace period)")
+        child.kill("interrupted", "killed when memlab tui quit (it did not stop within the grace period)")
 
     def on_unmount(self) -> None:
         """A last guard (an exception, a closed terminal): never leave a child training behind."""
         self._stopping = True
-        with self._child_lock:
-            child = self._child
-        if child is not None and child.proc.poll() is None:
-            if not child.cancelled:
-                child.cancel(self.QUIT_GRACE_S)
+        self._runner.stop(self.QUIT_GRACE_S)
+        child = self._child
+        if child is not None and child.alive:
             try:
                 child.proc.wait(timeout=self.QUIT_WAIT_S)
             except Exception:  # noqa: BLE001

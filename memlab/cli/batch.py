@@ -178,6 +178,17 @@ def _probe_line(i: int, r: ProbeResult) -> str:
     )
 
 
+def _probe_failed(error: Exception, seen: list[ProbeResult]) -> None:
+    """A probe that neither fit nor ran out of memory: one line, with what the probes before it measured.
+    Exit 2 when the profile itself was refused and nothing could be measured; 1 otherwise."""
+    from memlab.core.batchfind import ProbeRejected
+
+    fits = [p.batch for p in seen if p.fits]
+    known = f" (measured before it: micro-batch {max(fits)} fits)" if fits else ""
+    typer.echo(f"memlab: error: {error}{known}", err=True)
+    raise typer.Exit(2 if isinstance(error, ProbeRejected) and not seen else 1)
+
+
 def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: bool) -> str | None:
     best = next((p for p in reversed(probes) if p.fits and p.batch == max_batch), None)
     if best is None or expandable:
@@ -260,6 +271,8 @@ def find_batch(
     t0 = time.monotonic()
     try:
         result = bf.search_max_batch(probe, start=start, limit=max_, known_fit=fit, known_oom=oom, on_probe=on_probe)
+    except bf.ProbeError as e:
+        _probe_failed(e, seen)
     finally:
         probe.close()
         fits, ooms = bf.outcome_lists(seen)

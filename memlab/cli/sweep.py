@@ -1,16 +1,19 @@
-"""`memlab sweep`: run a queue of profiles headless, one child process per run, through the core supervisor."""
+"""`memlab sweep`: run a queue of profiles headless, one child process per run, through the core queue supervisor."""
 
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt
 from memlab.core.units import gib
+
+if TYPE_CHECKING:
+    from memlab.core.queue import ChildQueue, QueueOutcome
+    from memlab.core.supervisor import ChildSpec
 
 
 def sweep(
@@ -22,73 +25,104 @@ def sweep(
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run each profile on N ranks through torchrun (memlab run --nproc); profiles must be ddp or fsdp.")] = None,
 ) -> None:
-    """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on."""
-    from memlab.core.config import load_profile
+    """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on.
+
+    How each run ends:
+    finished: it completed · oom: out of memory · nan: the loss diverged
+    interrupted: Ctrl-C or SIGTERM; its folder is kept with what it had
+    rejected: the child refused its input (e.g. a technique this device lacks)
+    crashed: it ended without saying how (SIGKILL from the OOM killer, a segfault)
+    error: another failure the run reported
+    skipped: not started (the sweep was stopped first)
+
+    Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped by Ctrl-C.
+    """
     from memlab.core.environment import resolve_device
     from memlab.core.runstore import ensure_runs_dir
-    from memlab.core.supervisor import ChildRun, ChildSpec
+    from memlab.core.supervisor import ChildSpec
+
+    names = _profile_names(profiles)
+    ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once
+    dev = resolve_device(device)
+    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
+    specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides, extra_args=extra)
+             for name in names]
+    queue = _make_queue(len(names))
+    outcomes, stopped = _run_stoppable(queue, specs)
+    done = sum(o.status == "finished" for o in outcomes)
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    tail = f" (stopped early; {skipped} not run)" if stopped else ""
+    typer.echo(f"sweep: {done}/{len(names)} finished{tail}; compare with: memlab table {runs_dir}", err=True)
+    if stopped:
+        raise typer.Exit(130)
+    if done < len(names):
+        raise typer.Exit(1)
+
+
+def _profile_names(profiles: str) -> list[str]:
+    """The names, each loaded once so a typo fails before the first hour of runs (exit 2)."""
+    from memlab.core.config import load_profile
+    from memlab.core.errors import MemlabError
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if not names:
-        from memlab.core.errors import MemlabError
-
         raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
     for name in names:
-        load_profile(name)  # fail on a typo before spending an hour on the first runs
-    ensure_runs_dir(Path(runs_dir))  # and on a runs folder no child could write to
-    dev = resolve_device(device)
-    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
-    current: list[ChildRun] = []
-    stopping = False
+        load_profile(name)
+    return names
 
+
+def _make_queue(total: int) -> ChildQueue:
+    """The queue with sweep's progress lines: one when a run starts, one when it ends."""
+    from memlab.core.queue import ChildQueue
+
+    last_steps: dict[int, int] = {}
+
+    def on_start(i: int, spec: ChildSpec) -> None:
+        typer.echo(f"[{i}/{total}] {spec.profile} ...", err=True)
+
+    def on_event(i: int, ev: dict) -> None:
+        if ev.get("event") == "step" and isinstance(ev.get("step"), int):
+            last_steps[i] = ev["step"] + 1
+
+    def on_result(outcome: QueueOutcome) -> None:
+        if outcome.status != "skipped":
+            typer.echo(f"[{outcome.key}/{total}] {_result_line(outcome, last_steps.get(outcome.key, 0))}", err=True)
+
+    return ChildQueue(on_start=on_start, on_event=on_event, on_result=on_result)
+
+
+def _run_stoppable(queue: ChildQueue, specs: list[ChildSpec]) -> tuple[list[QueueOutcome], bool]:
+    """Run the queue; the first Ctrl-C stops it (the current run keeps what it has, the rest is skipped)."""
     def on_sigint(signum, frame):  # noqa: ARG001
-        nonlocal stopping
-        if stopping:
+        if queue.stopping:
             return
-        stopping = True
         typer.echo("\nstopping: the current run is asked to stop and keeps what it has; finished runs are kept", err=True)
-        for child in current:
-            child.cancel()
+        queue.stop()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    results = []
     try:
-        for i, name in enumerate(names, 1):
-            if stopping:
-                break
-            spec = ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides,
-                             extra_args=["--nproc", str(nproc)] if nproc is not None else [])  # the child becomes torchrun
-            t0 = time.monotonic()
-            typer.echo(f"[{i}/{len(names)}] {name} ...", err=True)
-            last_step: dict = {}
-
-            def on_event(ev: dict) -> None:
-                if ev["event"] == "step":
-                    last_step.update(ev)
-
-            child = ChildRun(spec, on_event)
-            current[:] = [child]
-            result = child.wait()
-            current.clear()
-            results.append((name, result))
-            s = result.summary or {}
-            tps = s.get("tokens_per_s")
-            peak = s.get("peak_alloc_bytes") or s.get("peak_host_rss_bytes")
-            detail = f"{s.get('steps', last_step.get('step', -1) + 1)} steps"
-            if tps:
-                detail += f" · {tps:,.0f} tok/s"
-            if peak:
-                detail += f" · peak {gib(peak)}"
-            if s.get("val_ppl") is not None:
-                detail += f" · val ppl {s['val_ppl']:.2f}"
-            message = f" · {result.message}" if result.status != "finished" and result.message else ""
-            typer.echo(f"[{i}/{len(names)}] {name}: {result.status} in {time.monotonic() - t0:.1f}s · {detail}{message} · {result.run_dir or 'no run folder'}", err=True)
+        outcomes = queue.run((i, spec) for i, spec in enumerate(specs, 1))
     finally:
         signal.signal(signal.SIGINT, previous)
-    done = sum(r.status == "finished" for _, r in results)
-    typer.echo(f"sweep: {done}/{len(names)} finished" + (" (stopped early)" if stopping else "") + f"; compare with: memlab table {runs_dir}", err=True)
-    if stopping:
-        raise typer.Exit(130)
+    return outcomes, queue.stopping
+
+
+def _result_line(outcome: QueueOutcome, steps_seen: int) -> str:
+    """`bf16: finished in 12.3s · 300 steps · 51,000 tok/s · peak 1.20 GiB · val ppl 31.2 · runs/...`."""
+    result = outcome.result
+    s = result.summary or {}
+    detail = f" · {s.get('steps', steps_seen)} steps" if s or steps_seen else ""
+    tps, peak = s.get("tokens_per_s"), s.get("peak_alloc_bytes") or s.get("peak_host_rss_bytes")
+    if isinstance(tps, (int, float)) and tps:
+        detail += f" · {tps:,.0f} tok/s"
+    if isinstance(peak, (int, float)) and peak:
+        detail += f" · peak {gib(peak)}"
+    if isinstance(s.get("val_ppl"), (int, float)):
+        detail += f" · val ppl {s['val_ppl']:.2f}"
+    message = f" · {result.message}" if result.status != "finished" and result.message else ""
+    return f"{outcome.spec.profile}: {result.status} in {outcome.seconds:.1f}s{detail}{message} · {result.run_dir or 'no run folder'}"
 
 
 def register(app: typer.Typer) -> None:
