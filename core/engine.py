@@ -100,26 +100,14 @@ class _Run:
         self.dist: distributed.DistContext | None = None  # this rank among the run's ranks (memlab.core.distributed)
 
     def summary(self, status: str) -> dict[str, Any]:
+        """One row of figures as DESIGN.md defines them, from the steps measured so far (after warm-up)."""
+        measured = [r for r in self.records if r.step >= self.experiment.train.measure_after] or self.records[-1:]
+        return (self._identity(status) | self._memory(measured) | self._speed(measured) | self._quality()
+                | {"torch_version": torch.__version__, "started_at": self.started_at})
+
+    def _identity(self, status: str) -> dict[str, Any]:
+        """Who ran, on what, with which techniques (as applied: the kernel that ran, not the one asked for)."""
         e, p, info = self.experiment, self.profile, self.info
-        cuda = self.device.type == "cuda"
-        measured = [r for r in self.records if r.step >= e.train.measure_after] or self.records[-1:]
-        step_ms = [r.step_ms for r in measured]
-        tokens_per_step = info.get("tokens_per_step", 0)
-        tps = tokens_per_step / (statistics.median(step_ms) / 1000.0) if step_ms and step_ms[0] > 0 else None
-
-        def peak(phase: str) -> int | None:
-            vals = [r.peak[phase] for r in measured if r.peak[phase] is not None]
-            return max(vals) if vals else None
-
-        phase_peaks = [peak(ph) for ph in ("fwd", "bwd", "opt")]
-        known = [v for v in phase_peaks if v is not None]
-        reserved = [r.peak_reserved for r in measured if r.peak_reserved is not None]
-        stats = torch.cuda.memory_stats(self.device) if cuda else {}
-        fpt = info.get("flops_per_token")
-        compile_s = None
-        if p.compile.enabled and self.first_step_engine_s is not None and step_ms:
-            # the first step's time beyond a normal step, setup (data, model) excluded: what compiling cost
-            compile_s = max(0.0, self.first_step_engine_s - info.get("setup_s", 0.0) - statistics.median(step_ms) / 1000.0)
         return {
             "run_id": info.get("run_id"),
             "profile": p.name,
@@ -128,7 +116,7 @@ class _Run:
             "status": status,
             "device": self.device.type,
             "gpu_name": info.get("gpu_name"),
-            "n_gpus": info.get("world_size", 1) if cuda else 0,
+            "n_gpus": info.get("world_size", 1) if self.device.type == "cuda" else 0,
             "params": info.get("params"),
             "batch_size": e.train.batch_size,
             "micro_batch": info.get("micro_batch"),
@@ -143,6 +131,20 @@ class _Run:
             "kernels": info.get("kernels", "off"),
             "steps": self.steps_done,
             "tokens": self.tokens,
+        }
+
+    def _memory(self, measured: list[StepRecord]) -> dict[str, Any]:
+        cuda = self.device.type == "cuda"
+
+        def peak(phase: str) -> int | None:
+            vals = [r.peak[phase] for r in measured if r.peak[phase] is not None]
+            return max(vals) if vals else None
+
+        phase_peaks = [peak(ph) for ph in ("fwd", "bwd", "opt")]
+        known = [v for v in phase_peaks if v is not None]
+        reserved = [r.peak_reserved for r in measured if r.peak_reserved is not None]
+        stats = torch.cuda.memory_stats(self.device) if cuda else {}
+        return {
             "peak_alloc_fwd_bytes": phase_peaks[0],
             "peak_alloc_bwd_bytes": phase_peaks[1],
             "peak_alloc_opt_bytes": phase_peaks[2],
@@ -152,8 +154,20 @@ class _Run:
             "peak_host_rss_bytes": host_peak_rss_bytes(),
             "alloc_retries": stats.get("num_alloc_retries") if cuda else None,
             "ooms": stats.get("num_ooms") if cuda else None,
-            "estimate_peak_bytes": info.get("estimate_peak_bytes"),
-            "max_batch": info.get("max_batch"),
+            "estimate_peak_bytes": self.info.get("estimate_peak_bytes"),
+            "max_batch": self.info.get("max_batch"),
+        }
+
+    def _speed(self, measured: list[StepRecord]) -> dict[str, Any]:
+        p, info = self.profile, self.info
+        step_ms = [r.step_ms for r in measured]
+        tps = info.get("tokens_per_step", 0) / (statistics.median(step_ms) / 1000.0) if step_ms and step_ms[0] > 0 else None
+        fpt = info.get("flops_per_token")
+        compile_s = None
+        if p.compile.enabled and self.first_step_engine_s is not None and step_ms:
+            # the first step's time beyond a normal step, setup (data, model) excluded: what compiling cost
+            compile_s = max(0.0, self.first_step_engine_s - info.get("setup_s", 0.0) - statistics.median(step_ms) / 1000.0)
+        return {
             "step_ms_median": _median(step_ms),
             "step_ms_p90": _p90(step_ms),
             "fwd_ms_median": _median([r.fwd_ms for r in measured if r.fwd_ms is not None]),
@@ -161,16 +175,18 @@ class _Run:
             "opt_ms_median": _median([r.opt_ms for r in measured if r.opt_ms is not None]),
             "tokens_per_s": tps,
             "flops_per_token": fpt,
-            "mfu": mfu(tps, fpt, info.get("gpu_name"), p.precision.dtype, info.get("world_size", 1)) if cuda and fpt else None,
+            "mfu": mfu(tps, fpt, info.get("gpu_name"), p.precision.dtype, info.get("world_size", 1)) if self.device.type == "cuda" and fpt else None,
             "time_to_first_step_s": self.first_step_s,
             "compile_s": compile_s,
             "total_s": time.perf_counter() - self.t0,
+        }
+
+    def _quality(self) -> dict[str, Any]:
+        return {
             "final_loss": self.last_loss,
             "val_loss": self.val_loss,
             "val_ppl": math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
-            "skipped_steps": self.skipped if p.precision.dtype == "fp16" else None,
-            "torch_version": torch.__version__,
-            "started_at": self.started_at,
+            "skipped_steps": self.skipped if self.profile.precision.dtype == "fp16" else None,
         }
 
 

@@ -122,7 +122,8 @@ def kernel_for(experiment: Experiment, profile: Profile, device: torch.device) -
     cfg = dataclasses.replace(profile.attention, window=effective_window(profile.attention.window, experiment.model.seq_len))
     kernel = build_attention(cfg, device, compute_dtype(profile), experiment.model.dropout)
     if profile.attention.window and not cfg.window:
-        kernel = Fallback(kernel, f"window {profile.attention.window} >= seq_len {experiment.model.seq_len}: full causal attention")
+        reason = f"window {profile.attention.window} >= seq_len {experiment.model.seq_len}: full causal attention"
+        kernel = Fallback(kernel.inner, f"{kernel.reason}; {reason}") if isinstance(kernel, Fallback) else Fallback(kernel, reason)
     return kernel
 
 
