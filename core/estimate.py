@@ -60,12 +60,6 @@ CUDA_CONTEXT_BYTES = 1247 * MIB
 # 13.1 GiB allocated), 0.22 taken so that the prediction falls inside that bracket.
 FRAGMENTATION_MARGIN = {"plain": 0.05, "recompute": 0.13, "offload": 0.22}
 
-# Compiled profiles: Inductor's partitioner saves a little less than eager autograd (it recomputes the cheap
-# pointwise ops in backward). Measured on the H100: compile and fastest at micro-batch 16, 32 and 40 peaked 3.9 ..
-# 4.3% below the eager-layout figure, all in the blocks' saved activations (the loss term is exact): the blocks'
-# figure is scaled by what the measurements give, 1 - (6.94 - 6.68) / 5.0 GiB of block activations at 16.
-COMPILE_ACTIVATION_SCALE = 0.95
-
 COMPONENTS = ("weights", "gradients", "optimizer_state", "activations", "logits_loss", "temporaries", "workspace")
 
 
@@ -537,7 +531,8 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     block_input = pr.e if st.fsdp and pr.autocast else 4
     saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input) for lay in layout]
     if st.compiled:
-        saved = [int(x * COMPILE_ACTIVATION_SCALE) for x in saved]
+        # No scale of its own any more: the 4% gpt2s once seemed to save here was the loss backward's second logit
+        # buffer, which Inductor does not keep (see _loss_moments); checked on gpt2s and the held-out seed shape.
         notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
     if p.kernels.fused:
         # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
@@ -602,10 +597,13 @@ def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved)
     grads = static.grads_fwd
     if st.compiled and not st.chunked:
         # Inductor fuses upcast, log-softmax and NLL: it keeps the logits in the matmul's dtype with the row max and
-        # log-sum-exp, and writes the logits' gradient in that dtype in one kernel
+        # log-sum-exp, and writes the logits' gradient in that dtype in one kernel, into the saved logits' own
+        # buffer (it is their last use): one logit-sized buffer in backward, not two. Held out, not fitted: the
+        # seed-shaped experiment (bench/results/seed-shape-h100, 4 x 256, V 50304, B 64) measured compile 2.46 GiB
+        # where two buffers predicted 3.94.
         return {
             "loss forward": static.moment(grads, acts, pr.e * s.BT * s.V, model.h_fp32),
-            "loss backward": static.moment(grads, acts, 2 * pr.e * s.BT * s.V, 0),
+            "loss backward": static.moment(grads, acts, pr.e * s.BT * s.V, 0),
         }
     # forward: inside cross_entropy the fp32 logits and the log-softmax output coexist (8 bytes a logit);
     # the log-softmax output (4) is kept for backward unless the chunk is checkpointed
