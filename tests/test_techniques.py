@@ -183,6 +183,18 @@ def test_tune_kernels_spells_the_mode_as_options_and_adds_coordinate_descent(mon
     ]
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_compile_modes_are_refused_with_the_reason_and_the_valid_modes(mode):
+    """CUDA graphs keep a memory pool outside the per-phase peak resets: memory would be measured wrong."""
+    p = load_profile("compile")
+    p.compile.mode = mode
+    with pytest.raises(ConfigError, match="CUDA graphs") as e:
+        torch_compile.check(load_experiment("tiny"), p, CPU, 1)
+    assert "'default'" in str(e.value) and "'max-autotune-no-cudagraphs'" in str(e.value) and "\n" not in str(e.value)
+    p.compile.mode = "max-autotune-no-cudagraphs"
+    torch_compile.check(load_experiment("tiny"), p, CPU, 1)  # no CUDA graphs: accepted
+
+
 def test_compile_profile_trains_and_reports_compile_time_apart(tiny, monkeypatch):
     """The engine path of `compile`, traced by Dynamo and AOTAutograd (forward and backward) but without Inductor's
     C++ code generation, which costs ~30 s cold on 2 cores (the real thing: the next test, and bench/techniques.py)."""
