@@ -95,7 +95,7 @@ class _Run:
         self.first_step_engine_s: float | None = None  # from train()
         self.val_loss: float | None = None
         self.last_loss: float | None = None
-        self.skipped = 0
+        self.skipped: int | torch.Tensor = 0  # fp16: a device tensor, read once, in the summary
         self.nvml: NvmlSampler | None = None
         self.dist: distributed.DistContext | None = None  # this rank among the run's ranks (memlab.core.distributed)
 
@@ -186,7 +186,7 @@ class _Run:
             "final_loss": self.last_loss,
             "val_loss": self.val_loss,
             "val_ppl": math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
-            "skipped_steps": self.skipped if self.profile.precision.dtype == "fp16" else None,
+            "skipped_steps": int(self.skipped) if self.profile.precision.dtype == "fp16" else None,
         }
 
 
