@@ -133,6 +133,25 @@ class PhaseMeter:
         return rec
 
 
+class WallClock:
+    """Each step's wall time, from the end of the step before (or a restart) to the end of this one: what the host
+    did between steps (the loader, logging, publishing) included. On CUDA each mark is taken once the device has
+    finished the step before (PhaseMeter reads one step late), so the sum over many steps is the device's pace plus
+    the host's gaps."""
+
+    def __init__(self) -> None:
+        self.laps: dict[int, float] = {}  # step -> seconds
+        self._mark = time.perf_counter()
+
+    def restart(self) -> None:
+        """After work that is not training (an eval): the next step's lap starts here."""
+        self._mark = time.perf_counter()
+
+    def lap(self, step: int) -> None:
+        now = time.perf_counter()
+        self.laps[step], self._mark = now - self._mark, now
+
+
 class NvmlSampler:
     """Samples device-wide memory, utilization and power every ~50 ms in a thread (includes the CUDA context).
 

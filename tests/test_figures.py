@@ -21,3 +21,29 @@ def test_time_to_first_step_under_torchrun_counts_from_the_command_that_started_
 
     monkeypatch.setenv("MEMLAB_PROCESS_START", "1234.5")
     assert _process_start() == 1234.5
+
+
+def test_wall_tokens_per_s_counts_a_slow_loader_that_the_step_timer_does_not(tiny, monkeypatch):
+    """Step time runs from a step's start to its end; the wall figure also counts the host's time between steps."""
+    import time
+
+    from memlab.core import data as data_mod
+    from memlab.core.config import load_profile
+    from memlab.core.engine import train
+    from memlab.core.events import ListSink
+
+    real = data_mod.batch_iterator
+
+    def slow_loader(*args, **kwargs):
+        for batch in real(*args, **kwargs):
+            time.sleep(0.2)  # a loader far slower than a tiny CPU step
+            yield batch
+
+    monkeypatch.setattr(data_mod, "batch_iterator", slow_loader)
+    summary = train(tiny, load_profile("baseline"), ListSink(), device="cpu")
+    assert summary["status"] == "finished"
+    tokens_per_step = tiny.train.batch_size * tiny.model.seq_len
+    assert summary["tokens_per_s_wall"] < summary["tokens_per_s"]
+    assert summary["tokens_per_s_wall"] < tokens_per_step / 0.2  # every measured step waited 0.2 s for its batch
+    measured = tiny.train.steps - tiny.train.measure_after
+    assert summary["tokens_per_s_wall"] * summary["total_s"] > measured * tokens_per_step  # within the run's own time
