@@ -28,7 +28,8 @@ from memlab.core.errors import MemlabError
 from memlab.core.estimate import peak_for_run
 from memlab.core.events import Sink, make_event
 from memlab.core.flops import flops_per_token, mfu, mfu_at_bf16_peak
-from memlab.core.meters import NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes, nvml_index
+from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes,
+                                nvml_index, reset_host_peak)
 from memlab.core.optim import lr_at, set_lr
 from memlab.core.step import TrainStep, build_step
 from memlab.core.techniques import check_techniques
@@ -224,13 +225,33 @@ def prepare(experiment: Experiment, profile: Profile, device: torch.device | str
     e, device = experiment, torch.device(device)
     world = world or distributed.world_size()
     check_techniques(e, profile, device, world)
-    tokens = data_mod.load_tokens(e.data)
+    tokens = _load_tokens(e)
     vocab = padded_vocab(tokens.vocab_size, e.model.vocab_size)
     micro = micro_batch(e, profile, world)
     per_epoch = data_mod.steps_per_epoch(len(tokens.train), e.train.batch_size, e.model.seq_len)  # corpus >= one batch
     total_steps = e.train.steps or max(1, math.ceil(e.train.epochs * per_epoch))
     val = data_mod.val_batches(tokens.val, micro_batch=micro, seq_len=e.model.seq_len)  # val slice >= one window
     return Prepared(e, profile, device, tokens, vocab, world, micro, total_steps, val)
+
+
+def _load_tokens(e: Experiment) -> data_mod.TokenData:
+    """The experiment's tokens. A cold cache is filled by a child process first: training the tokenizer and
+    tokenizing would leave modules and heap in this process, and its host memory would then depend on whether the
+    cache was warm (issue 20). Should the child fail, loading here raises the error as one line."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    from memlab.core.data import cache
+
+    name = data_mod.cache_entry(e.data)[2]
+    if cache.read_meta(cache.tokens_dir() / name) is not None:
+        return data_mod.load_tokens(e.data)
+    code = ("import json, sys; from memlab.core.config import experiment_from_dict; from memlab.core.data import "
+            "load_tokens; load_tokens(experiment_from_dict(json.loads(sys.argv[1])).data)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(to_dict(e))], capture_output=True, check=False)
+    return dataclasses.replace(data_mod.load_tokens(e.data), cache_hit=False)
 
 
 def train(
@@ -300,6 +321,7 @@ def _fail(run: _Run, sink: Sink, reason: str, message: str) -> None:
 
 
 def _train(run: _Run, prepared: Prepared, sink: Sink, meters: bool) -> None:
+    reset_host_peak()  # host memory counts from here: data preparation (tokenizing, on a cold cache) is not the run's
     step = _build(run, prepared)
     _start_sampler(run, sink, meters)
     _emit_started(run, prepared, step, sink)

@@ -47,3 +47,19 @@ def test_wall_tokens_per_s_counts_a_slow_loader_that_the_step_timer_does_not(tin
     assert summary["tokens_per_s_wall"] < tokens_per_step / 0.2  # every measured step waited 0.2 s for its batch
     measured = tiny.train.steps - tiny.train.measure_after
     assert summary["tokens_per_s_wall"] * summary["total_s"] > measured * tokens_per_step  # within the run's own time
+
+
+def test_host_memory_on_cpu_is_the_same_whether_or_not_the_token_cache_was_warm(tmp_path):
+    """Tokenizing (a cold cache) happens in a child process and before the host peak's reset: two identical runs,
+    the first of which builds the cache, report the same peak RSS (issue 20: 0.57 and 0.36 GiB before)."""
+    import os
+
+    import polars as pl
+
+    env = dict(os.environ, MEMLAB_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "memlab", "run", "-p", "baseline", "-e", "tiny", "--device", "cpu", "--steps", "4",
+           "--runs-dir", str(tmp_path / "runs")]
+    for _ in range(2):
+        subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+    cold, warm = (pl.read_parquet(f)["peak_host_rss_bytes"][0] for f in sorted((tmp_path / "runs").glob("*/summary.parquet")))
+    assert abs(cold - warm) / warm < 0.05, (cold, warm)
