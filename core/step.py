@@ -55,7 +55,7 @@ class TrainStep:
     scaler: torch.amp.GradScaler | None = None
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     offload: Callable[[], ContextManager] = contextlib.nullcontext
-    applied: dict[str, str] = field(default_factory=dict)  # one line per technique, for run.json and the summary
+    applied: dict[str, Any] = field(default_factory=dict)  # one line per technique (and the memory cap's bytes), for the summary
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
 
     @property
