@@ -201,8 +201,14 @@ class _Run:
             "final_loss": self.last_loss,
             "val_loss": self.val_loss,
             "val_ppl": math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
-            "skipped_steps": int(self.skipped) if self.profile.precision.dtype == "fp16" else None,
+            "skipped_steps": self._skipped_steps() if self.profile.precision.dtype == "fp16" else None,
         }
+
+    def _skipped_steps(self) -> int | None:
+        try:
+            return int(self.skipped)  # the one read of the device's count
+        except Exception:  # noqa: BLE001 (a device in an error state: the summary still gets written)
+            return None
 
 
 @dataclass
