@@ -9,8 +9,10 @@ Answers to the usual complaints about batch finders:
   of memory, then bisects between the largest fit and the smallest OOM: exact to one batch unit, in O(log n) probes.
 - Out of memory (torch.OutOfMemoryError, cuDNN / cuBLAS allocation failures; the engine reports them as `oom`) is
   the only result that means "does not fit". Any other failure is a ProbeError, never counted as a fit or a miss.
-- `--gpu-memory` caps each probe with torch.cuda.set_per_process_memory_fraction (MEMLAB_GPU_MEMORY_BYTES, read by
-  the child before any CUDA work), so a 24 / 40 / 48 GB card can be emulated on an 80 GB one.
+- `--gpu-memory` emulates a card of that total (MEMLAB_GPU_MEMORY_BYTES, read by the child before the model
+  allocates): the child measures, through NVML, what it holds outside the caching allocator (the CUDA context,
+  cuBLAS workspace) and caps the allocator (set_per_process_memory_fraction) at the card less that, so a batch found
+  under a 24 GB cap fits a real 24 GB card.
 - Answers are cached per (experiment, profile, GPU, memory cap) as known bounds, so a later search starts there.
 
 `search_max_batch` is the pure search over an injected probe (tests drive it with a predicate); `ChildProbe` is
@@ -61,18 +63,98 @@ def memory_cap_request(device: Any) -> tuple[int, int] | None:
     return cap, index
 
 
-def apply_memory_cap(device: Any) -> int | None:
-    """In the process that trains: cap the caching allocator at MEMLAB_GPU_MEMORY_BYTES, before any CUDA work.
-    Returns the cap in bytes (None when unset). The cap applies to the allocator's reserved memory; the CUDA
-    context (~0.5 GiB on a real card) is outside it."""
+@dataclass(frozen=True)
+class MemoryCap:
+    """An emulated card: its total (--gpu-memory), and what the caching allocator may hold of it."""
+
+    card_bytes: int  # the emulated card's total memory
+    budget_bytes: int  # the allocator's cap: the card less what this process holds outside the allocator
+    outside_bytes: int | None  # CUDA context, cuBLAS workspace...: measured through NVML (None: NVML could not tell)
+
+
+def allocator_budget(card_bytes: int, nvml_used_bytes: int | None, reserved_bytes: int) -> int:
+    """What the caching allocator may reserve so that this process fits a card of `card_bytes` in total: the card
+    less what NVML sees this process hold beyond the allocator's reserved memory (the CUDA context, library
+    handles and workspaces). NVML unable to tell (None): the whole card, as before. Raises when nothing is left."""
+    outside = max(0, nvml_used_bytes - reserved_bytes) if nvml_used_bytes is not None else 0
+    if card_bytes <= outside:
+        raise DeviceError(f"a card of {gib(card_bytes)} is less than what this process holds outside the allocator "
+                          f"({gib(outside)}: the CUDA context and workspaces, measured through NVML); give more")
+    return card_bytes - outside
+
+
+def apply_memory_cap(device: Any) -> MemoryCap | None:
+    """In the process that trains: cap the caching allocator so that the whole process fits a card of
+    MEMLAB_GPU_MEMORY_BYTES, before the model or anything else allocates. None when unset."""
     request = memory_cap_request(device)
     if request is None:
         return None
     import torch
 
-    cap, index = request
-    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(index).total_memory, index)
-    return cap
+    card, index = request
+    used, reserved = _used_outside_allocator(index)
+    budget = allocator_budget(card, used, reserved)
+    torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(index).total_memory, index)
+    return MemoryCap(card, budget, max(0, used - reserved) if used is not None else None)
+
+
+def _used_outside_allocator(index: int) -> tuple[int | None, int]:
+    """(what NVML sees this process use, the allocator's reserved bytes), after CUDA's initialization and a first
+    cuBLAS call (its handle and workspace). NVML's per-process figure; where it does not list this process (a
+    container's own PIDs), the device's growth across this process's context creation; None when neither."""
+    import torch
+
+    from memlab.core.meters import nvml_index
+
+    dev = torch.device("cuda", index)
+    nvml = _nvml_handle(nvml_index(dev))
+    fresh = not torch._C._cuda_hasPrimaryContext(index)  # no context yet: the device's growth is this process's
+    before = _nvml_device_used(nvml) if fresh else None
+    a = torch.ones(256, 256, device=dev)
+    (a @ a).sum().item()  # creates the context, the cuBLAS handle and its workspace
+    del a
+    torch.cuda.synchronize(dev)
+    reserved = torch.cuda.memory_reserved(dev)
+    used = _nvml_process_used(nvml)
+    if used is None and before is not None:
+        after = _nvml_device_used(nvml)
+        used = after - before if after is not None else None
+    return used, reserved
+
+
+def _nvml_handle(nvml_idx: int) -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(nvml_idx)
+    except Exception:  # noqa: BLE001 (no NVML: the cap stays the whole card)
+        return None
+
+
+def _nvml_device_used(handle: Any) -> int | None:
+    if handle is None:
+        return None
+    import pynvml
+
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _nvml_process_used(handle: Any) -> int | None:
+    if handle is None:
+        return None
+    import pynvml
+
+    try:
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+    except Exception:  # noqa: BLE001
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -120,6 +202,8 @@ class ProbeResult:
     peak_reserved_bytes: int | None = None
     alloc_retries: int | None = None
     message: str = ""
+    allocator_budget_bytes: int | None = None  # under --gpu-memory: the allocator's cap the child measured and set
+    retried: bool = False  # it finished, but only after allocator retries: not counted as a fit (clean_fit)
 
     @property
     def fragmentation(self) -> float | None:
@@ -155,6 +239,15 @@ class SearchResult:
 
 
 Probe = Callable[[int], ProbeResult]
+
+
+def clean_fit(result: ProbeResult, allow_retries: bool = False) -> ProbeResult:
+    """A probe that finished only after the allocator retried (cudaMalloc failed, the cache was flushed) fits only
+    just, and slowly: counted as not fitting unless `allow_retries`, and marked as such."""
+    if not result.fits or not result.alloc_retries or allow_retries:
+        return result
+    return dataclasses.replace(result, fits=False, retried=True, message=(
+        f"finished only after {result.alloc_retries} allocator retries: not counted as a fit (--allow-retries counts it)"))
 
 
 def search_max_batch(
@@ -284,6 +377,7 @@ class ChildProbe:
         cap_bytes: int | None = None,
         device: str = "cuda",
         runs_dir: Path | None = None,
+        env: dict[str, str] | None = None,
     ):
         if steps < 1:
             raise ConfigError(f"--steps must be at least 1 (full training steps per probe), got {steps}")
@@ -291,6 +385,7 @@ class ChildProbe:
         self.overrides = list(overrides)
         self.seq_len, self.steps, self.accumulation = seq_len, steps, accumulation
         self.cap_bytes, self.device = cap_bytes, device
+        self.env = dict(env or {})  # e.g. the allocator's settings (expandable_probe_env)
         self._own_dir = runs_dir is None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="memlab-probes-"))
 
@@ -306,7 +401,7 @@ class ChildProbe:
             "train.eval_every=0",
             f"data.val_tokens={self.seq_len + 1}",  # one window: the final eval costs one forward
         ]
-        env = {MEMORY_ENV: str(self.cap_bytes)} if self.cap_bytes else {}
+        env = self.env | ({MEMORY_ENV: str(self.cap_bytes)} if self.cap_bytes else {})
         return ChildSpec(profile=self.profile_ref, experiment=self.experiment_ref, device=self.device, runs_dir=str(self.runs_dir), overrides=items, env=env)
 
     def __call__(self, b: int) -> ProbeResult:
@@ -329,15 +424,25 @@ def probe_result(b: int, result: Any, seconds: float, profile_ref: str) -> Probe
     (the kernel's OOM killer, out of host memory), does not fit; a refusal is ProbeRejected; anything else ProbeError."""
     s = result.summary or {}
     figures = [_count(s.get(k)) for k in ("peak_alloc_bytes", "peak_reserved_bytes", "alloc_retries")]
+    budget = _count(s.get("allocator_budget_bytes"))
     if result.status == "finished":
-        return ProbeResult(b, True, seconds, *figures)
+        return ProbeResult(b, True, seconds, *figures, allocator_budget_bytes=budget)
     if result.status == "oom" or result.killed_by_sigkill:
-        return ProbeResult(b, False, seconds, *figures, result.message or "out of memory")
+        return ProbeResult(b, False, seconds, *figures, result.message or "out of memory", allocator_budget_bytes=budget)
     if result.status == "rejected":
         raise ProbeRejected(f"profile {profile_ref} refused (probe at micro-batch {b}): {result.message}".rstrip(": "))
     tail = [ln for ln in result.stderr_tail.splitlines() if ln.strip()]
     detail = result.message or (tail[-1] if tail else "")
     raise ProbeError(f"probe at micro-batch {b} ended with '{result.status}', not out of memory: {detail}".rstrip(": "))
+
+
+def expandable_probe_env(expandable: bool) -> dict[str, str]:
+    """The child's PYTORCH_CUDA_ALLOC_CONF with expandable segments set to `expandable` (the rest of this process's
+    setting kept); the profile's own allocator.expandable_segments leaves a setting already there alone."""
+    from memlab.core.techniques.allocator import ENV
+
+    kept = [item for item in os.environ.get(ENV, "").split(",") if item and not item.startswith("expandable_segments")]
+    return {ENV: ",".join([*kept, f"expandable_segments:{expandable}"])}
 
 
 def _count(value: Any) -> int | None:
@@ -368,7 +473,8 @@ def _canonical_profile(p: Profile, accumulation: int) -> dict:
     return d
 
 
-def cache_key(experiment: Experiment, profile: Profile, gpu_name: str, cap_bytes: int | None, *, steps: int, accumulation: int = 1) -> str:
+def cache_key(experiment: Experiment, profile: Profile, gpu_name: str, cap_bytes: int | None, *, steps: int, accumulation: int = 1,
+              allow_retries: bool = False) -> str:
     import torch
 
     blob = {
@@ -378,7 +484,7 @@ def cache_key(experiment: Experiment, profile: Profile, gpu_name: str, cap_bytes
         "cap_bytes": cap_bytes,
         "steps": steps,
         "torch": torch.__version__,
-    }
+    } | ({"allow_retries": True} if allow_retries else {})  # a fit with retries is a miss otherwise
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -425,12 +531,16 @@ def outcome_lists(probes: Sequence[ProbeResult]) -> tuple[list[int], list[int]]:
     return [p.batch for p in probes if p.fits], [p.batch for p in probes if not p.fits]
 
 
+def probe_dict(p: ProbeResult) -> dict[str, Any]:
+    return dataclasses.asdict(p) | {"fragmentation": p.fragmentation}
+
+
 def result_dict(result: SearchResult) -> dict[str, Any]:
     return {
         "max_batch": result.max_batch,
         "exact": result.exact,
         "min_oom": result.min_oom,
-        "probes": [dataclasses.asdict(p) | {"fragmentation": p.fragmentation} for p in result.probes],
+        "probes": [probe_dict(p) for p in result.probes],
         "n_probes": len(result.probes),
         "seconds": result.seconds,
     }

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+import memlab
 from memlab.core import data as data_mod
 from memlab.core import distributed
 from memlab.core.config import Experiment, Profile, describe_changes, to_dict
@@ -26,8 +27,9 @@ from memlab.core.environment import environment
 from memlab.core.errors import MemlabError
 from memlab.core.estimate import peak_for_run
 from memlab.core.events import Sink, make_event
-from memlab.core.flops import flops_per_token, mfu
-from memlab.core.meters import NvmlSampler, PhaseMeter, StepRecord, host_peak_rss_bytes, host_rss_bytes, nvml_index
+from memlab.core.flops import flops_per_token, mfu, mfu_at_bf16_peak
+from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes,
+                                nvml_index, reset_host_peak)
 from memlab.core.optim import lr_at, set_lr
 from memlab.core.step import TrainStep, build_step
 from memlab.core.techniques import check_techniques
@@ -88,6 +90,7 @@ class _Run:
         self.t0 = time.perf_counter()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.records: list[StepRecord] = []
+        self.wall = WallClock()  # each step's wall time, between-step work included (started again in the loop)
         self.info: dict[str, Any] = {}
         self.steps_done = 0
         self.tokens = 0
@@ -95,7 +98,7 @@ class _Run:
         self.first_step_engine_s: float | None = None  # from train()
         self.val_loss: float | None = None
         self.last_loss: float | None = None
-        self.skipped = 0
+        self.skipped: int | torch.Tensor = 0  # fp16: a device tensor, read once, in the summary
         self.nvml: NvmlSampler | None = None
         self.dist: distributed.DistContext | None = None  # this rank among the run's ranks (memlab.core.distributed)
 
@@ -103,7 +106,7 @@ class _Run:
         """One row of figures as DESIGN.md defines them, from the steps measured so far (after warm-up)."""
         measured = [r for r in self.records if r.step >= self.experiment.train.measure_after] or self.records[-1:]
         return (self._identity(status) | self._memory(measured) | self._speed(measured) | self._quality()
-                | {"torch_version": torch.__version__, "started_at": self.started_at})
+                | {"torch_version": torch.__version__, "memlab_version": memlab.__version__, "started_at": self.started_at})
 
     def _identity(self, status: str) -> dict[str, Any]:
         """Who ran, on what, with which techniques (as applied: the kernel that ran, not the one asked for)."""
@@ -156,6 +159,8 @@ class _Run:
             "ooms": stats.get("num_ooms") if cuda else None,
             "estimate_peak_bytes": self.info.get("estimate_peak_bytes"),
             "max_batch": self.info.get("max_batch"),
+            "gpu_memory_cap_bytes": self.info.get("gpu_memory_cap_bytes"),
+            "allocator_budget_bytes": self.info.get("allocator_budget_bytes"),
         }
 
     def _speed(self, measured: list[StepRecord]) -> dict[str, Any]:
@@ -163,6 +168,8 @@ class _Run:
         step_ms = [r.step_ms for r in measured]
         tps = info.get("tokens_per_step", 0) / (statistics.median(step_ms) / 1000.0) if step_ms and step_ms[0] > 0 else None
         fpt = info.get("flops_per_token")
+        gpu, world = info.get("gpu_name"), info.get("world_size", 1)
+        on_gpu = self.device.type == "cuda" and fpt
         compile_s = None
         if p.compile.enabled and self.first_step_engine_s is not None and step_ms:
             # the first step's time beyond a normal step, setup (data, model) excluded: what compiling cost
@@ -174,20 +181,34 @@ class _Run:
             "bwd_ms_median": _median([r.bwd_ms for r in measured if r.bwd_ms is not None]),
             "opt_ms_median": _median([r.opt_ms for r in measured if r.opt_ms is not None]),
             "tokens_per_s": tps,
+            "tokens_per_s_wall": self._wall_tokens_per_s(measured),
             "flops_per_token": fpt,
-            "mfu": mfu(tps, fpt, info.get("gpu_name"), p.precision.dtype, info.get("world_size", 1)) if self.device.type == "cuda" and fpt else None,
+            "mfu": mfu(tps, fpt, gpu, p.precision.dtype, world) if on_gpu else None,
+            "mfu_bf16_peak": mfu_at_bf16_peak(tps, fpt, gpu, world) if on_gpu else None,
             "time_to_first_step_s": self.first_step_s,
             "compile_s": compile_s,
             "total_s": time.perf_counter() - self.t0,
         }
+
+    def _wall_tokens_per_s(self, measured: list[StepRecord]) -> float | None:
+        """Tokens over the measured steps' wall time (their laps: the gaps between steps included, evals not)."""
+        laps = [self.wall.laps[r.step] for r in measured if r.step in self.wall.laps]
+        seconds = sum(laps)
+        return self.info.get("tokens_per_step", 0) * len(laps) / seconds if laps and seconds > 0 else None
 
     def _quality(self) -> dict[str, Any]:
         return {
             "final_loss": self.last_loss,
             "val_loss": self.val_loss,
             "val_ppl": math.exp(self.val_loss) if self.val_loss is not None and self.val_loss < 700 else None,
-            "skipped_steps": self.skipped if self.profile.precision.dtype == "fp16" else None,
+            "skipped_steps": self._skipped_steps() if self.profile.precision.dtype == "fp16" else None,
         }
+
+    def _skipped_steps(self) -> int | None:
+        try:
+            return int(self.skipped)  # the one read of the device's count
+        except Exception:  # noqa: BLE001 (a device in an error state: the summary still gets written)
+            return None
 
 
 @dataclass
@@ -210,13 +231,33 @@ def prepare(experiment: Experiment, profile: Profile, device: torch.device | str
     e, device = experiment, torch.device(device)
     world = world or distributed.world_size()
     check_techniques(e, profile, device, world)
-    tokens = data_mod.load_tokens(e.data)
+    tokens = _load_tokens(e)
     vocab = padded_vocab(tokens.vocab_size, e.model.vocab_size)
     micro = micro_batch(e, profile, world)
     per_epoch = data_mod.steps_per_epoch(len(tokens.train), e.train.batch_size, e.model.seq_len)  # corpus >= one batch
     total_steps = e.train.steps or max(1, math.ceil(e.train.epochs * per_epoch))
     val = data_mod.val_batches(tokens.val, micro_batch=micro, seq_len=e.model.seq_len)  # val slice >= one window
     return Prepared(e, profile, device, tokens, vocab, world, micro, total_steps, val)
+
+
+def _load_tokens(e: Experiment) -> data_mod.TokenData:
+    """The experiment's tokens. A cold cache is filled by a child process first: training the tokenizer and
+    tokenizing would leave modules and heap in this process, and its host memory would then depend on whether the
+    cache was warm (issue 20). Should the child fail, loading here raises the error as one line."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    from memlab.core.data import cache
+
+    name = data_mod.cache_entry(e.data)[2]
+    if cache.read_meta(cache.tokens_dir() / name) is not None:
+        return data_mod.load_tokens(e.data)
+    code = ("import json, sys; from memlab.core.config import experiment_from_dict; from memlab.core.data import "
+            "load_tokens; load_tokens(experiment_from_dict(json.loads(sys.argv[1])).data)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(to_dict(e))], capture_output=True, check=False)
+    return dataclasses.replace(data_mod.load_tokens(e.data), cache_hit=False)
 
 
 def train(
@@ -286,6 +327,7 @@ def _fail(run: _Run, sink: Sink, reason: str, message: str) -> None:
 
 
 def _train(run: _Run, prepared: Prepared, sink: Sink, meters: bool) -> None:
+    reset_host_peak()  # host memory counts from here: data preparation (tokenizing, on a cold cache) is not the run's
     step = _build(run, prepared)
     _start_sampler(run, sink, meters)
     _emit_started(run, prepared, step, sink)
@@ -378,7 +420,8 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
     def on_phase(name: str) -> None:
         run.info["phase"] = name
 
-    for i, micro_batches in enumerate(_batches(run, prepared)):
+    run.wall.restart()
+    for i, micro_batches in enumerate(_batches(run, prepared)):  # the loader's time falls in this step's lap
         publisher.lr[i] = lr = lr_at(i, e.train, total)
         set_lr(step.optimizer, lr)
         meter.start_step(i)
@@ -388,9 +431,11 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
         _count_step(run, i)
         if done is not None:
             publisher.publish(done)
+        run.wall.lap(i)
         if e.train.eval_every and (i + 1) % e.train.eval_every == 0 and i + 1 < total:
             publisher.publish(meter.flush())
             _eval(run, prepared, step, sink, i + 1)
+            run.wall.restart()  # evaluating is not training
     publisher.publish(meter.flush())
 
 

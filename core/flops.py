@@ -55,3 +55,9 @@ def mfu(tokens_per_s: float | None, flops_token: float, gpu_name: str | None, dt
     if peak is None or not tokens_per_s:
         return None
     return tokens_per_s * flops_token / (peak * n_gpus)
+
+
+def mfu_at_bf16_peak(tokens_per_s: float | None, flops_token: float, gpu_name: str | None, n_gpus: int = 1) -> float | None:
+    """MFU against one peak for every profile, the GPU's bf16 dense one: an fp32 run's per-dtype MFU divides by the
+    (much lower) fp32 peak and so looks better than a bf16 run's that trains faster; this figure compares them."""
+    return mfu(tokens_per_s, flops_token, gpu_name, "bf16", n_gpus)

@@ -4,7 +4,8 @@ Peak memory by phase (DESIGN.md): the allocator's peak is reset at the start of 
 step, and read at each end. The caching allocator keeps its counters on the host as kernels are enqueued, so the
 reads are exact without a device synchronize; time comes from CUDA events, read one step late (the GPU keeps
 working while the host waits on the previous step's last event), so the meters add no bubble to the stream.
-On CPU the same phases are timed with perf_counter, and memory is the process's peak RSS (host memory).
+On CPU the same phases are timed with perf_counter, and memory is the process's peak RSS (host memory), counted from
+the start of training (reset_host_peak), not from the process's start.
 """
 
 from __future__ import annotations
@@ -21,7 +22,34 @@ PHASES = ("fwd", "bwd", "opt")
 
 
 def host_peak_rss_bytes() -> int:
+    """The process's peak resident memory since the last reset_host_peak (else since it started)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def reset_host_peak() -> bool:
+    """Start the host peak afresh from the memory held now, freed heap returned to the OS first, so that what
+    happened before (data preparation) does not count. Linux only (/proc/self/clear_refs); False where it cannot."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap resident until asked
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # "5": reset the peak RSS (VmHWM) to the current RSS (proc(5))
+        return True
+    except OSError:
+        return False
 
 
 def host_rss_bytes() -> int | None:
@@ -131,6 +159,25 @@ class PhaseMeter:
             rec.fwd_ms = rec.bwd_ms = rec.opt_ms = None
         rec.step_ms = self._elapsed(marks[0][1], marks[-1][1])
         return rec
+
+
+class WallClock:
+    """Each step's wall time, from the end of the step before (or a restart) to the end of this one: what the host
+    did between steps (the loader, logging, publishing) included. On CUDA each mark is taken once the device has
+    finished the step before (PhaseMeter reads one step late), so the sum over many steps is the device's pace plus
+    the host's gaps."""
+
+    def __init__(self) -> None:
+        self.laps: dict[int, float] = {}  # step -> seconds
+        self._mark = time.perf_counter()
+
+    def restart(self) -> None:
+        """After work that is not training (an eval): the next step's lap starts here."""
+        self._mark = time.perf_counter()
+
+    def lap(self, step: int) -> None:
+        now = time.perf_counter()
+        self.laps[step], self._mark = now - self._mark, now
 
 
 class NvmlSampler:

@@ -50,6 +50,7 @@ class Metric:
     figure: bool = False  # a measured figure: blank for runs that did not finish, column hidden when all blank
     per_rank: bool = False  # kept in each rank's row of ranks.parquet
     relative: bool = False  # against the group's baseline (memlab.core.compare), not in summary.parquet
+    twin: str = ""  # a column shown only where it differs from this one by more than TWIN_TOLERANCE on some row
 
     def __post_init__(self) -> None:
         if not self.header:
@@ -61,6 +62,7 @@ class Metric:
 
 
 INT, FLOAT, STR = pl.Int64, pl.Float64, pl.String
+TWIN_TOLERANCE = 0.03  # a twin column within 3 % of its sibling on every row says nothing new
 _MEASURED = dict(figure=True, per_rank=True)
 
 
@@ -106,29 +108,34 @@ METRICS: tuple[Metric, ...] = (
     Metric("ooms", INT, "count", "sum", "out-of-memory errors the allocator counted", per_rank=True),
     Metric("estimate_peak_bytes", INT, "bytes", "rank0", "the analytic estimate of peak allocated (memlab estimate)"),
     Metric("max_batch", INT, "count", "rank0", "largest micro-batch that completes full steps", "max batch", 12, figure=True),
+    Metric("gpu_memory_cap_bytes", INT, "bytes", "same", "the emulated card's total memory (--gpu-memory); null: the whole card"),
+    Metric("allocator_budget_bytes", INT, "bytes", "same", "the allocator's cap under --gpu-memory: the card's total less the CUDA context and workspaces NVML saw"),
     # speed
     Metric("step_ms_median", FLOAT, "ms", "max", "median step time over measured steps", "step ms", 13, **_MEASURED),
     Metric("step_ms_p90", FLOAT, "ms", "max", "90th percentile step time", **_MEASURED),
     Metric("fwd_ms_median", FLOAT, "ms", "max", "median forward time", **_MEASURED),
     Metric("bwd_ms_median", FLOAT, "ms", "max", "median backward time", **_MEASURED),
     Metric("opt_ms_median", FLOAT, "ms", "max", "median optimizer-step time", **_MEASURED),
-    Metric("tokens_per_s", FLOAT, "tokens/s", "pace", "training throughput", "tokens/s", 14, **_MEASURED),
+    Metric("tokens_per_s", FLOAT, "tokens/s", "pace", "training throughput (step time from CUDA events: the device's)", "tokens/s", 14, **_MEASURED),
+    Metric("tokens_per_s_wall", FLOAT, "tokens/s", "rank0", "training throughput by the wall clock over the measured steps (data loading, logging and everything between steps included)", "wall tokens/s", 15, twin="tokens_per_s", **_MEASURED),
     Metric("flops_per_token", FLOAT, "flops", "same"),
-    Metric("mfu", FLOAT, "fraction", "pace", "model FLOPs utilisation against the GPU's dense peak", "MFU", 15, figure=True),
-    Metric("time_to_first_step_s", FLOAT, "s", "max", "from process start to the first step's end (compile included)", **_MEASURED),
+    Metric("mfu", FLOAT, "fraction", "pace", "model FLOPs utilisation against the GPU's dense peak for the run's compute dtype", "MFU", 16, figure=True),
+    Metric("mfu_bf16_peak", FLOAT, "fraction", "pace", "model FLOPs utilisation against the GPU's bf16 dense peak, one peak for every dtype: comparable across profiles", "MFU@bf16", 17, figure=True, twin="mfu"),
+    Metric("time_to_first_step_s", FLOAT, "s", "max", "from memlab's start to the first step's end (compile included)", **_MEASURED),
     Metric("compile_s", FLOAT, "s", "max", "the first step's time beyond a normal step, with torch.compile", figure=True),
-    Metric("total_s", FLOAT, "s", "max", "wall time of the whole run", "total s", 16, **_MEASURED),
+    Metric("total_s", FLOAT, "s", "max", "wall time of the whole run", "total s", 18, **_MEASURED),
     # quality
     Metric("final_loss", FLOAT, "nats", "rank0", "training loss of the last step (mean over ranks)", **_MEASURED),
     Metric("val_loss", FLOAT, "nats", "rank0", "validation loss", figure=True),
-    Metric("val_ppl", FLOAT, "perplexity", "rank0", "validation perplexity on the experiment's held-out tokens", "val ppl", 17, figure=True),
+    Metric("val_ppl", FLOAT, "perplexity", "rank0", "validation perplexity on the experiment's held-out tokens", "val ppl", 19, figure=True),
     Metric("skipped_steps", INT, "count", "rank0", "fp16: steps the GradScaler skipped for inf/nan gradients"),
     Metric("torch_version", STR, "version", "same"),
+    Metric("memlab_version", STR, "version", "same"),
     Metric("started_at", STR, "timestamp", "rank0", "UTC ISO-8601"),
     # against the baseline (memlab.core.compare)
-    Metric("mem_saved_pct", FLOAT, "pct", None, "100 × (1 − peak / baseline peak)", "mem saved", 18, figure=True, relative=True),
-    Metric("speedup_x", FLOAT, "x", None, "baseline step time / step time", "speed-up", 19, figure=True, relative=True),
-    Metric("ppl_change_pct", FLOAT, "pct", None, "100 × (val ppl / baseline val ppl − 1)", "ppl Δ", 20, figure=True, relative=True),
+    Metric("mem_saved_pct", FLOAT, "pct", None, "100 × (1 − peak / baseline peak)", "mem saved", 20, figure=True, relative=True),
+    Metric("speedup_x", FLOAT, "x", None, "baseline step time / step time", "speed-up", 21, figure=True, relative=True),
+    Metric("ppl_change_pct", FLOAT, "pct", None, "100 × (val ppl / baseline val ppl − 1)", "ppl Δ", 22, figure=True, relative=True),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

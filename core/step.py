@@ -37,7 +37,7 @@ class _NoMeter:
 class StepResult:
     loss_sum: torch.Tensor  # the batch's mean loss (summed over micro-batches), on the device: read it late
     grad_norm: torch.Tensor | None  # before clipping; None without clipping
-    skipped: bool  # fp16: the GradScaler found inf/NaN gradients and skipped the update
+    skipped: bool | torch.Tensor  # fp16: the GradScaler skipped the update (inf/NaN gradients); a device tensor: read it late
 
 
 @dataclass
@@ -55,7 +55,7 @@ class TrainStep:
     scaler: torch.amp.GradScaler | None = None
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     offload: Callable[[], ContextManager] = contextlib.nullcontext
-    applied: dict[str, str] = field(default_factory=dict)  # one line per technique, for run.json and the summary
+    applied: dict[str, Any] = field(default_factory=dict)  # one line per technique (and the memory cap's bytes), for the summary
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
 
     @property
@@ -106,17 +106,20 @@ class TrainStep:
         meter.end("bwd")
         return loss.detach()
 
-    def _optimizer_step(self) -> tuple[torch.Tensor | None, bool]:
+    def _optimizer_step(self) -> tuple[torch.Tensor | None, bool | torch.Tensor]:
         grad_norm, skipped, scaler = None, False, self.scaler
         if scaler:
             scaler.unscale_(self.optimizer)
         if self.clip:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         if scaler:
-            scale_before = scaler.get_scale()
+            # whether the scaler skips this step is its found-inf flags, kept on the device: comparing get_scale()
+            # before and after would add two host syncs to GradScaler's own one
+            found = list(scaler._found_inf_per_device(self.optimizer).values())
+            if found:
+                skipped = torch.stack([f.to(found[0].device) for f in found]).sum() > 0
             scaler.step(self.optimizer)
             scaler.update()
-            skipped = scaler.get_scale() < scale_before
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

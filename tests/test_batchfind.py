@@ -303,3 +303,100 @@ def test_find_batch_counts_an_oom_kill_as_not_fitting(monkeypatch, capsys, tmp_p
     code, out, err = find_batch_with(lambda b: "finished" if b <= 3 else "sigkilled", monkeypatch, capsys, tmp_path)
     assert code == 0 and "max micro-batch: 3 (4 runs out of memory)" in out
     assert "micro-batch 4 out of memory" in err
+
+
+# ---------------------------------------------------------------------------------------------- issue 17: a real card, retries, expandable segments
+
+
+def test_the_allocator_budget_is_the_card_less_what_the_process_holds_outside_the_allocator():
+    """--gpu-memory 24GiB is a card of 24 GiB in total: NVML's per-process use beyond the allocator's reserved bytes
+    (CUDA context, cuBLAS workspace) comes off before the allocator is capped."""
+    card = 24 * 2**30
+    nvml_used, reserved = 600 * 2**20 + 2 * 2**20, 2 * 2**20  # context 600 MiB + one 2 MiB allocator block
+    assert bf.allocator_budget(card, nvml_used, reserved) == card - 600 * 2**20
+    assert bf.allocator_budget(card, None, reserved) == card  # NVML could not tell: the whole card, as before
+    assert bf.allocator_budget(card, reserved // 2, reserved) == card  # never more than the card
+    with pytest.raises(DeviceError, match="less than what this process holds outside the allocator"):
+        bf.allocator_budget(512 * 2**20, 600 * 2**20, 0)
+
+
+def test_a_probe_reports_the_budget_its_child_measured():
+    from types import SimpleNamespace
+
+    child = SimpleNamespace(status="finished", summary={"peak_alloc_bytes": 5, "allocator_budget_bytes": 23 * 2**30}, killed_by_sigkill=False)
+    assert bf.probe_result(4, child, 1.0, "baseline").allocator_budget_bytes == 23 * 2**30
+
+
+def test_a_fit_that_needed_allocator_retries_is_not_clean_unless_allowed():
+    retried = bf.ProbeResult(8, True, alloc_retries=3)
+    counted = bf.clean_fit(retried)
+    assert not counted.fits and counted.retried and "3 allocator retries" in counted.message
+    assert bf.clean_fit(retried, allow_retries=True).fits
+    assert bf.clean_fit(bf.ProbeResult(8, True, alloc_retries=0)).fits
+
+
+def test_the_expandable_probe_sets_the_allocator_in_the_childs_env_keeping_the_rest(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:False")
+    assert bf.expandable_probe_env(True) == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
+    probe = bf.ChildProbe("bf16", "gpt2s", [], seq_len=1024, cap_bytes=24 * 2**30, env=bf.expandable_probe_env(True))
+    spec = probe.spec(4)
+    probe.close()
+    assert spec.env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True", bf.MEMORY_ENV: str(24 * 2**30)}
+
+
+class RetryingProbe:
+    """Fits up to 6; 5 and 6 only after allocator retries; expandable segments (in its env) need no retries and
+    reserve less. Each probe reports the budget a child would have measured under a 24 GiB card."""
+
+    made: list[dict] = []
+
+    def __init__(self, *args, env=None, cap_bytes=None, **kwargs):
+        self.expandable = "expandable_segments:True" in (env or {}).get("PYTORCH_CUDA_ALLOC_CONF", "")
+        RetryingProbe.made.append({"env": env, "cap_bytes": cap_bytes})
+
+    def __call__(self, b):
+        retries = 2 if b in (5, 6) and not self.expandable else 0
+        reserved = (10 if self.expandable else 12) * 2**30
+        return bf.ProbeResult(b, b <= 6, 1.0, 8 * 2**30, reserved, retries, allocator_budget_bytes=23 * 2**30)
+
+    def close(self):
+        pass
+
+
+def find_batch_fake(args, monkeypatch, capsys, tmp_path) -> tuple[str, str]:
+    from memlab.cli import batch as batch_cli
+    from memlab.cli import main
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
+    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(bf, "ChildProbe", RetryingProbe)
+    RetryingProbe.made = []
+    try:
+        main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--start", "1", "--max", "16", "--gpu-memory", "24GiB", *args])
+    except SystemExit as e:
+        assert e.code == 0, capsys.readouterr().err
+    out = capsys.readouterr()
+    return out.out, " ".join(out.err.split())  # the progress lines are wrapped at the terminal's width
+
+
+def test_find_batch_does_not_count_a_fit_with_retries_unless_asked(monkeypatch, capsys, tmp_path):
+    out, err = find_batch_fake([], monkeypatch, capsys, tmp_path)
+    assert "max micro-batch: 4 (5 runs out of memory)" in out
+    assert "micro-batch 5 fits only after allocator retries: not counted (--allow-retries)" in err
+    out, err = find_batch_fake(["--allow-retries"], monkeypatch, capsys, tmp_path)
+    assert "max micro-batch: 6 (7 runs out of memory)" in out
+
+
+def test_find_batch_prints_the_card_and_the_allocator_budget_and_what_expandable_segments_changes(monkeypatch, capsys, tmp_path):
+    import json
+
+    out, err = find_batch_fake([], monkeypatch, capsys, tmp_path)
+    assert "memory: a card of 24.00 GiB in total assumed (--gpu-memory) · allocator budget 23.00 GiB (1.00 GiB outside it" in out
+    assert "with expandable_segments:True at micro-batch 4: fits · reserved 10.00 GiB · fragmentation 20% · retries 0 (reserved -16.7% against the search's probe)" in out
+    flipped = [m for m in RetryingProbe.made if m["env"]]
+    assert len(flipped) == 1 and flipped[0]["cap_bytes"] == 24 * 2**30  # one extra probe, under the same cap
+    out, _ = find_batch_fake(["--json", "--refresh"], monkeypatch, capsys, tmp_path)
+    got = json.loads(out)
+    assert (got["device_total_bytes"], got["allocator_budget_bytes"]) == (24 * 2**30, 23 * 2**30)
+    assert got["expandable_segments"]["setting"] is True and got["expandable_segments"]["probe"]["peak_reserved_bytes"] == 10 * 2**30

@@ -504,3 +504,36 @@ def test_distributed_runs_show_their_gpus(tmp_path):
         for cols in [[c.strip() for c in line.strip("|").split("|")]]
     }
     assert by_profile["ddp_bf16"] == "2" and by_profile["bf16"] == "1"
+
+
+def test_a_group_that_mixes_gpu_counts_or_versions_says_so(tmp_path):
+    """Runs with different GPU counts, torch or memlab versions share a group only with a note naming the difference."""
+    h100 = dict(device="cuda", gpu_name="NVIDIA H100 80GB HBM3")
+    write_run(tmp_path, "baseline", n_gpus=1, torch_version="2.6.0", memlab_version="0.1.0", **h100)
+    write_run(tmp_path, "ddp_bf16", n_gpus=2, torch_version="2.6.0", memlab_version="0.2.0", **h100)
+    (label, g), = compare.groups(compare.comparison(compare.read_runs([tmp_path])[0]))
+    notes = compare.group_notes(g, compare.visible_columns(g)[1])
+    assert "runs here differ in GPUs (1, 2); memlab (0.1.0, 0.2.0): their figures may not compare" in notes
+    write_run(tmp_path / "same", "baseline", n_gpus=1, torch_version="2.6.0", **h100)
+    write_run(tmp_path / "same", "bf16", n_gpus=1, torch_version="2.6.0", **h100)
+    (label, g), = compare.groups(compare.comparison(compare.read_runs([tmp_path / "same"])[0]))
+    assert not any("differ in" in n for n in compare.group_notes(g, []))
+
+
+def test_wall_tokens_per_s_and_mfu_at_the_bf16_peak_show_only_where_they_differ(tmp_path):
+    """A twin column (metrics.Metric.twin) is left out where it is within 3 % of its sibling on every row."""
+    h100 = dict(device="cuda", gpu_name="NVIDIA H100 80GB HBM3")
+    write_run(tmp_path, "baseline", tokens_per_s=1000.0, tokens_per_s_wall=980.0, mfu=0.30, mfu_bf16_peak=0.30, **h100)
+    write_run(tmp_path, "bf16", tokens_per_s=2000.0, tokens_per_s_wall=1990.0, mfu=0.40, mfu_bf16_peak=0.40, **h100)
+
+    def shown() -> list[str]:
+        (_, g), = compare.groups(compare.comparison(compare.read_runs([tmp_path])[0]))
+        cols, hidden = compare.visible_columns(g)
+        assert not {"tokens_per_s_wall", "mfu_bf16_peak"} & {c.name for c in hidden}  # never "not measured"
+        return [c.name for c in cols]
+
+    assert "tokens_per_s_wall" not in shown() and "mfu_bf16_peak" not in shown()
+    write_run(tmp_path, "tf32", tokens_per_s=1500.0, tokens_per_s_wall=1400.0, mfu=0.6, mfu_bf16_peak=0.18, **h100)
+    cols = shown()
+    assert cols.index("tokens_per_s_wall") == cols.index("tokens_per_s") + 1
+    assert cols.index("mfu_bf16_peak") == cols.index("mfu") + 1

@@ -37,7 +37,7 @@ def test_summary_schema_and_rank_schema_derive_from_the_list():
 def test_rank_reduction_reads_the_list():
     assert distributed.MAX_OVER_RANKS == tuple(m.name for m in metrics.SUMMARY if m.reduce == "max")
     assert distributed.SUM_OVER_RANKS == ("alloc_retries", "ooms")
-    assert set(distributed.AT_SLOWEST_PACE) == {"tokens_per_s", "mfu"}
+    assert set(distributed.AT_SLOWEST_PACE) == {"tokens_per_s", "mfu", "mfu_bf16_peak"}
     # every summary metric says how ranks reduce it; relative columns are not per run, so they do not
     assert all(m.reduce is not None for m in metrics.SUMMARY)
     assert all(m.reduce is None for m in metrics.RELATIVE)

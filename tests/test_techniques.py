@@ -183,6 +183,18 @@ def test_tune_kernels_spells_the_mode_as_options_and_adds_coordinate_descent(mon
     ]
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_compile_modes_are_refused_with_the_reason_and_the_valid_modes(mode):
+    """CUDA graphs keep a memory pool outside the per-phase peak resets: memory would be measured wrong."""
+    p = load_profile("compile")
+    p.compile.mode = mode
+    with pytest.raises(ConfigError, match="CUDA graphs") as e:
+        torch_compile.check(load_experiment("tiny"), p, CPU, 1)
+    assert "'default'" in str(e.value) and "'max-autotune-no-cudagraphs'" in str(e.value) and "\n" not in str(e.value)
+    p.compile.mode = "max-autotune-no-cudagraphs"
+    torch_compile.check(load_experiment("tiny"), p, CPU, 1)  # no CUDA graphs: accepted
+
+
 def test_compile_profile_trains_and_reports_compile_time_apart(tiny, monkeypatch):
     """The engine path of `compile`, traced by Dynamo and AOTAutograd (forward and backward) but without Inductor's
     C++ code generation, which costs ~30 s cold on 2 cores (the real thing: the next test, and bench/techniques.py)."""
@@ -215,3 +227,24 @@ def test_a_knob_the_cpu_cannot_honour_is_an_error_not_a_crash(tiny):
     for name in sorted(NEEDS_CUDA):
         with pytest.raises(MemlabError):
             train(tiny, load_profile(name), ListSink(), device=CPU)
+
+
+def test_fp16_step_adds_no_host_sync_beyond_the_grad_scalers_own(monkeypatch):
+    """Skipped steps are counted from the scaler's found-inf flags on the device, read at summary time: the step
+    reads one scalar back (GradScaler.step's own), not get_scale() before and after."""
+    model = _model()
+    opt = build_optimizer(model, OptimizerConfig(name="adamw"), TrainConfig(lr=1e-2), CPU)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1e38)  # the scaled loss overflows: the first step is skipped
+    step = TrainStep(Experiment(train=TrainConfig(lr=1e-2)), Profile(), CPU, CFG.vocab_size, model=model,
+                     train_model=model, optimizer=opt, scaler=scaler)
+    monkeypatch.setattr(torch.amp.GradScaler, "get_scale", lambda self: pytest.fail("get_scale() syncs the host"))
+    reads = []
+    real_item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(1) or real_item(t))
+    x = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(0))
+    batch = [(x, torch.roll(x, -1, dims=1))]
+    skipped = step.run(batch).skipped
+    assert len(reads) == 1  # GradScaler.step's own read of found_inf
+    assert isinstance(skipped, torch.Tensor) and bool(skipped)
+    scaler.update(1024.0)  # a scale that does not overflow
+    assert not bool(step.run(batch).skipped)

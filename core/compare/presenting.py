@@ -52,11 +52,22 @@ _NUMBER_FORMATS = {
 
 def visible_columns(g: pl.DataFrame) -> tuple[list[metrics.Metric], list[metrics.Metric]]:
     """(shown, hidden): DISPLAY_COLUMNS minus measured figures that are null on every row of `g` (e.g. NVML and MFU
-    on CPU)."""
+    on CPU), and minus a twin column (wall tokens/s, MFU at the bf16 peak) within 3 % of its sibling on every row."""
     shown, hidden = [], []
     for c in DISPLAY_COLUMNS:
+        if c.twin:
+            if _differs(g, c.name, c.twin):  # else it says nothing its sibling does not: left out, without a note
+                shown.append(c)
+            continue
         (hidden if c.figure and g[c.name].null_count() == g.height else shown).append(c)
     return shown, hidden
+
+
+def _differs(g: pl.DataFrame, name: str, twin: str) -> bool:
+    """Some row where `name` and `twin` both have a figure and they differ by more than metrics.TWIN_TOLERANCE."""
+    a, b = pl.col(name).cast(pl.Float64), pl.col(twin).cast(pl.Float64)
+    off = g.select(((a / b - 1).abs().fill_nan(None) > metrics.TWIN_TOLERANCE).fill_null(False).any()).item()
+    return bool(off)
 
 
 def host_memory_only(g: pl.DataFrame) -> bool:
@@ -73,12 +84,30 @@ def group_notes(g: pl.DataFrame, hidden: list[metrics.Metric]) -> list[str]:
         notes.append("no finished runs in this experiment")
     elif hidden:
         notes.append("not measured on these runs: " + ", ".join(c.header for c in hidden))
+    mixed = mixed_setups(g)
+    if mixed:
+        notes.append(f"runs here differ in {mixed}: their figures may not compare")
     if host_memory_only(g):
         notes.append("memory here is the host process's peak RSS (no device memory on CPU); mem saved compares it")
     for r in g.filter(g["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
         if r["reason"]:
             notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:160]}")
     return notes
+
+
+MIXED_IDENTITY = (("n_gpus", "GPUs"), ("torch_version", "torch"), ("memlab_version", "memlab"))
+
+
+def mixed_setups(g: pl.DataFrame) -> str:
+    """What differs between a group's runs that the group does not split on (GPU count, torch, memlab), e.g.
+    "GPUs (1, 2); torch (2.5.1, 2.6.0)"; empty when they all agree."""
+    parts = []
+    for column, word in MIXED_IDENTITY:
+        if column in g.columns:
+            values = sorted({str(v) for v in g[column].drop_nulls().to_list()})
+            if len(values) > 1:
+                parts.append(f"{word} ({', '.join(values)})")
+    return "; ".join(parts)
 
 
 def render_markdown(result: pl.DataFrame) -> str:

@@ -1,4 +1,8 @@
-"""compile.enabled: torch.compile over the (fused, checkpointed) model."""
+"""compile.enabled: torch.compile over the (fused, checkpointed) model.
+
+The CUDA-graph modes (reduce-overhead, max-autotune) are refused: a CUDA graph's memory pool is allocated when the
+graph is recorded and lives outside the per-phase peak resets (DESIGN.md "What is measured"), so the phase peaks
+would miss it and memory would not compare with other profiles."""
 
 from __future__ import annotations
 
@@ -6,13 +10,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    """Every mode compiles on every device; the profile's own validation already names the valid modes."""
+    """The profile's own validation names the valid modes; the CUDA-graph ones are refused here, on every device."""
+    c = profile.compile
+    if c.enabled and c.mode in CUDA_GRAPH_MODES:
+        from memlab.core.errors import ConfigError
+
+        raise ConfigError(
+            f"compile.mode = {c.mode!r} records CUDA graphs, whose memory pool is outside memlab's per-phase peak "
+            "resets (memory would be measured wrong); use compile.mode = 'default' or 'max-autotune-no-cudagraphs'"
+        )
 
 
 def compiled(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:

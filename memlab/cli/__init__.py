@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
-import typer
+STARTED_AT = time.time()  # memlab's own clock at start-up: time to first step counts from it (memlab.cli.run)
+
+import typer  # noqa: E402
 
 try:  # typer >= 0.20 vendors click as typer._click; older typer (e.g. on GPU images) uses click itself
     from typer._click import exceptions as _click_exc

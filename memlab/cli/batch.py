@@ -170,7 +170,7 @@ def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
 
 
 def _probe_line(i: int, r: ProbeResult) -> str:
-    verdict = "fits" if r.fits else "out of memory"
+    verdict = "fits" if r.fits else ("fits only after allocator retries: not counted (--allow-retries)" if r.retried else "out of memory")
     frag = f"{r.fragmentation:.1%}" if r.fragmentation is not None else "—"
     return (
         f"probe {i}: micro-batch {r.batch} {verdict} · peak {gib(r.peak_alloc_bytes)} · reserved {gib(r.peak_reserved_bytes)}"
@@ -227,6 +227,7 @@ def find_batch(
     start: Annotated[Optional[int], typer.Option("--start", help="First micro-batch to try (default: a power of two under the estimator's prediction).")] = None,
     max_: Annotated[Optional[int], typer.Option("--max", help="Largest micro-batch to try.")] = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached answers for this experiment, profile, GPU and cap.")] = False,
+    allow_retries: Annotated[bool, typer.Option("--allow-retries", help="Count a probe that finished only after allocator retries (cache flushed: it fits only just, and slowly) as a fit.")] = False,
     as_json: JsonOpt = False,
     set_: SetOpt = None,
 ) -> None:
@@ -252,7 +253,7 @@ def find_batch(
     cap = _cap_for(gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"
     memory = cap or (gpu.total_bytes if gpu else 0)
-    key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps)
+    key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
     fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
     hint, predicted = _start_from_estimate(exp, prof, memory, cap is not None) if memory else (1, None)
     start = start or hint
@@ -270,7 +271,8 @@ def find_batch(
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": steps}
     t0 = time.monotonic()
     try:
-        result = bf.search_max_batch(probe, start=start, limit=max_, known_fit=fit, known_oom=oom, on_probe=on_probe)
+        result = bf.search_max_batch(lambda b: bf.clean_fit(probe(b), allow_retries), start=start, limit=max_,
+                                     known_fit=fit, known_oom=oom, on_probe=on_probe)
     except bf.ProbeError as e:
         _probe_failed(e, seen)
     finally:
@@ -278,23 +280,73 @@ def find_batch(
         fits, ooms = bf.outcome_lists(seen)
         if seen:
             bf.record_bounds(key, fits, ooms, meta)  # what was learned stays, even after an error
-    seconds = time.monotonic() - t0
-    advice = _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments)
+    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, not prof.allocator.expandable_segments, result.max_batch)
+    err.print(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{not prof.allocator.expandable_segments}: {_flip_summary(result.probes, flipped)}")
+    memory_view = {"device_total_bytes": memory or None, "allocator_budget_bytes": _budget(result.probes)}
+    report = {"seconds": time.monotonic() - t0, "predicted": predicted, "cap": cap, "gpu_name": gpu_name,
+              "advice": _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments), "max": max_}
     if as_json:
-        out = bf.result_dict(result) | {
-            "profile": prof.name, "experiment": exp.name, "gpu": gpu_name, "memory_cap_bytes": cap,
-            "steps": steps, "predicted_max_batch": predicted, "cached": not result.probes, "seconds": seconds,
-            "advice": advice,
+        out = bf.result_dict(result) | memory_view | {
+            "profile": prof.name, "experiment": exp.name, "gpu": gpu_name, "memory_cap_bytes": cap, "steps": steps,
+            "predicted_max_batch": predicted, "cached": not result.probes, "seconds": report["seconds"],
+            "advice": report["advice"], "allow_retries": allow_retries,
+            "expandable_segments": {"setting": not prof.allocator.expandable_segments, "probe": bf.probe_dict(flipped)},
         }
         typer.echo(json.dumps(out))
         return
-    exact = f"{result.min_oom} runs out of memory" if result.min_oom else f"the limit {max_} fits: the true maximum may be larger"
+    _print_found(result, report, memory_view, flipped, not prof.allocator.expandable_segments)
+
+
+def _budget(probes: list[ProbeResult]) -> int | None:
+    """The allocator budget the probes measured and set under --gpu-memory (None: not capped, or not told)."""
+    return next((p.allocator_budget_bytes for p in reversed(probes) if p.allocator_budget_bytes), None)
+
+
+def _flipped_allocator_probe(profile_ref: str, exp_ref: str, exp: Experiment, overrides: list[str], steps: int,
+                             cap: int | None, expandable: bool, batch: int) -> ProbeResult:
+    """One more probe at the found batch, with allocator.expandable_segments the other way (in the child's env):
+    what that setting would change. A probe that fails is reported in its message, never raised."""
+    from memlab.core import batchfind as bf
+
+    probe = bf.ChildProbe(profile_ref, exp_ref, overrides, seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
+                          env=bf.expandable_probe_env(expandable))
+    try:
+        return probe(batch)
+    except bf.ProbeError as e:
+        return bf.ProbeResult(batch, False, message=f"failed: {e}")
+    finally:
+        probe.close()
+
+
+def _print_found(result: Any, report: dict[str, Any], memory_view: dict[str, Any], flipped: ProbeResult, expandable: bool) -> None:
+    cap, total, budget = report["cap"], memory_view["device_total_bytes"], memory_view["allocator_budget_bytes"]
+    exact = f"{result.min_oom} runs out of memory" if result.min_oom else f"the limit {report['max']} fits: the true maximum may be larger"
     typer.echo(f"max micro-batch: {result.max_batch} ({exact})")
-    typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {seconds:.1f} s · {gpu_name}" + (f" · cap {gib(cap)}" if cap else ""))
-    if predicted:
-        typer.echo(f"estimator predicted: {predicted} ({(predicted - result.max_batch) / result.max_batch:+.1%})")
-    if advice:
-        typer.echo(f"note: {advice}")
+    typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {report['seconds']:.1f} s · {report['gpu_name']}" + (f" · cap {gib(cap)}" if cap else ""))
+    if cap:
+        outside = f"{gib(total - budget)} outside it (CUDA context, workspaces), measured through NVML" if budget else "not reported by the probes"
+        typer.echo(f"memory: a card of {gib(total)} in total assumed (--gpu-memory) · allocator budget {gib(budget)} ({outside})")
+    elif total:
+        typer.echo(f"memory: the whole card, {gib(total)} · allocator not capped")
+    typer.echo(f"with expandable_segments:{expandable} at micro-batch {result.max_batch}: " + _flip_summary(result.probes, flipped))
+    if report["predicted"]:
+        typer.echo(f"estimator predicted: {report['predicted']} ({(report['predicted'] - result.max_batch) / result.max_batch:+.1%})")
+    if report["advice"]:
+        typer.echo(f"note: {report['advice']}")
+
+
+def _flip_summary(probes: list[ProbeResult], flipped: ProbeResult) -> str:
+    """What the other allocator setting changed at the found batch, against the search's own probe there."""
+    if flipped.retried or flipped.message.startswith("failed: "):
+        return flipped.message
+    if not flipped.fits:
+        return "out of memory"
+    base = next((p for p in reversed(probes) if p.fits and p.batch == flipped.batch), None)
+    frag = f"{flipped.fragmentation:.0%}" if flipped.fragmentation is not None else "—"
+    line = f"fits · reserved {gib(flipped.peak_reserved_bytes)} · fragmentation {frag} · retries {flipped.alloc_retries if flipped.alloc_retries is not None else '—'}"
+    if base is not None and base.peak_reserved_bytes and flipped.peak_reserved_bytes:
+        line += f" (reserved {(flipped.peak_reserved_bytes - base.peak_reserved_bytes) / base.peak_reserved_bytes:+.1%} against the search's probe)"
+    return line
 
 
 # ---------------------------------------------------------------------------------------------- run --batch-size max

@@ -150,30 +150,27 @@ def _exec_torchrun(nproc: int, args: list[str], exp, prof, dev) -> None:
     if dev.type == "cuda" and torch.cuda.device_count() < nproc:
         raise DeviceError(f"--nproc {nproc}: this host has {torch.cuda.device_count()} visible GPU(s); one rank needs one GPU")
     env = dict(os.environ)
-    start = _process_start()
-    if start is not None:
-        env["MEMLAB_PROCESS_START"] = repr(start)  # time to first step counts from this command, not from the ranks
+    env["MEMLAB_PROCESS_START"] = repr(_process_start())  # time to first step counts from this command, not the ranks
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # (torchrun would say 1, loudly)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, distributed.torchrun_argv(nproc, args), env)
 
 
-def _process_start() -> float | None:
-    """When this process started (so time to first step includes imports, as a user waits for them)."""
+def _process_start() -> float:
+    """When this memlab command started (so time to first step includes imports, as a user waits for them): memlab's
+    own clock, taken as `memlab` starts; not the process's creation time, which is the shell's when a shell execs
+    memlab (`bash -c '... && exec memlab run'`)."""
     import os
+
+    from memlab.cli import STARTED_AT
 
     if os.environ.get("MEMLAB_PROCESS_START"):  # set by `memlab run --nproc` for the ranks it starts
         try:
             return float(os.environ["MEMLAB_PROCESS_START"])
         except ValueError:
             pass
-    try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except Exception:  # noqa: BLE001
-        return None
+    return STARTED_AT
 
 
 def register(app: typer.Typer) -> None:
