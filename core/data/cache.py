@@ -74,7 +74,11 @@ def open_tokens(entry: Path, meta: dict, start: int, stop: int) -> np.ndarray:
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """An exclusive lock for building entry `name` (POSIX flock; elsewhere none, and the rename still keeps it safe)."""
+    """An exclusive lock for building entry `name` (POSIX flock; elsewhere none, and the rename still keeps it safe).
+
+    The lock file is removed when the lock is released, so that no empty `.lock` file outlives the build. A waiter
+    may then hold a lock on the removed file: after locking it checks that the path still names the file it
+    locked, and otherwise locks again (the usual flock + unlink protocol)."""
     root = tokens_dir()
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -82,12 +86,25 @@ def locked(name: str) -> Iterator[None]:
     except ImportError:
         yield
         return
-    with open(root / f".{name}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    path = root / f".{name}.lock"
+    while True:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if not _same_file(f, path):
+                continue  # removed by the holder we waited for: lock the new one
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)  # while still holding it (see above)
+                fcntl.flock(f, fcntl.LOCK_UN)
+            return
+
+
+def _same_file(f, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _alive(pid: int) -> bool:

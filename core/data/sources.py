@@ -68,7 +68,7 @@ def _datasets():
         import datasets
     except ImportError as e:
         raise DataError("this data source needs the `datasets` package: pip install datasets") from e
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become memlab's one line (see FilesCorpus)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     return datasets
 
@@ -172,6 +172,7 @@ class FilesCorpus(Corpus):
         }
 
     def open(self, scratch: Path) -> Documents:
+        self._refuse_empty_files()
         datasets = _datasets()
         kwargs: dict[str, Any] = {"sample_by": "document"} if self.builder == "text" else {}
         if not self.cfg.streaming:
@@ -186,11 +187,57 @@ class FilesCorpus(Corpus):
         except (DataError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001
-            raise DataError(f"cannot read {self.path} as {self.builder}: {hub.one_line(e)}") from None
+            raise DataError(self._why_unreadable(e)) from None
         docs = dataset_texts(ds, self.cfg.text_field, str(self.path), self.cfg.max_docs)
         files = f"{len(self.files)} {self.builder} files, " if len(self.files) > 1 else ""
         docs.describe = lambda n: f"{self.path} ({files}{n} documents)"
         return docs
+
+
+    def _refuse_empty_files(self) -> None:
+        """An empty json / parquet / csv file has no rows to read (datasets says only `StopIteration`)."""
+        if self.builder == "text":
+            return  # one file = one document: an empty one is skipped like any empty document
+        for p in self.files:
+            if p.stat().st_size == 0:
+                raise DataError(f"{p} is empty (0 bytes): no documents to read; remove it or point --data elsewhere")
+
+    def _why_unreadable(self, e: BaseException) -> str:
+        """One line naming the file (and the line, for JSON) that datasets could not read."""
+        if self.builder == "json":
+            for p in self.files:
+                where = first_bad_json(p)
+                if where:
+                    return f"{where}; fix or remove it"
+        cause = e.__cause__ or e.__context__ or e
+        return f"cannot read {self.path} as {self.builder}: {hub.one_line(cause)}"
+
+
+def first_bad_json(path: Path) -> str | None:
+    """`FILE line N: not valid JSON (reason)` for the first line of a .jsonl (or the spot in a .json) that does not
+    parse; None when the whole file parses."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        return f"{path}: not UTF-8 text (byte {e.start})"
+    try:
+        json.loads(text)
+        return None  # one JSON document (.json)
+    except json.JSONDecodeError as whole:
+        if text.lstrip().startswith("["):  # one JSON array of rows, not JSON lines
+            return f"{path} line {whole.lineno}: not valid JSON ({whole.msg})"
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            return f"{path} line {n}: not valid JSON ({e.msg})"
+        if not isinstance(row, dict):
+            return f"{path} line {n}: a JSON {type(row).__name__}, expected an object with a text field"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- Hugging Face Hub

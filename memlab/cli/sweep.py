@@ -41,10 +41,10 @@ def sweep(
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
-    names = _profile_names(profiles)
-    ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once
     dev = resolve_device(device)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    names = _profile_names(profiles, experiment, dev.type, overrides)
+    ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
     specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides, extra_args=extra)
              for name in names]
@@ -60,16 +60,17 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _profile_names(profiles: str) -> list[str]:
-    """The names, each loaded once so a typo fails before the first hour of runs (exit 2)."""
-    from memlab.core.config import load_profile
+def _profile_names(profiles: str, experiment: str, device_type: str, overrides: list[str]) -> list[str]:
+    """The names, each resolved once with the experiment and --set, so a typo or a bad value fails before the first
+    hour of runs (exit 2) and before the runs folder is made."""
+    from memlab.cli.options import resolve
     from memlab.core.errors import MemlabError
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if not names:
         raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
     for name in names:
-        load_profile(name)
+        resolve(experiment, name, device_type, overrides)
     return names
 
 
