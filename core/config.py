@@ -266,8 +266,10 @@ def _read_toml(text: str, origin: str) -> dict:
 def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, str, str]:
     """A built-in name or a path to a TOML file -> (document, origin for messages, default name)."""
     looks_like_path = ref.endswith(".toml") or "/" in ref or "\\" in ref
-    if looks_like_path:
+    if looks_like_path or (ref not in builtin_names(kind) and Path(ref).is_dir()):
         path = Path(ref).expanduser()
+        if path.is_dir():
+            raise ConfigError(f"{ref} is a folder; a {kind} is a .toml file (or a built-in name: memlab {kind}s)")
         if not path.is_file():
             raise ConfigError(f"{kind} file not found: {ref}")
         try:
@@ -291,7 +293,12 @@ def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections:
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{origin}: extends must be the name of a built-in {kind} or a path, got {parent!r}")
-        obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
+        try:
+            obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
+        except ConfigError as e:
+            if str(e).startswith(f"{origin}:"):
+                raise
+            raise ConfigError(f"{origin}: extends = {parent!r}: {e}") from None
         obj.description = ""
     else:
         obj = cls()

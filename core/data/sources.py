@@ -33,6 +33,17 @@ class Documents:
     total: int | None  # number of documents when known (for progress)
     reiterable: bool  # False: a second pass would fetch everything again (a Hub stream): spool it instead
     describe: Callable[[int], str]  # documents actually tokenized -> e.g. "posts.jsonl (1200 documents)"
+    available: int | None = None  # documents in the source before max_docs, when known
+
+
+def count_documents(n: int, available: int | None, max_docs: int) -> str:
+    """`300 of 2,000 documents; data.max_docs=300, 0 = all` when a cap cut the source, else `1,200 documents`."""
+    cut = f"; data.max_docs={max_docs}, 0 = all" if max_docs else ""
+    if max_docs and available is not None and available > max_docs:
+        return f"{n:,} of {available:,} documents{cut}"
+    if max_docs and available is None and n >= max_docs:
+        return f"the first {n:,} documents{cut}"
+    return f"{n:,} document{'s' if n != 1 else ''}"
 
 
 class Corpus:
@@ -49,6 +60,11 @@ def open_source(cfg: DataConfig) -> Corpus:
     src = cfg.source.strip()
     if src == "stdlib":
         from memlab.core.data.stdlib import StdlibCorpus
+
+        if cfg.streaming or cfg.split != "train":
+            knob = "--streaming (data.streaming)" if cfg.streaming else f"--split {cfg.split!r} (data.split)"
+            raise DataError(f"{knob} does not apply to the built-in stdlib corpus (one split, read from disk); "
+                            f"leave it out, or use it with a file or hf:NAME source")
 
         return StdlibCorpus(cfg.max_docs)
     if src.startswith("hf:"):
@@ -97,6 +113,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
         raise DataError(f"{origin} has several splits ({', '.join(ds)}); choose one with --split")
     _check_field(ds.column_names, field, origin)
     if isinstance(ds, datasets.Dataset):
+        available = len(ds)
         if max_docs:
             ds = ds.select(range(min(max_docs, len(ds))))
         ds = ds.select_columns([field])
@@ -105,7 +122,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
             for batch in ds.iter(batch_size=1024):
                 yield from _texts(batch[field], field, origin)
 
-        return Documents(passes, len(ds), True, lambda n: f"{origin} ({n} documents)")
+        return Documents(passes, len(ds), True, lambda n: f"{origin} ({count_documents(n, available, max_docs)})", available)
 
     def stream() -> Iterator[str]:
         rows = iter(ds)
@@ -116,7 +133,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
         rows = itertools.chain([first], rows)
         yield from _texts((row[field] for row in itertools.islice(rows, max_docs or None)), field, origin)
 
-    return Documents(stream, max_docs or None, True, lambda n: f"{origin} ({n} documents)")
+    return Documents(stream, max_docs or None, True, lambda n: f"{origin} ({count_documents(n, None, max_docs)})")
 
 
 def _texts(values: Iterable[Any], field: str, origin: str) -> Iterator[str]:
@@ -190,7 +207,7 @@ class FilesCorpus(Corpus):
             raise DataError(self._why_unreadable(e)) from None
         docs = dataset_texts(ds, self.cfg.text_field, str(self.path), self.cfg.max_docs)
         files = f"{len(self.files)} {self.builder} files, " if len(self.files) > 1 else ""
-        docs.describe = lambda n: f"{self.path} ({files}{n} documents)"
+        docs.describe = lambda n: f"{self.path} ({files}{count_documents(n, docs.available, self.cfg.max_docs)})"
         return docs
 
 
@@ -293,4 +310,5 @@ class HubCorpus(Corpus):
                     raise DataError(f"{origin}: reading the stream failed: {hub.one_line(e)}") from None
 
         streamed = ", streamed" if self.cfg.streaming else ""
-        return Documents(passes, docs.total, not self.cfg.streaming, lambda n: f"{origin} ({self.cfg.split}, {n} documents{streamed})")
+        count = lambda n: count_documents(n, docs.available, self.cfg.max_docs)  # noqa: E731
+        return Documents(passes, docs.total, not self.cfg.streaming, lambda n: f"{origin} ({self.cfg.split}{streamed}, {count(n)})", docs.available)

@@ -32,9 +32,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (by
 
 
 def _err_console() -> Console:
-    from rich.console import Console
+    from memlab.cli.console import make_console
 
-    return Console(stderr=True, highlight=False)
+    return make_console(stderr=True)
 
 
 def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experiment, Profile]:
@@ -117,12 +117,12 @@ def _cuda_visible() -> bool:
 
 
 def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str, world: int = 1, mode: str = "none") -> None:
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.estimate import COMPONENTS
 
-    console = Console(highlight=False)
+    console = make_console()
     console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
                   + (f" · {mode} x{world}, per GPU" if mode != "none" else ""))
     t = Table(header_style="bold", box=None, pad_edge=False)
@@ -377,12 +377,12 @@ def resolve_max_batch(
 
 def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, console: Console | None = None) -> None:
     """`memlab run --memory-snapshot`: the measured breakdown at the peak beside the estimate's."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.memsnapshot import CATEGORIES, estimate_categories
 
-    console = console or Console(highlight=False)
+    console = console or make_console()
     if not result:
         console.print("memory snapshot: nothing recorded")
         return

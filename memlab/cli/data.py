@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from memlab.cli.options import DeviceOpt
+
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="stdlib, a file or folder (.txt .md .jsonl .json .parquet .csv), or hf:NAME[:CONFIG].")]
 FieldOpt = Annotated[Optional[str], typer.Option("--text-field", help="The column that holds the text (json, parquet, csv, hf:).")]
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N (train on the corpus), a tokenizer.json, or hf:NAME.")]
@@ -14,7 +16,7 @@ MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Take only
 SplitOpt = Annotated[Optional[str], typer.Option("--split", help="Dataset split, e.g. train or train[:10%].")]
 StreamingOpt = Annotated[Optional[bool], typer.Option("--streaming/--no-streaming", help="Stream the dataset instead of downloading it whole.")]
 ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).")]
-ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from this experiment's [data] (built-in name or TOML path); auto = the defaults.")]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from the [data] table of this experiment (built-in name or TOML path); auto = the one `memlab run` picks: gpt2s on CUDA, tiny on CPU.")]
 
 
 def prepare(
@@ -26,16 +28,19 @@ def prepare(
     streaming: StreamingOpt = None,
     val_tokens: ValTokensOpt = None,
     experiment: ExperimentOpt = "auto",
+    device: DeviceOpt = "auto",
 ) -> None:
     """Tokenize a corpus into the token cache (a later `memlab run` with the same data reuses it)."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from memlab.cli.options import _toml_string, data_overrides
-    from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment
-    from memlab.core.data import load_tokens
+    from memlab.cli.options import _toml_string, data_overrides, experiment_ref
+    from memlab.core.config import Profile, apply_overrides, load_experiment
+    from memlab.core.data import holdout_warning, load_tokens
+    from memlab.core.environment import resolve_device
 
-    exp = Experiment() if experiment == "auto" else load_experiment(experiment)
+    # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
+    exp = load_experiment(experiment_ref(experiment, resolve_device(device).type))
     items = data_overrides(data, text_field, tokenizer, streaming, max_docs, None, None)
     if split is not None:
         items.append(f"data.split={_toml_string(split)}")
@@ -44,7 +49,7 @@ def prepare(
     apply_overrides(exp, Profile(), items)  # validates like `memlab run --set`
     cfg = exp.data
 
-    console = Console(stderr=True, highlight=False)
+    console = make_console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     tasks: dict[str, int] = {}
     t0 = time.perf_counter()
@@ -60,13 +65,16 @@ def prepare(
         tokens = load_tokens(cfg, progress=progress)
     elapsed = time.perf_counter() - t0
 
-    out = Console(highlight=False, soft_wrap=True)
+    out = make_console()
     n_train, n_val = len(tokens.train), len(tokens.val)
     out.print(f"[bold]source[/]     {tokens.source}")
     out.print(f"[bold]tokenizer[/]  {tokens.tokenizer} · vocab {tokens.vocab_size:,} · EOS id {tokens.eos_id}")
     out.print(f"[bold]tokens[/]     {n_train + n_val:,} in {tokens.n_docs:,} documents · {n_train:,} train · {n_val:,} val · {tokens.dtype.name}")
     out.print(f"[bold]cache[/]      {tokens.cache_dir}")
     out.print(f"[bold]cache hit[/]  {'yes' if tokens.cache_hit else 'no'} ({elapsed:.1f} s)")
+    warning = holdout_warning(n_train, n_val)
+    if warning:
+        console.print(f"[yellow]warning[/] {warning}")
 
 
 def register(app: typer.Typer) -> None:

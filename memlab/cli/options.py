@@ -54,10 +54,15 @@ def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def resolve(experiment: str, profile: str, device_type: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+def experiment_ref(experiment: str, device_type: str) -> str:
+    """What `--experiment auto` stands for on this device (run, sweep and data prepare all ask here)."""
     if experiment == "auto":
-        experiment = "gpt2s" if device_type == "cuda" else "tiny"
-    exp = load_experiment(experiment)
+        return "gpt2s" if device_type == "cuda" else "tiny"
+    return experiment
+
+
+def resolve(experiment: str, profile: str, device_type: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+    exp = load_experiment(experiment_ref(experiment, device_type))
     prof = load_profile(profile)
     apply_overrides(exp, prof, overrides)
     return exp, prof
