@@ -344,14 +344,14 @@ def test_experiments_and_hardware_are_never_mixed(tmp_path):
     table = compare.comparison(compare.read_runs([tmp_path])[0])
     labels = [label for label, _ in compare.groups(table)]
     assert labels == [
-        "gpt2s (cccc2222dddd) on cpu",
-        "tiny (aaaa1111bbbb) on cpu",
-        "tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3",  # by experiment, then device
-    ]
+        "gpt2s · seq_len=64 · batch_size=8 on cpu",
+        "tiny on cpu",
+        "tiny on NVIDIA H100 80GB HBM3",  # by experiment, then device
+    ]  # named by what differs from the built-in experiment as written, not by a hash
     by = {label: g for label, g in compare.groups(table)}
-    assert row(by["gpt2s (cccc2222dddd) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(75.0)
-    assert row(by["tiny (aaaa1111bbbb) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
-    h100 = by["tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3"]
+    assert row(by["gpt2s · seq_len=64 · batch_size=8 on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(75.0)
+    assert row(by["tiny on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
+    h100 = by["tiny on NVIDIA H100 80GB HBM3"]
     assert h100["baseline"].to_list() == ["gradcp"]  # its only run is its own baseline
     assert table["group_index"].to_list() == sorted(table["group_index"].to_list())
 
@@ -504,3 +504,29 @@ def test_distributed_runs_show_their_gpus(tmp_path):
         for cols in [[c.strip() for c in line.strip("|").split("|")]]
     }
     assert by_profile["ddp_bf16"] == "2" and by_profile["bf16"] == "1"
+
+
+def test_groups_are_named_by_what_differs_from_the_experiment_as_written():
+    from memlab.core.config import load_experiment, to_dict
+
+    def first(name, exp_id, config):
+        return {"experiment": name, "experiment_id": exp_id, "device": "cpu", "gpu_name": None,
+                "experiment_config": json.dumps(config) if config is not None else None}
+
+    tiny = to_dict(load_experiment("tiny"))
+    changed = json.loads(json.dumps(tiny))
+    changed["train"]["steps"], changed["model"]["n_layer"], changed["data"]["source"] = 300, 4, "/home/me/posts.jsonl"
+    labels = compare.group_labels([
+        first("tiny", "a1", tiny),
+        first("tiny", "b2", changed),
+        first("mine", "c3", {"train": {"steps": 1}}),  # a user's own file: memlab cannot read it as written
+        first("mine", "d4", {"train": {"steps": 2}}),
+        first("solo", "e5", None),
+    ])
+    assert labels == [
+        "tiny on cpu",
+        "tiny · n_layer=4 · source=posts.jsonl · steps=300 on cpu",
+        "mine · c3 on cpu",
+        "mine · d4 on cpu",
+        "solo on cpu",  # the only group of its name needs no id
+    ]
