@@ -366,7 +366,18 @@ def test_explicit_baseline_missing_from_one_group_blanks_only_that_group(tmp_pat
     assert row(table.filter(pl.col("experiment") == "tiny"), "gradcp")["mem_saved_pct"] == 0.0
 
 
-@pytest.mark.parametrize("status", ["oom", "nan", "interrupted", "crashed", "error"])
+def test_an_interrupted_run_keeps_its_figures_and_is_marked(runs):
+    write_run(runs, "stopped", status="interrupted", reason="interrupted", peak_alloc_bytes=GIB, step_ms_median=50.0)
+    table = compare.comparison(compare.read_runs([runs])[0])
+    r = row(table, "stopped")
+    assert r["status"] == "interrupted" and r["peak_alloc_bytes"] == GIB and r["step_ms_median"] == 50.0
+    assert r["mem_saved_pct"] is not None
+    notes = compare.group_notes(table, [])
+    assert "stopped (interrupted): its figures are from an interrupted run, over 6 steps it completed" in notes
+    assert "1 run\n" in compare.render_markdown(table.filter(pl.col("profile") == "stopped").with_columns(pl.lit(None, dtype=pl.String).alias("baseline")))
+
+
+@pytest.mark.parametrize("status", ["oom", "nan", "crashed", "error"])
 def test_runs_that_did_not_finish_keep_their_status_and_blank_figures(runs, status):
     write_run(runs, "broken", status=status, reason=status, peak_alloc_bytes=9 * GIB, step_ms_median=1.0, val_ppl=1.0)
     table = compare.comparison(compare.read_runs([runs])[0])

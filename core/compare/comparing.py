@@ -128,7 +128,8 @@ def comparison(
 
     baseline: profile name; default "baseline" where a group has it, else the group's first row (oldest run).
     A name no group has is a MemlabError listing the profiles present; a group that lacks it has null relative
-    columns. Runs that did not finish keep their identity and status; their figures are null.
+    columns. Runs that failed keep their identity and status; their figures are null. Interrupted runs keep their
+    figures (of the steps they completed).
 
     Relative columns: mem_saved_pct = 100 (1 - peak / base peak) on peak_alloc_bytes, or on peak_host_rss_bytes in a
     group with no device figures (CPU); speedup_x = base step ms / step ms when both do the same tokens per step, else
@@ -140,10 +141,11 @@ def comparison(
         pl.col("started_at").fill_null(pl.col("run_id")).alias("_order"),
         pl.col("profile").fill_null("?"),
     )
-    # Runs that did not finish: keep who and what, blank every measured figure.
+    # Runs that failed: keep who and what, blank every measured figure. An interrupted run keeps the figures its
+    # summary has (of the steps it completed); the notes under its table say so.
     figures = [name for name in metrics.figure_names() if name in df.columns]
-    finished = pl.col("status") == "finished"
-    df = df.with_columns([pl.when(finished).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
+    measured = pl.col("status").is_in(["finished", "interrupted"])
+    df = df.with_columns([pl.when(measured).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
 
     df = df.sort([*GROUP_KEYS, "_order", "run_id"], nulls_last=True)
     if latest_only:
