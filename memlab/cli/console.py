@@ -56,8 +56,7 @@ class ConsoleSink:
             d = ev.get("data", {})
             self.console.print(
                 f"[bold]memlab[/] {ev['profile']['name']} on {ev['experiment']['name']} · {ev['device']} · "
-                f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · batch {ev['experiment']['train']['batch_size']}"
-                f" ({ev['micro_batch']} x {ev['grad_accum']}) · {self.total} steps"
+                f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · {batch_split(ev)} · {self.total} steps"
             )
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
             warning = holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0)
@@ -83,7 +82,9 @@ class ConsoleSink:
             self.console.print(f"eval @ step {ev['step']}: val loss {ev['val_loss']:.4f}  ppl {ev['val_ppl']:.2f}")
         elif kind == "failed":
             self._newline()
-            self.console.print(f"[bold red]{ev['reason']}[/]: {ev['message']}")
+            reason, message = ev["reason"], ev.get("message") or ""
+            shown = message if message.startswith(reason) else f"{reason}: {message}"  # never "oom: oom ..."
+            self.console.print(f"[bold red]{shown}[/]")
 
     def _newline(self) -> None:
         if self.interactive:
@@ -91,6 +92,15 @@ class ConsoleSink:
 
     def close(self) -> None:
         pass
+
+
+def batch_split(ev: dict[str, Any]) -> str:
+    """`batch 8 (8 x 1)`: micro-batch x accumulation; on several ranks `batch 8 (4 per rank x 1 x 2 ranks)`."""
+    batch, micro, accum = ev["experiment"]["train"]["batch_size"], ev["micro_batch"], ev["grad_accum"]
+    world = ev.get("world_size") or 1
+    if world > 1:
+        return f"batch {batch} ({micro} per rank x {accum} x {world} ranks)"
+    return f"batch {batch} ({micro} x {accum})"
 
 
 def print_summary(summary: dict[str, Any], run_dir: Any, console: Console | None = None) -> None:
