@@ -62,3 +62,15 @@ def test_flags_do_not_show_a_value_type_in_help():
     r = subprocess.run([sys.executable, "-m", "memlab", "run", "--help"], capture_output=True, text=True, timeout=60,
                        env={"COLUMNS": "160", "PATH": ""})
     assert r.returncode == 0 and "--no-meters" in r.stdout and "<bool>" not in r.stdout
+
+
+def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves():
+    from memlab.core.config import builtin_names, load_profile
+    from memlab.core.requirements import cuda_only
+
+    r = subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=60)
+    rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith("needs")}
+    for name in builtin_names("profile"):
+        assert (rows[name] == "CUDA") == (cuda_only(load_profile(name)) is not None), name
+    assert rows["tf32"] == "CUDA" and rows["baseline"] != "CUDA"
+    assert "needs CUDA" in cuda_only(load_profile("tf32"))

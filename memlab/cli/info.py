@@ -9,19 +9,22 @@ import typer
 
 
 def profiles() -> None:
-    """The built-in profiles, one line each, with what they change."""
+    """The built-in profiles, one line each, with what they change and whether they need CUDA."""
     from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.config import builtin_names, describe_changes, load_profile
+    from memlab.core.requirements import cuda_only
 
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("profile", "description", "changes"):
+    for col in ("profile", "needs", "description", "changes"):
         table.add_column(col, overflow="fold")
     for name in builtin_names("profile"):
         p = load_profile(name)
-        table.add_row(name, p.description, describe_changes(p))
-    make_console().print(table)
+        table.add_row(name, "CUDA" if cuda_only(p) else "", p.description, describe_changes(p))
+    console = make_console()
+    console.print(table)
+    console.print("[dim]needs CUDA: refused on the CPU backend (its technique needs a GPU); every other profile runs on both[/]")
 
 
 def experiments() -> None:
