@@ -89,3 +89,30 @@ def test_memlab_main_prints_one_line_and_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("memlab: error: ") and "has no field 'body'; its fields: Id, Body" in err
     assert "\n" not in err
+
+
+def test_list_shows_entries_and_rm_removes_them(app, tmp_path):
+    f = write_jsonl(tmp_path / "posts.jsonl", [{"text": t} for t in sentences(30)])
+    assert CliRunner().invoke(app, ["data", "prepare", "--data", str(f), "--tokenizer", "bpe:300", "--val-tokens", "64"]).exit_code == 0
+    listed = CliRunner().invoke(app, ["data", "list"])
+    assert listed.exit_code == 0 and "posts.jsonl-bpe300-" in listed.stdout and "bpe:300 (trained on posts.jsonl)" in listed.stdout
+    assert "KiB" in listed.stdout and "1 entry" in listed.stdout and str(tmp_path / "memlab-cache") in listed.stdout
+    key = next(w for w in listed.stdout.split() if w.startswith("posts.jsonl-bpe300-"))
+    unknown = CliRunner().invoke(app, ["data", "rm", "nope"])
+    assert isinstance(unknown.exception, DataError) and f"'nope' is not in the cache; entries: {key}" in str(unknown.exception)
+    removed = CliRunner().invoke(app, ["data", "rm", "posts"])  # a unique prefix
+    assert removed.exit_code == 0 and removed.stdout.startswith(f"removed {key}")
+    assert not (tmp_path / "memlab-cache" / "tokens" / key).exists()
+    assert not list((tmp_path / "memlab-cache").rglob("*.lock"))
+    assert "token cache is empty" in CliRunner().invoke(app, ["data", "list"]).stdout
+
+
+def test_rm_needs_keys_or_all(app, tmp_path):
+    from memlab.core.errors import MemlabError
+
+    result = CliRunner().invoke(app, ["data", "rm"])
+    assert isinstance(result.exception, MemlabError) and "or --all" in str(result.exception)
+    f = write_jsonl(tmp_path / "posts.jsonl", [{"text": t} for t in sentences(30)])
+    CliRunner().invoke(app, ["data", "prepare", "--data", str(f), "--tokenizer", "bpe:300", "--val-tokens", "64"])
+    everything = CliRunner().invoke(app, ["data", "rm", "--all"])
+    assert everything.exit_code == 0 and everything.stdout.count("removed ") == 1

@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,56 @@ def staging(name: str) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- listing, removing
+
+
+@dataclass
+class Entry:
+    """One cache entry as `memlab data list` shows it; `meta` is None for an incomplete entry (never trusted)."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    meta: dict | None
+
+
+def entries() -> list[Entry]:
+    """Every entry under the cache root, by name (temp folders of builds in progress are left out)."""
+    root = tokens_dir()
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return [Entry(p.name, p, _folder_bytes(p), read_meta(p)) for p in sorted(found, key=lambda p: p.name)]
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except OSError:
+            pass
+    return total
+
+
+def find_entries(keys: list[str]) -> list[Entry]:
+    """The entries named by `keys` (a full name or a prefix that names one entry); a DataError names the valid ones."""
+    every = entries()
+    chosen = []
+    for key in keys:
+        matches = [e for e in every if e.name == key] or [e for e in every if e.name.startswith(key)]
+        if len(matches) != 1:
+            known = ", ".join(e.name for e in every) or "none (the cache is empty)"
+            what = "matches several entries" if matches else "is not in the cache"
+            raise DataError(f"{key!r} {what}; entries: {known}")
+        chosen.append(matches[0])
+    return chosen
+
+
+def remove(entry: Entry) -> None:
+    """Delete an entry, under its build lock (a build of it in progress finishes first). A run that has it open keeps
+    reading it (the memory map holds the file); the next run tokenizes again."""
+    with locked(entry.name):
+        shutil.rmtree(entry.path, ignore_errors=True)

@@ -77,6 +77,59 @@ def prepare(
         console.print(f"[yellow]warning[/] {warning}")
 
 
+def list_entries() -> None:
+    """The token cache: each entry's key, size, source and tokenizer (remove one with `memlab data rm KEY`)."""
+    from rich.table import Table
+
+    from memlab.cli.console import make_console
+    from memlab.core.data import cache
+
+    every = cache.entries()
+    console = make_console()
+    where = f"{cache.tokens_dir()} (set MEMLAB_CACHE to move it)"
+    if not every:
+        console.print(f"token cache is empty: {where}")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("key", "left"), ("size", "right"), ("tokens", "right"), ("source", "left"), ("tokenizer", "left"), ("made", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for e in every:
+        m = e.meta or {}
+        tokens = f"{int(m['n_tokens']):,}" if "n_tokens" in m else "—"
+        source = m.get("source", "[yellow]incomplete: rebuilt when next used[/]")
+        table.add_row(e.name, disk_size(e.size_bytes), tokens, source, m.get("tokenizer", "—"), str(m.get("created", "—"))[:10])
+    console.print(table)
+    total = sum(e.size_bytes for e in every)
+    console.print(f"[dim]{len(every)} entr{'y' if len(every) == 1 else 'ies'}, {disk_size(total)} in {where}[/]")
+
+
+def disk_size(n: int) -> str:
+    """Bytes on disk as people read them: 912 KiB, 37.5 MiB, 1.20 GiB."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.0f} KiB"
+
+
+def remove_entries(
+    keys: Annotated[Optional[list[str]], typer.Argument(help="Entry keys as `memlab data list` shows them (a unique prefix is enough).", show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+) -> None:
+    """Remove token cache entries; a later run with that data tokenizes it again."""
+    from memlab.core.data import cache
+    from memlab.core.errors import MemlabError
+
+    if all_ == bool(keys):
+        raise MemlabError("give the keys to remove (see: memlab data list), or --all, not both" if keys else "give the keys to remove (see: memlab data list), or --all")
+    chosen = cache.entries() if all_ else cache.find_entries(list(keys or []))
+    for e in chosen:
+        cache.remove(e)
+        typer.echo(f"removed {e.name} ({disk_size(e.size_bytes)})")
+    if not chosen:
+        typer.echo(f"token cache is already empty: {cache.tokens_dir()}")
+
+
 def register(app: typer.Typer) -> None:
     data_app = typer.Typer(
         no_args_is_help=True,
@@ -84,4 +137,6 @@ def register(app: typer.Typer) -> None:
         help="Corpora and the token cache.",
     )
     data_app.command("prepare")(prepare)
+    data_app.command("list")(list_entries)
+    data_app.command("rm")(remove_entries)
     app.add_typer(data_app, name="data")
