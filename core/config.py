@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -184,6 +185,10 @@ TOP_LEVEL_KEYS = {"name", "description", "extends"}
 # ---------------------------------------------------------------------------------------------- values
 
 
+MAX_INT = 10**12  # any integer knob; beyond it sizes and token counts overflow 64-bit arithmetic downstream
+MAX_STEPS = 10**9
+
+
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(str(a) for a in get_args(tp))
@@ -205,6 +210,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     }[tp]
     if not ok:
         raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    if tp is int and abs(value) > MAX_INT:
+        raise ConfigError(f"{where} is too large: {value} (at most {MAX_INT:,})")
     return float(value) if tp is float else value
 
 
@@ -257,8 +266,10 @@ def _read_toml(text: str, origin: str) -> dict:
 def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, str, str]:
     """A built-in name or a path to a TOML file -> (document, origin for messages, default name)."""
     looks_like_path = ref.endswith(".toml") or "/" in ref or "\\" in ref
-    if looks_like_path:
+    if looks_like_path or (ref not in builtin_names(kind) and Path(ref).is_dir()):
         path = Path(ref).expanduser()
+        if path.is_dir():
+            raise ConfigError(f"{ref} is a folder; a {kind} is a .toml file (or a built-in name: memlab {kind}s)")
         if not path.is_file():
             raise ConfigError(f"{kind} file not found: {ref}")
         try:
@@ -282,7 +293,12 @@ def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections:
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{origin}: extends must be the name of a built-in {kind} or a path, got {parent!r}")
-        obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
+        try:
+            obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
+        except ConfigError as e:
+            if str(e).startswith(f"{origin}:"):
+                raise
+            raise ConfigError(f"{origin}: extends = {parent!r}: {e}") from None
         obj.description = ""
     else:
         obj = cls()
@@ -378,6 +394,7 @@ def validate_experiment(e: Experiment, origin: str) -> None:
     _require(t.lr > 0, f"{origin}: train.lr must be positive, got {t.lr}")
     _require(0.0 <= t.min_lr_ratio <= 1.0, f"{origin}: train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
     _require(t.steps >= 0, f"{origin}: train.steps must be >= 0 (0 = from epochs), got {t.steps}")
+    _require(t.steps <= MAX_STEPS, f"{origin}: train.steps must be at most {MAX_STEPS:,}, got {t.steps:,}")
     _require(t.epochs > 0, f"{origin}: train.epochs must be positive, got {t.epochs}")
     for key in ("warmup_steps", "eval_every", "measure_after"):
         _require(getattr(t, key) >= 0, f"{origin}: train.{key} must be >= 0, got {getattr(t, key)}")

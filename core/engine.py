@@ -285,7 +285,10 @@ def train(
     except Diverged as e:
         _fail(run, sink, "nan", str(e))
     except (KeyboardInterrupt, Interrupted):
-        _fail(run, sink, "interrupted", f"interrupted at step {run.steps_done}")
+        # Count the steps steps.parquet holds: the last step run is measured one step late and never published.
+        run.steps_done = len(run.records)
+        run.tokens = run.steps_done * run.info.get("tokens_per_step", 0)
+        _fail(run, sink, "interrupted", f"stopped after step {run.steps_done}")
     except Exception as e:  # noqa: BLE001 (any other failure still leaves a readable run)
         if _is_oom(e):
             _fail(run, sink, "oom", f"out of memory in {run.info.get('phase', 'setup')}: {str(e).splitlines()[0]}")

@@ -89,7 +89,7 @@ def test_real_runs_table_matches_their_parquet_files(real, capsys):
     rows = markdown_rows(out)
     s = summaries(real)
     assert set(rows) == set(PROFILES) == set(s)
-    assert out.count("### ") == 1 and f"### tiny ({s['baseline']['experiment_id']}) on cpu" in out
+    assert out.count("### ") == 1 and "### tiny · steps=6 on cpu" in out
     for profile, r in rows.items():
         want = s[profile]
         assert r["status"] == "finished"
@@ -205,7 +205,7 @@ def test_groups_are_separate_tables_and_say_so(two_experiments, capsys):
     assert memlab("table", two_experiments) == 0
     out = capsys.readouterr().out
     assert "2 experiments: runs of different experiments or hardware are never compared" in out
-    assert out.index("gpt2s (cccc2222dddd) on cpu") < out.index("tiny (aaaa1111bbbb) on cpu")
+    assert out.index("gpt2s · seq_len=64 · batch_size=8 on cpu") < out.index("tiny on cpu")
     assert "41.0%" in out  # MFU shown as percent
     assert "+75.0%" in out  # gradcp saves 75 % against 4 GiB (tiny) and 75 % against 40 GiB (gpt2s)
     assert "bf16 (oom): oom" in out

@@ -344,14 +344,14 @@ def test_experiments_and_hardware_are_never_mixed(tmp_path):
     table = compare.comparison(compare.read_runs([tmp_path])[0])
     labels = [label for label, _ in compare.groups(table)]
     assert labels == [
-        "gpt2s (cccc2222dddd) on cpu",
-        "tiny (aaaa1111bbbb) on cpu",
-        "tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3",  # by experiment, then device
-    ]
+        "gpt2s · seq_len=64 · batch_size=8 on cpu",
+        "tiny on cpu",
+        "tiny on NVIDIA H100 80GB HBM3",  # by experiment, then device
+    ]  # named by what differs from the built-in experiment as written, not by a hash
     by = {label: g for label, g in compare.groups(table)}
-    assert row(by["gpt2s (cccc2222dddd) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(75.0)
-    assert row(by["tiny (aaaa1111bbbb) on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
-    h100 = by["tiny (aaaa1111bbbb) on NVIDIA H100 80GB HBM3"]
+    assert row(by["gpt2s · seq_len=64 · batch_size=8 on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(75.0)
+    assert row(by["tiny on cpu"], "gradcp")["mem_saved_pct"] == pytest.approx(50.0)
+    h100 = by["tiny on NVIDIA H100 80GB HBM3"]
     assert h100["baseline"].to_list() == ["gradcp"]  # its only run is its own baseline
     assert table["group_index"].to_list() == sorted(table["group_index"].to_list())
 
@@ -366,7 +366,18 @@ def test_explicit_baseline_missing_from_one_group_blanks_only_that_group(tmp_pat
     assert row(table.filter(pl.col("experiment") == "tiny"), "gradcp")["mem_saved_pct"] == 0.0
 
 
-@pytest.mark.parametrize("status", ["oom", "nan", "interrupted", "crashed", "error"])
+def test_an_interrupted_run_keeps_its_figures_and_is_marked(runs):
+    write_run(runs, "stopped", status="interrupted", reason="interrupted", peak_alloc_bytes=GIB, step_ms_median=50.0)
+    table = compare.comparison(compare.read_runs([runs])[0])
+    r = row(table, "stopped")
+    assert r["status"] == "interrupted" and r["peak_alloc_bytes"] == GIB and r["step_ms_median"] == 50.0
+    assert r["mem_saved_pct"] is not None
+    notes = compare.group_notes(table, [])
+    assert "stopped (interrupted): its figures are from an interrupted run, over 6 steps it completed" in notes
+    assert "1 run\n" in compare.render_markdown(table.filter(pl.col("profile") == "stopped").with_columns(pl.lit(None, dtype=pl.String).alias("baseline")))
+
+
+@pytest.mark.parametrize("status", ["oom", "nan", "crashed", "error"])
 def test_runs_that_did_not_finish_keep_their_status_and_blank_figures(runs, status):
     write_run(runs, "broken", status=status, reason=status, peak_alloc_bytes=9 * GIB, step_ms_median=1.0, val_ppl=1.0)
     table = compare.comparison(compare.read_runs([runs])[0])
@@ -537,3 +548,29 @@ def test_wall_tokens_per_s_and_mfu_at_the_bf16_peak_show_only_where_they_differ(
     cols = shown()
     assert cols.index("tokens_per_s_wall") == cols.index("tokens_per_s") + 1
     assert cols.index("mfu_bf16_peak") == cols.index("mfu") + 1
+
+
+def test_groups_are_named_by_what_differs_from_the_experiment_as_written():
+    from memlab.core.config import load_experiment, to_dict
+
+    def first(name, exp_id, config):
+        return {"experiment": name, "experiment_id": exp_id, "device": "cpu", "gpu_name": None,
+                "experiment_config": json.dumps(config) if config is not None else None}
+
+    tiny = to_dict(load_experiment("tiny"))
+    changed = json.loads(json.dumps(tiny))
+    changed["train"]["steps"], changed["model"]["n_layer"], changed["data"]["source"] = 300, 4, "/home/me/posts.jsonl"
+    labels = compare.group_labels([
+        first("tiny", "a1", tiny),
+        first("tiny", "b2", changed),
+        first("mine", "c3", {"train": {"steps": 1}}),  # a user's own file: memlab cannot read it as written
+        first("mine", "d4", {"train": {"steps": 2}}),
+        first("solo", "e5", None),
+    ])
+    assert labels == [
+        "tiny on cpu",
+        "tiny · n_layer=4 · source=posts.jsonl · steps=300 on cpu",
+        "mine · c3 on cpu",
+        "mine · d4 on cpu",
+        "solo on cpu",  # the only group of its name needs no id
+    ]

@@ -235,7 +235,7 @@ def test_hub_streaming_with_max_docs_reads_the_stream_once(monkeypatch, tmp_path
     streamed = load_tokens(cfg("hf:o/posts", text_field="Body", streaming=True, max_docs=25))
     assert len(loader.calls) == 1 and loader.calls[0]["streaming"] is True
     assert decoded(streamed) == texts[:25]
-    assert streamed.source == "hf:o/posts (train, 25 documents, streamed)"
+    assert streamed.source == "hf:o/posts (train, streamed, the first 25 documents; data.max_docs=25, 0 = all)"
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "other-cache"))
     whole = load_tokens(cfg("hf:o/posts", text_field="Body", max_docs=25))
     assert np.array_equal(whole.train, streamed.train) and whole.cache_key == streamed.cache_key

@@ -76,7 +76,7 @@ def test_sweep_exits_1_when_a_run_did_not_finish_and_says_how_each_ended(monkeyp
     code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "finished", "gradcp": "sigkilled", "bf16": "refuses_after_started", "tf32": "garbage"})
     assert code == 1
     ended = [ln for ln in lines if ln.startswith("[") and not ln.endswith("...")]
-    assert ended[0].startswith("[1/4] baseline: finished") and "1 steps" in ended[0]
+    assert ended[0].startswith("[1/4] baseline: finished") and " · 1 step · " in ended[0]
     assert ended[1].startswith("[2/4] gradcp: crashed") and "killed by signal 9 (SIGKILL, e.g. the OOM killer)" in ended[1]
     assert ended[2].startswith("[3/4] bf16: rejected") and ended[2].endswith("validation slice of 10 tokens is shorter than one window · no run folder")
     assert ended[3].startswith("[4/4] tf32: error")
@@ -93,3 +93,28 @@ def test_sweep_help_says_what_each_status_and_exit_code_means():
     for status in ("finished:", "oom:", "nan:", "interrupted:", "rejected:", "crashed:", "error:", "skipped:"):
         assert status in r.stdout, status
     assert "0 when every run finished, 1 when any did not, 2 for bad input" in r.stdout
+
+
+def test_progress_while_a_child_trains_in_place_on_a_terminal_plain_lines_otherwise():
+    import io
+
+    from memlab.cli.sweep import RunProgress
+
+    now = [0.0]
+    steps = [{"event": "step", "step": i, "total_steps": 20, "tokens_per_s": 1000.0} for i in range(20)]
+    plain = io.StringIO()
+    p = RunProgress(plain, interactive=False, clock=lambda: now[0])
+    for ev in steps:
+        now[0] += 1.0
+        p.step(ev)
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 11 and lines[0] == "  step 1/20 · 1,000 tok/s"  # one line every 10%
+    assert lines[1] == "  step 2/20 · 1,000 tok/s · ETA 0:18" and lines[-1].endswith("step 20/20 · 1,000 tok/s · ETA 0:00")
+    tty = io.StringIO()
+    p = RunProgress(tty, interactive=True, clock=lambda: now[0])
+    for ev in steps:
+        now[0] += 1.0
+        p.step(ev)
+    p.clear()
+    text = tty.getvalue()
+    assert "\n" not in text and text.count("\r\x1b[2K") == 21 and text.endswith("\r\x1b[2K")  # redrawn in place, then cleared

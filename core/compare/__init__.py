@@ -14,7 +14,9 @@ from memlab.core.compare.comparing import (
     GROUP_KEYS,
     RELATIVE_COLUMNS,
     comparison,
+    experiment_changes,
     group_label,
+    group_labels,
     groups,
     load,
     resolve_sort,
@@ -39,7 +41,8 @@ from memlab.core.units import GIB
 
 __all__ = [
     "DISPLAY_COLUMNS", "EXTRA_SCHEMA", "FAILED_STATUSES", "FRAME_SCHEMA", "GIB", "GROUP_KEYS", "RELATIVE_COLUMNS",
-    "DisplayColumn", "Kind", "comparison", "find_run_dirs", "format_value", "group_label", "group_notes", "groups",
+    "DisplayColumn", "Kind", "comparison", "experiment_changes", "find_run_dirs", "format_value", "group_label",
+    "group_labels", "group_notes", "groups",
     "host_memory_only", "load", "machine_frame", "read_runs", "render_markdown", "resolve_sort", "select_experiment",
     "sortable_columns", "visible_columns", "write_parquet",
 ]

@@ -2,11 +2,15 @@
 
 Groups. Runs are compared only with runs of the same experiment fingerprint (`experiment_id`) on the same hardware
 (`device`, `gpu_name`): peak memory on a CPU host and on an H100 are not the same quantity, nor are step times on two
-different GPUs. Every row carries its `group` label; a table never mixes groups.
+different GPUs. Every row carries its `group` label (group_label: the experiment and what differs from it as written,
+e.g. `tiny · steps=300 · n_layer=4 on cpu`), which the table, the plot and the TUI all show; a table never mixes groups.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import json
 import os
 from collections.abc import Iterable, Sequence
 
@@ -18,12 +22,66 @@ from memlab.core.errors import MemlabError
 
 GROUP_KEYS = ("experiment_id", "device", "gpu_name")
 RELATIVE_COLUMNS = tuple(m.name for m in metrics.RELATIVE)
+HIDDEN_COLUMNS = ("experiment_config",)  # read to name groups; not part of the comparison frame
 
 
-def group_label(experiment: str | None, experiment_id: str | None, device: str | None, gpu_name: str | None) -> str:
-    """How a group is named on screen: `tiny (3f2a1b2c3d4e) on cpu` / `… on NVIDIA H100 80GB HBM3`."""
+def group_label(experiment: str | None, changes: str | None, device: str | None, gpu_name: str | None) -> str:
+    """How a group is named on screen: the experiment and what its runs changed against it as written, then the
+    hardware: `tiny · steps=300 · n_layer=4 on cpu`, `gpt2s on NVIDIA H100 80GB HBM3`."""
     where = gpu_name or device or "unknown device"
-    return f"{experiment or 'unnamed'} ({experiment_id or 'no id'}) on {where}"
+    return " · ".join(filter(None, [experiment or "unnamed", changes])) + f" on {where}"
+
+
+def group_labels(firsts: list[dict]) -> list[str]:
+    """The label of each group (given its first row), all distinct. A built-in experiment's changes are read against
+    its TOML; an experiment memlab cannot look up (a file of the user's) is told apart by its id when it must be."""
+    names = {}
+    for r in firsts:
+        names.setdefault(r["experiment"], set()).add(r["experiment_id"])
+    labels = []
+    for r in firsts:
+        changes = experiment_changes(r.get("experiment_config"), r["experiment"])
+        if changes is None:
+            changes = r["experiment_id"] if len(names[r["experiment"]]) > 1 else ""
+        labels.append(group_label(r["experiment"], changes, r["device"], r["gpu_name"]))
+    seen = collections.Counter(labels)  # the same changes twice (a built-in edited between runs): keep them apart
+    return [f"{label} ({r['experiment_id']})" if seen[label] > 1 else label for label, r in zip(labels, firsts)]
+
+
+def experiment_changes(config_json: str | None, name: str | None) -> str | None:
+    """`steps=300 · n_layer=4`: the knobs where a run's experiment differs from the built-in experiment `name`
+    ("" when none); None when there is no such built-in or the run did not record its experiment."""
+    written = _builtin_experiment(name)
+    if written is None or not config_json:
+        return None
+    try:
+        ran = json.loads(config_json)
+    except ValueError:
+        return None
+    changes = []
+    for section, fields in written.items():
+        if not isinstance(fields, dict) or not isinstance(ran.get(section), dict):
+            continue
+        for key, value in fields.items():
+            if key in ran[section] and ran[section][key] != value:
+                changes.append(f"{key}={_short(ran[section][key])}")
+    return " · ".join(changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_experiment(name: str | None) -> dict | None:
+    from memlab.core.config import builtin_names, load_experiment, to_dict
+
+    if name not in builtin_names("experiment"):
+        return None
+    return to_dict(load_experiment(name))
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    if isinstance(value, str) and ("/" in text or os.sep in text):
+        text = os.path.basename(text.rstrip("/" + os.sep)) or text  # a data path: its name is enough to tell apart
+    return text if len(text) <= 32 else text[:31] + "…"
 
 
 def select_experiment(frame: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -70,7 +128,8 @@ def comparison(
 
     baseline: profile name; default "baseline" where a group has it, else the group's first row (oldest run).
     A name no group has is a MemlabError listing the profiles present; a group that lacks it has null relative
-    columns. Runs that did not finish keep their identity and status; their figures are null.
+    columns. Runs that failed keep their identity and status; their figures are null. Interrupted runs keep their
+    figures (of the steps they completed).
 
     Relative columns: mem_saved_pct = 100 (1 - peak / base peak) on peak_alloc_bytes, or on peak_host_rss_bytes in a
     group with no device figures (CPU); speedup_x = base step ms / step ms when both do the same tokens per step, else
@@ -82,10 +141,11 @@ def comparison(
         pl.col("started_at").fill_null(pl.col("run_id")).alias("_order"),
         pl.col("profile").fill_null("?"),
     )
-    # Runs that did not finish: keep who and what, blank every measured figure.
+    # Runs that failed: keep who and what, blank every measured figure. An interrupted run keeps the figures its
+    # summary has (of the steps it completed); the notes under its table say so.
     figures = [name for name in metrics.figure_names() if name in df.columns]
-    finished = pl.col("status") == "finished"
-    df = df.with_columns([pl.when(finished).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
+    measured = pl.col("status").is_in(["finished", "interrupted"])
+    df = df.with_columns([pl.when(measured).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
 
     df = df.sort([*GROUP_KEYS, "_order", "run_id"], nulls_last=True)
     if latest_only:
@@ -94,7 +154,8 @@ def comparison(
     parts = [g for _, g in df.group_by(list(GROUP_KEYS), maintain_order=True)]
     if baseline is not None and baseline not in set(df["profile"].to_list()):
         raise MemlabError(f"unknown baseline {baseline!r}; profiles present: {', '.join(sorted(set(df['profile'].to_list())))}")
-    out = [_relative(g, baseline) for g in parts]
+    labels = group_labels([g.row(0, named=True) for g in parts])
+    out = [_relative(g, baseline, label) for g, label in zip(parts, labels)]
     # Groups in a stable order: by experiment name, then id, then hardware.
     out.sort(key=lambda g: tuple(str(g[c][0] or "") for c in ("experiment", "experiment_id", "device", "gpu_name")))
     out = [g.with_columns(pl.lit(i, dtype=pl.Int64).alias("group_index")) for i, g in enumerate(out)]
@@ -104,15 +165,13 @@ def comparison(
         column, descending = resolve_sort(sort)
         result = result.sort(["group_index", column, "_order"], descending=[False, descending, False], nulls_last=True, maintain_order=True)
     keep = ["group", "group_index", "baseline", "is_baseline", *FRAME_SCHEMA, *RELATIVE_COLUMNS]
-    return result.select([c for c in keep if c in result.columns])
+    return result.select([c for c in keep if c in result.columns and c not in HIDDEN_COLUMNS])
 
 
-def _relative(g: pl.DataFrame, baseline: str | None) -> pl.DataFrame:
+def _relative(g: pl.DataFrame, baseline: str | None, label: str) -> pl.DataFrame:
     profiles = g["profile"].to_list()
     name = baseline if baseline is not None else ("baseline" if "baseline" in profiles else profiles[0])
     base_rows = g.filter(pl.col("profile") == name)
-    first = g.row(0, named=True)
-    label = group_label(first["experiment"], first["experiment_id"], first["device"], first["gpu_name"])
     if base_rows.height == 0:
         g = g.with_columns(
             pl.lit(label).alias("group"),
@@ -161,7 +220,8 @@ def _tokens_per_step(row: dict) -> int | None:
 def _empty_comparison(frame: pl.DataFrame) -> pl.DataFrame:
     extra = {"group": pl.String, "group_index": pl.Int64, "baseline": pl.String, "is_baseline": pl.Boolean}
     rel = {c: pl.Float64 for c in RELATIVE_COLUMNS}
-    return pl.DataFrame(schema={**extra, **FRAME_SCHEMA, **rel})
+    frame_cols = {c: t for c, t in FRAME_SCHEMA.items() if c not in HIDDEN_COLUMNS}
+    return pl.DataFrame(schema={**extra, **frame_cols, **rel})
 
 
 def load(

@@ -89,8 +89,11 @@ def group_notes(g: pl.DataFrame, hidden: list[metrics.Metric]) -> list[str]:
         notes.append(f"runs here differ in {mixed}: their figures may not compare")
     if host_memory_only(g):
         notes.append("memory here is the host process's peak RSS (no device memory on CPU); mem saved compares it")
-    for r in g.filter(g["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
-        if r["reason"]:
+    for r in g.filter(g["status"] != "finished").select("profile", "status", "reason", "steps").iter_rows(named=True):
+        if r["status"] == "interrupted":
+            steps = f"{r['steps']:,} steps" if r["steps"] is not None else "the steps"
+            notes.append(f"{r['profile']} (interrupted): its figures are from an interrupted run, over {steps} it completed")
+        elif r["reason"]:
             notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:160]}")
     return notes
 
@@ -125,7 +128,8 @@ def _markdown_group(label: str, g: pl.DataFrame) -> list[str]:
     shown, hidden = visible_columns(g)
     base = g["baseline"][0]
     out = [f"### {_md(label)}\n"]
-    out.append(f"Baseline: `{base}` · {g.height} run{'s' if g.height != 1 else ''}\n" if base else f"{g.height} runs\n")
+    runs = f"{g.height} run{'s' if g.height != 1 else ''}"
+    out.append(f"Baseline: `{base}` · {runs}\n" if base else f"{runs}\n")
     out.append("| " + " | ".join(_md(c.header) for c in shown) + " |")
     out.append("|" + "|".join(":---" if c.kind == "text" else "---:" for c in shown) + "|")
     for r in g.iter_rows(named=True):

@@ -28,6 +28,7 @@ EXTRA_SCHEMA: dict[str, pl.DataType] = {
     "path": pl.String,  # the run folder
     "complete": pl.Boolean,  # summary.parquet was there
     "reason": pl.String,  # run.json's reason for a run that did not finish
+    "experiment_config": pl.String,  # run.json's resolved experiment as JSON (what names a group; not shown)
 }
 FRAME_SCHEMA: dict[str, pl.DataType] = {**schema.SUMMARY_SCHEMA, **EXTRA_SCHEMA}
 FAILED_STATUSES = ("oom", "nan", "interrupted", "error", "crashed")
@@ -111,8 +112,10 @@ def _join_run_json_facts(summaries: pl.DataFrame, infos: dict[str, dict]) -> pl.
             "reason": [_reason_text(i) for i in info_of],
             "_run_id": [_typed(i.get("run_id"), pl.String) for i in info_of],
             "_experiment_id": [_typed(i.get("experiment_id"), pl.String) for i in info_of],
+            "experiment_config": [_config_json(i) for i in info_of],
         },
-        schema={"_file": pl.String, "path": pl.String, "reason": pl.String, "_run_id": pl.String, "_experiment_id": pl.String},
+        schema={"_file": pl.String, "path": pl.String, "reason": pl.String, "_run_id": pl.String, "_experiment_id": pl.String,
+                "experiment_config": pl.String},
     )
     return summaries.join(facts, on="_file", how="left", maintain_order="left").with_columns(
         pl.lit(True).alias("complete"),
@@ -229,7 +232,13 @@ def _incomplete_row(d: Path, info: dict) -> dict:
         "path": str(d),
         "complete": False,
         "reason": _reason_text(info) or ("no summary.parquet yet" if status == "running" else "no summary.parquet: killed mid-run?"),
+        "experiment_config": _config_json(info),
     }
+
+
+def _config_json(info: dict) -> str | None:
+    experiment = info.get("experiment")
+    return json.dumps(experiment, sort_keys=True, default=str) if isinstance(experiment, dict) else None
 
 
 def _alive(info: dict) -> bool:

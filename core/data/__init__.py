@@ -11,13 +11,14 @@ fast offline), tokenizer (train / load), cache (the on-disk entries), tokens (lo
 
 from memlab.core.data.batches import batch_iterator, n_windows, steps_per_epoch, val_batches
 from memlab.core.data.cache import cache_root
-from memlab.core.data.tokens import TokenData, cache_entry, load_tokens
+from memlab.core.data.tokens import TokenData, cache_entry, holdout_warning, load_tokens
 
 __all__ = [
     "TokenData",
     "batch_iterator",
     "cache_entry",
     "cache_root",
+    "holdout_warning",
     "load_tokens",
     "n_windows",
     "steps_per_epoch",

@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,11 @@ def open_tokens(entry: Path, meta: dict, start: int, stop: int) -> np.ndarray:
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """An exclusive lock for building entry `name` (POSIX flock; elsewhere none, and the rename still keeps it safe)."""
+    """An exclusive lock for building entry `name` (POSIX flock; elsewhere none, and the rename still keeps it safe).
+
+    The lock file is removed when the lock is released, so that no empty `.lock` file outlives the build. A waiter
+    may then hold a lock on the removed file: after locking it checks that the path still names the file it
+    locked, and otherwise locks again (the usual flock + unlink protocol)."""
     root = tokens_dir()
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -82,12 +87,25 @@ def locked(name: str) -> Iterator[None]:
     except ImportError:
         yield
         return
-    with open(root / f".{name}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    path = root / f".{name}.lock"
+    while True:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if not _same_file(f, path):
+                continue  # removed by the holder we waited for: lock the new one
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)  # while still holding it (see above)
+                fcntl.flock(f, fcntl.LOCK_UN)
+            return
+
+
+def _same_file(f, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -134,3 +152,56 @@ def staging(name: str) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- listing, removing
+
+
+@dataclass
+class Entry:
+    """One cache entry as `memlab data list` shows it; `meta` is None for an incomplete entry (never trusted)."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    meta: dict | None
+
+
+def entries() -> list[Entry]:
+    """Every entry under the cache root, by name (temp folders of builds in progress are left out)."""
+    root = tokens_dir()
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return [Entry(p.name, p, _folder_bytes(p), read_meta(p)) for p in sorted(found, key=lambda p: p.name)]
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except OSError:
+            pass
+    return total
+
+
+def find_entries(keys: list[str]) -> list[Entry]:
+    """The entries named by `keys` (a full name or a prefix that names one entry); a DataError names the valid ones."""
+    every = entries()
+    chosen = []
+    for key in keys:
+        matches = [e for e in every if e.name == key] or [e for e in every if e.name.startswith(key)]
+        if len(matches) != 1:
+            known = ", ".join(e.name for e in every) or "none (the cache is empty)"
+            what = "matches several entries" if matches else "is not in the cache"
+            raise DataError(f"{key!r} {what}; entries: {known}")
+        chosen.append(matches[0])
+    return chosen
+
+
+def remove(entry: Entry) -> None:
+    """Delete an entry, under its build lock (a build of it in progress finishes first). A run that has it open keeps
+    reading it (the memory map holds the file); the next run tokenizes again."""
+    with locked(entry.name):
+        shutil.rmtree(entry.path, ignore_errors=True)

@@ -33,6 +33,17 @@ class Documents:
     total: int | None  # number of documents when known (for progress)
     reiterable: bool  # False: a second pass would fetch everything again (a Hub stream): spool it instead
     describe: Callable[[int], str]  # documents actually tokenized -> e.g. "posts.jsonl (1200 documents)"
+    available: int | None = None  # documents in the source before max_docs, when known
+
+
+def count_documents(n: int, available: int | None, max_docs: int) -> str:
+    """`300 of 2,000 documents; data.max_docs=300, 0 = all` when a cap cut the source, else `1,200 documents`."""
+    cut = f"; data.max_docs={max_docs}, 0 = all" if max_docs else ""
+    if max_docs and available is not None and available > max_docs:
+        return f"{n:,} of {available:,} documents{cut}"
+    if max_docs and available is None and n >= max_docs:
+        return f"the first {n:,} documents{cut}"
+    return f"{n:,} document{'s' if n != 1 else ''}"
 
 
 class Corpus:
@@ -49,6 +60,11 @@ def open_source(cfg: DataConfig) -> Corpus:
     src = cfg.source.strip()
     if src == "stdlib":
         from memlab.core.data.stdlib import StdlibCorpus
+
+        if cfg.streaming or cfg.split != "train":
+            knob = "--streaming (data.streaming)" if cfg.streaming else f"--split {cfg.split!r} (data.split)"
+            raise DataError(f"{knob} does not apply to the built-in stdlib corpus (one split, read from disk); "
+                            f"leave it out, or use it with a file or hf:NAME source")
 
         return StdlibCorpus(cfg.max_docs)
     if src.startswith("hf:"):
@@ -68,7 +84,7 @@ def _datasets():
         import datasets
     except ImportError as e:
         raise DataError("this data source needs the `datasets` package: pip install datasets") from e
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become memlab's one line (see FilesCorpus)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     return datasets
 
@@ -97,6 +113,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
         raise DataError(f"{origin} has several splits ({', '.join(ds)}); choose one with --split")
     _check_field(ds.column_names, field, origin)
     if isinstance(ds, datasets.Dataset):
+        available = len(ds)
         if max_docs:
             ds = ds.select(range(min(max_docs, len(ds))))
         ds = ds.select_columns([field])
@@ -105,7 +122,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
             for batch in ds.iter(batch_size=1024):
                 yield from _texts(batch[field], field, origin)
 
-        return Documents(passes, len(ds), True, lambda n: f"{origin} ({n} documents)")
+        return Documents(passes, len(ds), True, lambda n: f"{origin} ({count_documents(n, available, max_docs)})", available)
 
     def stream() -> Iterator[str]:
         rows = iter(ds)
@@ -116,7 +133,7 @@ def dataset_texts(ds: Any, field: str, origin: str, max_docs: int = 0) -> Docume
         rows = itertools.chain([first], rows)
         yield from _texts((row[field] for row in itertools.islice(rows, max_docs or None)), field, origin)
 
-    return Documents(stream, max_docs or None, True, lambda n: f"{origin} ({n} documents)")
+    return Documents(stream, max_docs or None, True, lambda n: f"{origin} ({count_documents(n, None, max_docs)})")
 
 
 def _texts(values: Iterable[Any], field: str, origin: str) -> Iterator[str]:
@@ -172,6 +189,7 @@ class FilesCorpus(Corpus):
         }
 
     def open(self, scratch: Path) -> Documents:
+        self._refuse_empty_files()
         datasets = _datasets()
         kwargs: dict[str, Any] = {"sample_by": "document"} if self.builder == "text" else {}
         if not self.cfg.streaming:
@@ -186,11 +204,57 @@ class FilesCorpus(Corpus):
         except (DataError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001
-            raise DataError(f"cannot read {self.path} as {self.builder}: {hub.one_line(e)}") from None
+            raise DataError(self._why_unreadable(e)) from None
         docs = dataset_texts(ds, self.cfg.text_field, str(self.path), self.cfg.max_docs)
         files = f"{len(self.files)} {self.builder} files, " if len(self.files) > 1 else ""
-        docs.describe = lambda n: f"{self.path} ({files}{n} documents)"
+        docs.describe = lambda n: f"{self.path} ({files}{count_documents(n, docs.available, self.cfg.max_docs)})"
         return docs
+
+
+    def _refuse_empty_files(self) -> None:
+        """An empty json / parquet / csv file has no rows to read (datasets says only `StopIteration`)."""
+        if self.builder == "text":
+            return  # one file = one document: an empty one is skipped like any empty document
+        for p in self.files:
+            if p.stat().st_size == 0:
+                raise DataError(f"{p} is empty (0 bytes): no documents to read; remove it or point --data elsewhere")
+
+    def _why_unreadable(self, e: BaseException) -> str:
+        """One line naming the file (and the line, for JSON) that datasets could not read."""
+        if self.builder == "json":
+            for p in self.files:
+                where = first_bad_json(p)
+                if where:
+                    return f"{where}; fix or remove it"
+        cause = e.__cause__ or e.__context__ or e
+        return f"cannot read {self.path} as {self.builder}: {hub.one_line(cause)}"
+
+
+def first_bad_json(path: Path) -> str | None:
+    """`FILE line N: not valid JSON (reason)` for the first line of a .jsonl (or the spot in a .json) that does not
+    parse; None when the whole file parses."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        return f"{path}: not UTF-8 text (byte {e.start})"
+    try:
+        json.loads(text)
+        return None  # one JSON document (.json)
+    except json.JSONDecodeError as whole:
+        if text.lstrip().startswith("["):  # one JSON array of rows, not JSON lines
+            return f"{path} line {whole.lineno}: not valid JSON ({whole.msg})"
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            return f"{path} line {n}: not valid JSON ({e.msg})"
+        if not isinstance(row, dict):
+            return f"{path} line {n}: a JSON {type(row).__name__}, expected an object with a text field"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- Hugging Face Hub
@@ -246,4 +310,5 @@ class HubCorpus(Corpus):
                     raise DataError(f"{origin}: reading the stream failed: {hub.one_line(e)}") from None
 
         streamed = ", streamed" if self.cfg.streaming else ""
-        return Documents(passes, docs.total, not self.cfg.streaming, lambda n: f"{origin} ({self.cfg.split}, {n} documents{streamed})")
+        count = lambda n: count_documents(n, docs.available, self.cfg.max_docs)  # noqa: E731
+        return Documents(passes, docs.total, not self.cfg.streaming, lambda n: f"{origin} ({self.cfg.split}{streamed}, {count(n)})", docs.available)

@@ -83,6 +83,15 @@ def load_tokens(cfg: DataConfig, *, progress: Progress | None = None) -> TokenDa
     return _token_data(entry, meta, cfg.val_tokens, hit)
 
 
+def holdout_warning(train_tokens: int, val_tokens: int) -> str | None:
+    """One line when the validation slice is most of the corpus (a small file with a large data.val_tokens)."""
+    total = train_tokens + val_tokens
+    if total <= 0 or val_tokens * 2 <= total:
+        return None
+    return (f"validation holds out {val_tokens / total:.0%} of the corpus's {total:,} tokens (data.val_tokens={val_tokens:,}); "
+            f"training sees only {train_tokens:,}: use more data or a smaller data.val_tokens")
+
+
 def _quiet(stage: str, done: int, total: int) -> None:
     pass
 

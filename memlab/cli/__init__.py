@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Annotated
 
 STARTED_AT = time.time()  # memlab's own clock at start-up: time to first step counts from it (memlab.cli.run)
 
@@ -27,6 +28,38 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     help="A bench for memory-efficient transformer training: same model, same data, technique profiles side by side.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from memlab import __version__
+
+        typer.echo(f"memlab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print memlab's version and exit.", is_eager=True, callback=_print_version)] = False,
+) -> None:
+    pass
+
+
+def _flags_show_no_type() -> None:
+    """Typer >= 0.2x prints `<bool>` beside every flag (`--no-meters <bool>`, even `--help <bool>`), as if it took a
+    value; a flag takes none, so its type column stays empty. Older typer has no such column: nothing to do."""
+    from typer import core
+
+    option = getattr(core, "TyperOption", None)
+    original = getattr(option, "display_type_rich", None)
+    if original is None or getattr(original, "_memlab", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else original(self, ctx)
+
+    display_type_rich._memlab = True
+    option.display_type_rich = display_type_rich
 
 
 def _register_commands() -> None:
@@ -50,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in argv or os.environ.get("MEMLAB_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     _register_commands()
+    _flags_show_no_type()
     try:
         code = app(args=argv, prog_name="memlab", standalone_mode=False)
         if isinstance(code, int) and code:  # without standalone mode, click returns typer.Exit's code

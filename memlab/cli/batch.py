@@ -27,14 +27,16 @@ FRAGMENTATION_HINT = 0.10
 
 ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s (the GPU default, wherever this runs).")]
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name (memlab profiles) or a TOML file.")]
-GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory to fit in, e.g. 24GiB, 40GB, 48G or bytes (G/GiB = 1024^3, GB = 1000^3). find-batch caps each probe at it (set_per_process_memory_fraction) to emulate a smaller card.")]
+_SIZES = "e.g. 24GiB, 40GB, 48G or bytes (G/GiB = 1024^3, GB = 1000^3)"
+GpuMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help=f"Memory to fit in, {_SIZES}. find-batch caps each probe at it (set_per_process_memory_fraction) to emulate a smaller card.")]
+EstimateMemoryOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help=f"The card to predict the largest micro-batch for, {_SIZES}; default: this GPU, or an 80 GB H100 where there is none.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (bytes) instead of a table.")]
 
 
 def _err_console() -> Console:
-    from rich.console import Console
+    from memlab.cli.console import make_console
 
-    return Console(stderr=True, highlight=False)
+    return make_console(stderr=True)
 
 
 def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experiment, Profile]:
@@ -55,7 +57,7 @@ def estimate(
     experiment: ExperimentOpt = "auto",
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size, over all ranks); the micro-batch is it divided by accumulation.steps x --nproc.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
-    gpu_memory: GpuMemoryOpt = None,
+    gpu_memory: EstimateMemoryOpt = None,
     method: Annotated[str, typer.Option("--method", help="analytic (from the configuration) | fake (one step measured on fake tensors: no GPU, no memory).")] = "analytic",
     as_json: JsonOpt = False,
     set_: SetOpt = None,
@@ -88,7 +90,7 @@ def estimate(
         if info is not None:
             memory, capped, where = info.total_bytes, False, info.name
         else:
-            memory, capped, where = parse_size(DEFAULT_CARD), False, f"{DEFAULT_CARD} (no GPU here: an 80 GB H100 assumed)"
+            memory, capped, where = parse_size(DEFAULT_CARD), False, "no GPU here: an 80 GB H100 assumed"
     vocab, vocab_from = est_mod.vocab_for(exp)
     analytic = est_mod.estimate(exp, prof, vocab_size=vocab, world_size=world)
     result = analytic
@@ -117,12 +119,12 @@ def _cuda_visible() -> bool:
 
 
 def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str, world: int = 1, mode: str = "none") -> None:
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.estimate import COMPONENTS
 
-    console = Console(highlight=False)
+    console = make_console()
     console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
                   + (f" · {mode} x{world}, per GPU" if mode != "none" else ""))
     t = Table(header_style="bold", box=None, pad_edge=False)
@@ -429,12 +431,12 @@ def resolve_max_batch(
 
 def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, console: Console | None = None) -> None:
     """`memlab run --memory-snapshot`: the measured breakdown at the peak beside the estimate's."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.memsnapshot import CATEGORIES, estimate_categories
 
-    console = console or Console(highlight=False)
+    console = console or make_console()
     if not result:
         console.print("memory snapshot: nothing recorded")
         return

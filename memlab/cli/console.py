@@ -9,7 +9,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from memlab.core.data.tokens import holdout_warning
 from memlab.core.units import gib
+
+
+PIPE_WIDTH = 240  # tables written to a file or a pipe: wide enough for every column, nothing folded at 80
+
+
+def make_console(stderr: bool = False) -> Console:
+    """memlab's rich console: on a terminal, its width; elsewhere (CI logs, `| grep`) lines are never hard-wrapped."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
 
 
 def num(x: float | None, fmt: str = "{:,.0f}") -> str:
@@ -20,7 +32,7 @@ class ConsoleSink:
     """Prints progress from events. On a terminal one line is rewritten in place; otherwise a line every ~5%."""
 
     def __init__(self, console: Console | None = None, interactive: bool | None = None):
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or make_console(stderr=True)
         self.interactive = self.console.is_terminal if interactive is None else interactive
         self.total = 0
         self._last_plain = -1
@@ -44,10 +56,12 @@ class ConsoleSink:
             d = ev.get("data", {})
             self.console.print(
                 f"[bold]memlab[/] {ev['profile']['name']} on {ev['experiment']['name']} · {ev['device']} · "
-                f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · batch {ev['experiment']['train']['batch_size']}"
-                f" ({ev['micro_batch']} x {ev['grad_accum']}) · {self.total} steps"
+                f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · {batch_split(ev)} · {self.total} steps"
             )
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
+            warning = holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0)
+            if warning:
+                self.console.print(f"  [yellow]warning[/] {warning}")
             if ev.get("run_dir"):
                 self.console.print(f"  run folder: {ev['run_dir']}")
         elif kind == "step":
@@ -68,7 +82,9 @@ class ConsoleSink:
             self.console.print(f"eval @ step {ev['step']}: val loss {ev['val_loss']:.4f}  ppl {ev['val_ppl']:.2f}")
         elif kind == "failed":
             self._newline()
-            self.console.print(f"[bold red]{ev['reason']}[/]: {ev['message']}")
+            reason, message = ev["reason"], ev.get("message") or ""
+            shown = message if message.startswith(reason) else f"{reason}: {message}"  # never "oom: oom ..."
+            self.console.print(f"[bold red]{shown}[/]")
 
     def _newline(self) -> None:
         if self.interactive:
@@ -78,8 +94,17 @@ class ConsoleSink:
         pass
 
 
+def batch_split(ev: dict[str, Any]) -> str:
+    """`batch 8 (8 x 1)`: micro-batch x accumulation; on several ranks `batch 8 (4 per rank x 1 x 2 ranks)`."""
+    batch, micro, accum = ev["experiment"]["train"]["batch_size"], ev["micro_batch"], ev["grad_accum"]
+    world = ev.get("world_size") or 1
+    if world > 1:
+        return f"batch {batch} ({micro} per rank x {accum} x {world} ranks)"
+    return f"batch {batch} ({micro} x {accum})"
+
+
 def print_summary(summary: dict[str, Any], run_dir: Any, console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or make_console()
     s = summary
     table = Table(title=f"{s['profile']} · {s['experiment']} · {s['status']}", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from memlab.cli.options import DeviceOpt
+
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="stdlib, a file or folder (.txt .md .jsonl .json .parquet .csv), or hf:NAME[:CONFIG].")]
 FieldOpt = Annotated[Optional[str], typer.Option("--text-field", help="The column that holds the text (json, parquet, csv, hf:).")]
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N (train on the corpus), a tokenizer.json, or hf:NAME.")]
@@ -14,7 +16,7 @@ MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Take only
 SplitOpt = Annotated[Optional[str], typer.Option("--split", help="Dataset split, e.g. train or train[:10%].")]
 StreamingOpt = Annotated[Optional[bool], typer.Option("--streaming/--no-streaming", help="Stream the dataset instead of downloading it whole.")]
 ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).")]
-ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from this experiment's [data] (built-in name or TOML path); auto = the defaults.")]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from the [data] table of this experiment (built-in name or TOML path); auto = the one `memlab run` picks: gpt2s on CUDA, tiny on CPU.")]
 
 
 def prepare(
@@ -26,16 +28,19 @@ def prepare(
     streaming: StreamingOpt = None,
     val_tokens: ValTokensOpt = None,
     experiment: ExperimentOpt = "auto",
+    device: DeviceOpt = "auto",
 ) -> None:
     """Tokenize a corpus into the token cache (a later `memlab run` with the same data reuses it)."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from memlab.cli.options import _toml_string, data_overrides
-    from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment
-    from memlab.core.data import load_tokens
+    from memlab.cli.options import _toml_string, data_overrides, experiment_ref
+    from memlab.core.config import Profile, apply_overrides, load_experiment
+    from memlab.core.data import holdout_warning, load_tokens
+    from memlab.core.environment import resolve_device
 
-    exp = Experiment() if experiment == "auto" else load_experiment(experiment)
+    # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
+    exp = load_experiment(experiment_ref(experiment, resolve_device(device).type))
     items = data_overrides(data, text_field, tokenizer, streaming, max_docs, None, None)
     if split is not None:
         items.append(f"data.split={_toml_string(split)}")
@@ -44,7 +49,7 @@ def prepare(
     apply_overrides(exp, Profile(), items)  # validates like `memlab run --set`
     cfg = exp.data
 
-    console = Console(stderr=True, highlight=False)
+    console = make_console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     tasks: dict[str, int] = {}
     t0 = time.perf_counter()
@@ -60,13 +65,69 @@ def prepare(
         tokens = load_tokens(cfg, progress=progress)
     elapsed = time.perf_counter() - t0
 
-    out = Console(highlight=False, soft_wrap=True)
+    out = make_console()
     n_train, n_val = len(tokens.train), len(tokens.val)
     out.print(f"[bold]source[/]     {tokens.source}")
     out.print(f"[bold]tokenizer[/]  {tokens.tokenizer} · vocab {tokens.vocab_size:,} · EOS id {tokens.eos_id}")
     out.print(f"[bold]tokens[/]     {n_train + n_val:,} in {tokens.n_docs:,} documents · {n_train:,} train · {n_val:,} val · {tokens.dtype.name}")
     out.print(f"[bold]cache[/]      {tokens.cache_dir}")
     out.print(f"[bold]cache hit[/]  {'yes' if tokens.cache_hit else 'no'} ({elapsed:.1f} s)")
+    warning = holdout_warning(n_train, n_val)
+    if warning:
+        console.print(f"[yellow]warning[/] {warning}")
+
+
+def list_entries() -> None:
+    """The token cache: each entry's key, size, source and tokenizer (remove one with `memlab data rm KEY`)."""
+    from rich.table import Table
+
+    from memlab.cli.console import make_console
+    from memlab.core.data import cache
+
+    every = cache.entries()
+    console = make_console()
+    where = f"{cache.tokens_dir()} (set MEMLAB_CACHE to move it)"
+    if not every:
+        console.print(f"token cache is empty: {where}")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col, justify in (("key", "left"), ("size", "right"), ("tokens", "right"), ("source", "left"), ("tokenizer", "left"), ("made", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for e in every:
+        m = e.meta or {}
+        tokens = f"{int(m['n_tokens']):,}" if "n_tokens" in m else "—"
+        source = m.get("source", "[yellow]incomplete: rebuilt when next used[/]")
+        table.add_row(e.name, disk_size(e.size_bytes), tokens, source, m.get("tokenizer", "—"), str(m.get("created", "—"))[:10])
+    console.print(table)
+    total = sum(e.size_bytes for e in every)
+    console.print(f"[dim]{len(every)} entr{'y' if len(every) == 1 else 'ies'}, {disk_size(total)} in {where}[/]")
+
+
+def disk_size(n: int) -> str:
+    """Bytes on disk as people read them: 912 KiB, 37.5 MiB, 1.20 GiB."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.0f} KiB"
+
+
+def remove_entries(
+    keys: Annotated[Optional[list[str]], typer.Argument(help="Entry keys as `memlab data list` shows them (a unique prefix is enough).", show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+) -> None:
+    """Remove token cache entries; a later run with that data tokenizes it again."""
+    from memlab.core.data import cache
+    from memlab.core.errors import MemlabError
+
+    if all_ == bool(keys):
+        raise MemlabError("give the keys to remove (see: memlab data list), or --all, not both" if keys else "give the keys to remove (see: memlab data list), or --all")
+    chosen = cache.entries() if all_ else cache.find_entries(list(keys or []))
+    for e in chosen:
+        cache.remove(e)
+        typer.echo(f"removed {e.name} ({disk_size(e.size_bytes)})")
+    if not chosen:
+        typer.echo(f"token cache is already empty: {cache.tokens_dir()}")
 
 
 def register(app: typer.Typer) -> None:
@@ -76,4 +137,6 @@ def register(app: typer.Typer) -> None:
         help="Corpora and the token cache.",
     )
     data_app.command("prepare")(prepare)
+    data_app.command("list")(list_entries)
+    data_app.command("rm")(remove_entries)
     app.add_typer(data_app, name="data")

@@ -9,24 +9,27 @@ import typer
 
 
 def profiles() -> None:
-    """The built-in profiles, one line each, with what they change."""
-    from rich.console import Console
+    """The built-in profiles, one line each, with what they change and whether they need CUDA."""
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.config import builtin_names, describe_changes, load_profile
+    from memlab.core.requirements import cuda_only
 
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("profile", "description", "changes"):
+    for col in ("profile", "needs", "description", "changes"):
         table.add_column(col, overflow="fold")
     for name in builtin_names("profile"):
         p = load_profile(name)
-        table.add_row(name, p.description, describe_changes(p))
-    Console(highlight=False).print(table)
+        table.add_row(name, "CUDA" if cuda_only(p) else "", p.description, describe_changes(p))
+    console = make_console()
+    console.print(table)
+    console.print("[dim]needs CUDA: refused on the CPU backend (its technique needs a GPU); every other profile runs on both[/]")
 
 
 def experiments() -> None:
     """The built-in experiments (what stays fixed in a comparison)."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
     from rich.table import Table
 
     from memlab.core.config import builtin_names, load_experiment
@@ -38,7 +41,7 @@ def experiments() -> None:
         e = load_experiment(name)
         m = e.model
         table.add_row(name, e.description, f"{m.n_layer}L {m.d_model}d {m.n_head}h T={m.seq_len}", f"{e.data.source} {e.data.tokenizer}")
-    Console(highlight=False).print(table)
+    make_console().print(table)
 
 
 def env(as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False) -> None:

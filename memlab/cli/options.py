@@ -11,12 +11,30 @@ from memlab.core.config import Experiment, Profile, apply_overrides, load_experi
 ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a knob: section.key=value (repeatable).")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (overrides train.steps).")]
-RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.")]
+
+
+def _positive_steps(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"must be at least 1, got {value} (to train by epochs, use --epochs or --set train.steps=0)")
+    return value
+
+
+def _nonempty_folder(value: str) -> str:
+    if not value.strip():
+        raise typer.BadParameter("is empty; give a folder, e.g. --runs-dir runs")
+    return value
+
+
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (overrides train.steps).", callback=_positive_steps)]
+RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.", callback=_nonempty_folder)]
 
 
 def data_overrides(data: str | None, text_field: str | None, tokenizer: str | None, streaming: bool | None, max_docs: int | None, epochs: float | None, steps: int | None) -> list[str]:
     """Turn the convenience flags into --set items (so they are validated the same way)."""
+    from memlab.core.errors import ConfigError
+
+    if epochs is not None and steps is not None:
+        raise ConfigError(f"--steps {steps} and --epochs {epochs:g} both set the run's length; give one of them")
     items = []
     for key, value in (("data.source", data), ("data.text_field", text_field), ("data.tokenizer", tokenizer)):
         if value is not None:
@@ -36,10 +54,15 @@ def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def resolve(experiment: str, profile: str, device_type: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+def experiment_ref(experiment: str, device_type: str) -> str:
+    """What `--experiment auto` stands for on this device (run, sweep and data prepare all ask here)."""
     if experiment == "auto":
-        experiment = "gpt2s" if device_type == "cuda" else "tiny"
-    exp = load_experiment(experiment)
+        return "gpt2s" if device_type == "cuda" else "tiny"
+    return experiment
+
+
+def resolve(experiment: str, profile: str, device_type: str, overrides: list[str]) -> tuple[Experiment, Profile]:
+    exp = load_experiment(experiment_ref(experiment, device_type))
     prof = load_profile(profile)
     apply_overrides(exp, prof, overrides)
     return exp, prof

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -41,10 +42,10 @@ def sweep(
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
-    names = _profile_names(profiles)
-    ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once
     dev = resolve_device(device)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    names = _profile_names(profiles, experiment, dev.type, overrides)
+    ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
     specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides, extra_args=extra)
              for name in names]
@@ -60,37 +61,95 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _profile_names(profiles: str) -> list[str]:
-    """The names, each loaded once so a typo fails before the first hour of runs (exit 2)."""
-    from memlab.core.config import load_profile
+def _profile_names(profiles: str, experiment: str, device_type: str, overrides: list[str]) -> list[str]:
+    """The names, each resolved once with the experiment and --set, so a typo or a bad value fails before the first
+    hour of runs (exit 2) and before the runs folder is made."""
+    from memlab.cli.options import resolve
     from memlab.core.errors import MemlabError
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if not names:
         raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
     for name in names:
-        load_profile(name)
+        resolve(experiment, name, device_type, overrides)
     return names
 
 
 def _make_queue(total: int) -> ChildQueue:
-    """The queue with sweep's progress lines: one when a run starts, one when it ends."""
+    """The queue with sweep's progress: a line when a run starts, its progress while it trains (in place on a
+    terminal, a plain line every 10% otherwise), a line when it ends."""
+    import sys
+
     from memlab.core.queue import ChildQueue
 
     last_steps: dict[int, int] = {}
+    progress = RunProgress(sys.stderr)
 
     def on_start(i: int, spec: ChildSpec) -> None:
+        progress.reset()
         typer.echo(f"[{i}/{total}] {spec.profile} ...", err=True)
 
     def on_event(i: int, ev: dict) -> None:
         if ev.get("event") == "step" and isinstance(ev.get("step"), int):
             last_steps[i] = ev["step"] + 1
+            progress.step(ev)
 
     def on_result(outcome: QueueOutcome) -> None:
+        progress.clear()
         if outcome.status != "skipped":
             typer.echo(f"[{outcome.key}/{total}] {_result_line(outcome, last_steps.get(outcome.key, 0))}", err=True)
 
     return ChildQueue(on_start=on_start, on_event=on_event, on_result=on_result)
+
+
+class RunProgress:
+    """A child's training progress from its step events: `step 120/300 · 51,000 tok/s · ETA 0:42`."""
+
+    def __init__(self, stream, interactive: bool | None = None, clock=time.monotonic):
+        self.stream, self.clock = stream, clock
+        self.interactive = stream.isatty() if interactive is None else interactive
+        self.reset()
+
+    def reset(self) -> None:
+        self._t0: float | None = None
+        self._first = 0
+        self._last_draw = 0.0
+        self._last_tenth = -1
+        self._drawn = False
+
+    def step(self, ev: dict) -> None:
+        done, total = ev["step"] + 1, ev.get("total_steps") or 0
+        now = self.clock()
+        if self._t0 is None:
+            self._t0, self._first = now, done
+        line = self.line(done, total, ev.get("tokens_per_s"), now)
+        if self.interactive:
+            if now - self._last_draw >= 0.1 or done == total:
+                self.stream.write("\r\x1b[2K" + line)
+                self.stream.flush()
+                self._last_draw, self._drawn = now, True
+        else:
+            tenth = 10 * done // max(1, total)
+            if tenth != self._last_tenth:
+                self._last_tenth = tenth
+                self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def line(self, done: int, total: int, tokens_per_s: float | None, now: float) -> str:
+        text = f"  step {done}/{total}" if total else f"  step {done}"
+        if isinstance(tokens_per_s, (int, float)) and tokens_per_s:
+            text += f" · {tokens_per_s:,.0f} tok/s"
+        steps_timed = done - self._first
+        if total and steps_timed > 0 and self._t0 is not None:
+            left = (now - self._t0) / steps_timed * (total - done)
+            text += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+        return text
+
+    def clear(self) -> None:
+        if self.interactive and self._drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+        self._drawn = False
 
 
 def _run_stoppable(queue: ChildQueue, specs: list[ChildSpec]) -> tuple[list[QueueOutcome], bool]:
@@ -113,7 +172,8 @@ def _result_line(outcome: QueueOutcome, steps_seen: int) -> str:
     """`bf16: finished in 12.3s · 300 steps · 51,000 tok/s · peak 1.20 GiB · val ppl 31.2 · runs/...`."""
     result = outcome.result
     s = result.summary or {}
-    detail = f" · {s.get('steps', steps_seen)} steps" if s or steps_seen else ""
+    n = s.get("steps", steps_seen)
+    detail = f" · {n} step{'' if n == 1 else 's'}" if s or steps_seen else ""
     tps, peak = s.get("tokens_per_s"), s.get("peak_alloc_bytes") or s.get("peak_host_rss_bytes")
     if isinstance(tps, (int, float)) and tps:
         detail += f" · {tps:,.0f} tok/s"

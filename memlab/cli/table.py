@@ -63,13 +63,13 @@ def table(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write comparison.parquet (default: in the first folder given).")] = None,
 ) -> None:
     """Compare runs side by side: memory by phase, speed, quality, and each figure against a baseline."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
 
     from memlab.core import compare
     from memlab.core.compare import machine_frame, render_markdown
     from memlab.core.errors import MemlabError
 
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
     if result.height == 0:
         err.print("no readable runs")
@@ -85,7 +85,7 @@ def table(
         written = None
 
     if format_ is Format.table:
-        console = Console(highlight=False) if sys.stdout.isatty() else Console(highlight=False, width=240)
+        console = make_console()
         render_rich(result, console)
     elif format_ is Format.markdown:
         sys.stdout.write(render_markdown(result))
@@ -116,12 +116,12 @@ def plot(
     experiment: ExperimentOpt = None,
 ) -> None:
     """Draw the comparison as bar charts (PNG): peak memory by phase, step time, tokens/s, val ppl, max batch."""
-    from rich.console import Console
+    from memlab.cli.console import make_console
 
     from memlab.core.errors import MemlabError
     from memlab.core.plot import plot_comparison
 
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
     if result.height == 0:
         err.print("no readable runs: nothing to plot")

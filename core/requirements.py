@@ -1,0 +1,33 @@
+"""What a profile needs from the machine, derived from the techniques' own checks (no hand-kept list).
+
+A profile needs CUDA when its checks refuse it on the CPU for the `tiny` experiment (the one the CPU backend runs):
+`memlab profiles`, the TUI and the README mark those.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from memlab.core.config import Profile, load_experiment
+from memlab.core.errors import DeviceError, MemlabError
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_experiment():
+    return load_experiment("tiny")
+
+
+def cuda_only(profile: Profile) -> str | None:
+    """Why `profile` cannot run on the CPU backend (the check's own one-line message), or None when it can."""
+    from memlab.core.techniques import check_techniques
+
+    world = 2 if profile.distributed.mode != "none" else 1  # a ddp / fsdp profile is checked as the ranks it is for
+    try:
+        check_techniques(_cpu_experiment(), profile, torch.device("cpu"), world)
+    except DeviceError as e:
+        return str(e)
+    except MemlabError:
+        return None  # refused for another reason (a shape, a combination), not for want of CUDA
+    return None

@@ -1,0 +1,76 @@
+"""What `memlab run` prints (issue 20): no hard wrapping off a terminal, ranks said, no doubled words, warnings."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from rich.console import Console
+
+from memlab.cli.console import ConsoleSink, batch_split, make_console
+
+
+def _started(**extra) -> dict:
+    ev = {
+        "event": "started", "total_steps": 10, "profile": {"name": "ddp_bf16"}, "experiment": {"name": "tiny", "train": {"batch_size": 8}},
+        "device": "cpu", "params": 1e5, "attention_kernel": "sdpa", "micro_batch": 4, "grad_accum": 1, "world_size": 2,
+        "data": {"source": "posts.jsonl (300 of 2,000 documents; data.max_docs=300, 0 = all)", "tokenizer": "bpe:512",
+                 "train_tokens": 2_000, "val_tokens": 4_096},
+        "run_dir": "runs/" + "x" * 120,
+    }
+    return ev | extra
+
+
+def _sink() -> tuple[ConsoleSink, io.StringIO]:
+    out = io.StringIO()
+    return ConsoleSink(Console(file=out, soft_wrap=True, width=80, highlight=False), interactive=False), out
+
+
+def test_batch_names_ranks_when_there_are_several():
+    assert batch_split(_started()) == "batch 8 (4 per rank x 1 x 2 ranks)"
+    assert batch_split(_started(world_size=1, micro_batch=8)) == "batch 8 (8 x 1)"
+
+
+def test_started_lines_are_whole_and_warn_about_a_large_holdout():
+    sink, out = _sink()
+    sink.emit(_started())
+    lines = out.getvalue().splitlines()
+    assert f"  run folder: runs/{'x' * 120}" in lines  # one line, greppable in a CI log
+    assert any("(300 of 2,000 documents; data.max_docs=300, 0 = all)" in ln for ln in lines)
+    assert any(ln.startswith("  warning validation holds out 67% of the corpus's 6,096 tokens") for ln in lines)
+
+
+def test_a_failure_reason_is_not_said_twice():
+    sink, out = _sink()
+    sink.emit({"event": "failed", "reason": "interrupted", "message": "interrupted at step 4"})
+    sink.emit({"event": "failed", "reason": "interrupted", "message": "stopped after step 4"})
+    assert out.getvalue().splitlines() == ["interrupted at step 4", "interrupted: stopped after step 4"]
+
+
+def test_off_a_terminal_the_console_never_hard_wraps():
+    console = make_console()  # pytest captures stdout: not a terminal
+    assert console.soft_wrap and console.width >= 200
+
+
+def test_version():
+    r = subprocess.run([sys.executable, "-m", "memlab", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("memlab 0.")
+
+
+def test_flags_do_not_show_a_value_type_in_help():
+    r = subprocess.run([sys.executable, "-m", "memlab", "run", "--help"], capture_output=True, text=True, timeout=60,
+                       env={"COLUMNS": "160", "PATH": ""})
+    assert r.returncode == 0 and "--no-meters" in r.stdout and "<bool>" not in r.stdout
+
+
+def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves():
+    from memlab.core.config import builtin_names, load_profile
+    from memlab.core.requirements import cuda_only
+
+    r = subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=60)
+    rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith("needs")}
+    for name in builtin_names("profile"):
+        assert (rows[name] == "CUDA") == (cuda_only(load_profile(name)) is not None), name
+    assert rows["tf32"] == "CUDA" and rows["baseline"] != "CUDA"
+    assert "needs CUDA" in cuda_only(load_profile("tf32"))

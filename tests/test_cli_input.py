@@ -1,0 +1,94 @@
+"""Input a new user gives by mistake (issue 20): refused in one line with exit 2, before any work, leaving no runs
+folder and no cache lock file behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from memlab.core.config import MAX_STEPS
+
+TINY = ["--experiment", "tiny", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+
+
+def _files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{not json\n')
+    (tmp_path / "list.jsonl").write_text('{"text": "fine"}\n[1, 2]\n')
+    (tmp_path / "ext.toml").write_text('extends = "missing"\n')
+    (tmp_path / "a_folder").mkdir()
+
+
+CASES = [
+    (["--steps", "0"], "--steps': must be at least 1, got 0 (to train by epochs, use --epochs"),
+    (["--steps", "99999999999999999999"], "is too large"),
+    (["--steps", str(MAX_STEPS + 1)], f"train.steps must be at most {MAX_STEPS:,}"),
+    (["--set", "train.lr=inf"], "train.lr must be a finite number, got inf"),
+    (["--set", "train.lr=nan"], "train.lr must be a finite number, got nan"),
+    (["--set", "model.dropout=-inf"], "model.dropout must be a finite number"),
+    (["--steps", "3", "--epochs", "1"], "--steps 3 and --epochs 1 both set the run's length; give one of them"),
+    (["--runs-dir", ""], "--runs-dir': is empty; give a folder"),
+    (["--data", "{tmp}/empty.jsonl"], "{tmp}/empty.jsonl is empty (0 bytes)"),
+    (["--data", "{tmp}/bad.jsonl"], "{tmp}/bad.jsonl line 2: not valid JSON (Expecting property name"),
+    (["--data", "{tmp}/list.jsonl"], "{tmp}/list.jsonl line 2: a JSON list, expected an object"),
+    (["--data", "stdlib", "--streaming"], "--streaming (data.streaming) does not apply to the built-in stdlib corpus"),
+]
+
+
+@pytest.mark.parametrize("args, expect", CASES)
+def test_refused_in_one_line_before_any_work(args, expect, tmp_path, capsys):
+    from memlab.cli import main
+
+    _files(tmp_path)
+    runs = tmp_path / "runs"
+    args = [a.format(tmp=tmp_path) for a in args]
+    runs_dir = [] if "--runs-dir" in args else ["--runs-dir", str(runs)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--profile", "baseline", *TINY, *runs_dir, *args])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("memlab: error: ") and expect.format(tmp=tmp_path) in lines[0]
+    assert not runs.exists()  # no empty runs folder
+    assert not list((tmp_path / "cache").rglob("*.lock"))  # no 0-byte lock files
+
+
+@pytest.mark.parametrize(
+    "profile, expect",
+    [
+        ("{tmp}/ext.toml", "{tmp}/ext.toml: extends = 'missing': unknown profile 'missing'"),
+        ("{tmp}/a_folder", "{tmp}/a_folder is a folder; a profile is a .toml file (or a built-in name: memlab profiles)"),
+    ],
+)
+def test_profile_mistakes_name_the_file(profile, expect, tmp_path, capsys):
+    from memlab.cli import main
+
+    _files(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--profile", profile.format(tmp=tmp_path), *TINY, "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.strip().count("\n") == 0 and expect.format(tmp=tmp_path) in err, err
+
+
+def test_sweep_checks_every_value_before_making_the_runs_folder(tmp_path, capsys):
+    from memlab.cli import main
+
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "--profiles", "baseline,bf16", *TINY, "--runs-dir", str(runs), "--set", "train.lr=inf"])
+    assert exit_.value.code == 2 and "train.lr must be a finite number" in capsys.readouterr().err
+    assert not runs.exists()
+
+
+def test_a_finished_build_leaves_no_lock_file(tmp_path):
+    from memlab.core.data import cache
+
+    with cache.locked("entry"):
+        assert (cache.tokens_dir() / ".entry.lock").exists()
+    assert not (cache.tokens_dir() / ".entry.lock").exists()
+    with cache.locked("entry"):  # and the lock can be taken again
+        pass
