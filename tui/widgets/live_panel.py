@@ -21,13 +21,13 @@ def _num(x: float | None, fmt: str) -> str:
 class LivePanel(Vertical):
     """`show(state)` redraws from a LiveState; the app calls it at most a few times a second."""
 
-    ROWS = (
-        ("device", "device NVML"),
-        ("alloc", "allocated"),
-        ("reserved", "reserved"),
-        ("host", "host RSS"),
-        ("step", "step ms"),
-        ("loss", "loss"),
+    ROWS = (  # (key, label, floor): memory drawn from zero, time and loss from their own minimum
+        ("device", "device NVML", 0),
+        ("alloc", "allocated", 0),
+        ("reserved", "reserved", 0),
+        ("host", "host RSS", 0),
+        ("step", "step ms", None),
+        ("loss", "loss", None),
     )
 
     def __init__(self, **kwargs) -> None:
@@ -42,8 +42,8 @@ class LivePanel(Vertical):
         bar.display = False  # no pulsing placeholder before a run: nothing moves on an idle screen
         yield bar
         yield Static("", id="live-stats")
-        for key, label in self.ROWS:
-            yield MetricRow(label, id=f"metric-{key}")
+        for key, label, floor in self.ROWS:
+            yield MetricRow(label, floor, id=f"metric-{key}")
         yield Static("", id="live-peaks")
 
     def show(self, s: LiveState) -> None:
