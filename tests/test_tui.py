@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from memlab.core import schema
 from memlab.core.supervisor import ChildResult
 from memlab.tui.app import MemlabApp
+from memlab.tui.screens.confirm import ConfirmScreen
 from memlab.tui.screens.help import HelpScreen
 from memlab.tui.widgets.metric_row import MetricRow
 from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList
@@ -114,8 +115,14 @@ async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_pat
         await pilot.press("r")
         await wait_for(pilot, lambda: app.live_state.step >= 1, what="the first step")
         child = app._child
+        await pilot.press("q", "n")  # asked, and answered no: the run goes on
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen) and child.alive and not app._stopping
         t0 = time.monotonic()
-        await pilot.press("q")
+        await pilot.press("q")  # a run is in progress: it asks first
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and app.is_running and child.alive
+        await pilot.press("y")
         await wait_for(pilot, lambda: not app.is_running, timeout=40, what="the app to exit")
     assert child.proc.poll() is not None, "the child outlived the app"
     assert time.monotonic() - t0 < app.QUIT_WAIT_S + 10
