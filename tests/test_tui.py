@@ -76,6 +76,10 @@ async def test_two_profiles_run_in_child_processes_and_fill_charts_and_results(t
         # Each run trained in a child process of its own, not in the app's.
         pids = {run_json(i.run_dir)["pid"] for i in app.queue.items()}
         assert len(pids) == 2 and os.getpid() not in pids
+        # The queue ran dry: a profile added now waits for r, it does not start at once.
+        await pick(pilot, app, "bf16")
+        await pilot.pause(1.0)
+        assert app.mode == "idle" and not app.busy and statuses(app)[-1] == ("bf16", "queued")
 
 
 async def test_a_crash_a_cancel_and_a_rejected_profile_each_end_only_their_run(tmp_path):
@@ -333,6 +337,29 @@ def test_tui_command_rejects_a_bad_device(device):
     with pytest.raises(SystemExit) as exc:
         main(["tui", "--device", device])
     assert exc.value.code == 2
+
+
+def test_tui_command_refuses_cuda_where_there_is_none(capsys):
+    import torch
+
+    from memlab.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as exc:
+        main(["tui", "--device", "cuda"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA GPU" in err[0]
+
+
+def test_tui_command_refuses_a_runs_folder_that_cannot_be_made(capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["tui", "--runs-dir", "/proc/nope"])
+    assert exc.value.code == 2
+    assert "runs folder /proc/nope cannot be created" in capsys.readouterr().err
 
 
 async def test_children_that_crash_babble_or_cannot_start_each_end_only_their_run(tmp_path, monkeypatch):

@@ -98,6 +98,7 @@ class MemlabApp(App[None]):
         self._update_subtitle()
         if self.device == "auto":
             self._guess_device()
+        self._mark_placeholder_device()
         self._install_signal_handlers()
         self.set_interval(self.DRAIN_INTERVAL_S, self._drain)
         self._refresh_queue()
@@ -155,6 +156,15 @@ class MemlabApp(App[None]):
     def _set_device_guess(self, guess: str) -> None:
         self._device_guess = guess
         self._update_subtitle()
+        self._mark_placeholder_device()
+
+    def _mark_placeholder_device(self) -> None:
+        """Before any run: the live panel's rows for the device runs will use (host RSS on CPU, no GPU rows)."""
+        if self.main is None or self.live_state.status or self.view_state is not None:
+            return
+        expected = self._expected_device()
+        if expected is not None:
+            self.live.set_class(expected == "cpu", "-cpu")
 
     # ------------------------------------------------------------------------------------------ the queue worker
 
@@ -253,7 +263,7 @@ class MemlabApp(App[None]):
                 except (TypeError, ValueError, KeyError, AttributeError):
                     pass  # a child's malformed event (a field of the wrong type): skipped, never the app's end
             elif kind == "run_started":
-                self.live_state = LiveState(profile=display_name(payload))
+                self.live_state = LiveState(profile=display_name(payload), expected_device=self._expected_device() or "")
                 self.view_state = None
                 self.log_line(f"▶ {display_name(payload)}: starting a child process", "start")
                 live_dirty = queue_dirty = True
@@ -404,6 +414,14 @@ class MemlabApp(App[None]):
                        "on the CPU each run takes hours; tiny is the CPU one")
             self.notify(message, severity="warning", timeout=8)
             self.log_line(f"⚠ {message}", "warning")
+
+    def on_results_table_rendered(self, message: ResultsTable.Rendered) -> None:
+        from textual.widgets import Static
+
+        try:
+            self.main.query_one("#results-notes", Static).update(" · ".join(message.notes))
+        except NoMatches:
+            pass  # the app is closing
 
     def on_results_table_open_run(self, message: ResultsTable.OpenRun) -> None:
         self.open_run(message.path)

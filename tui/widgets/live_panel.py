@@ -14,6 +14,9 @@ from memlab.tui.widgets.metric_row import MetricRow
 
 
 
+MESSAGE_CHARS = 600  # of a run's closing message in the title: a few wrapped lines, never a screenful
+
+
 def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None else fmt.format(x)
 
@@ -90,8 +93,8 @@ class LivePanel(Vertical):
             text.append(f" · {where}")
         style = {"running": "bold", "finished": "bold green", "interrupted": "bold yellow", "": "dim"}.get(s.status, "bold red")
         text.append(f" · {s.status or 'starting'}", style=style)
-        if s.message and s.status not in ("running", "finished"):
-            text.append(f"\n{s.message.splitlines()[0][:200]}", style="red")
+        if s.message and s.status not in ("running", "finished"):  # whole, wrapped: a rejection says what to fix
+            text.append("\n" + " ".join(s.message.split())[:MESSAGE_CHARS], style="red")
         return text
 
     def _stats(self, s: LiveState) -> str:
