@@ -1,4 +1,5 @@
-"""core.plot: a valid PNG of the documented size, one band per experiment, for any mix of runs."""
+"""core.plot: a valid PNG of the documented size, one band per experiment, for any mix of runs; one colour per
+profile everywhere, no empty panels, value labels that never overlap."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from test_compare import GIB, write_run
 
 from memlab.core import compare
-from memlab.core.plot import figure_size_px, plot_comparison
+from memlab.core.plot import PALETTE, band_panels, figure_size_px, label_rotation, plot_comparison, profile_colors
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -89,7 +90,41 @@ def test_plotting_uses_no_pyplot_and_needs_no_display(tmp_path):
     assert png_size(tmp_path / "x.png") == figure_size_px(1)
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_figure_size_px(n):
-    w, h = figure_size_px(n)
-    assert w == 1500 and h == 750 * n
+@pytest.mark.parametrize(("n", "size"), [(1, (1500, 750)), (2, (1500, 1500)), (3, (3000, 1500)), (5, (3000, 2250))])
+def test_many_groups_make_a_grid_not_a_tower(n, size):
+    assert figure_size_px(n) == size
+
+
+def test_five_groups_in_one_readable_grid(tmp_path):
+    for k in range(5):
+        for p in ("baseline", "gradcp"):
+            write_run(tmp_path, p, experiment=f"exp{k}", experiment_id=f"{k:012d}")
+    out = plot_comparison(table_of(tmp_path), tmp_path / "five.png")
+    assert png_size(out) == figure_size_px(5) == (3000, 2250)
+
+
+def test_a_profile_keeps_one_colour_in_every_group_and_26_colours_differ(tmp_path):
+    names = [f"p{i:02d}" for i in range(26)]
+    for i, p in enumerate(names):
+        write_run(tmp_path, p)
+        if i % 2:
+            write_run(tmp_path, p, experiment="other", experiment_id="cccc2222dddd")
+    table = table_of(tmp_path)
+    colors = profile_colors(table)
+    assert set(colors) == set(names)
+    assert len(set(colors.values())) == 26 <= len(PALETTE)
+    out = plot_comparison(table, tmp_path / "many.png")
+    assert png_size(out) == figure_size_px(2)
+
+
+def test_panels_with_no_figures_are_left_out():
+    host = dict(peak_host_rss_bytes=GIB, step_ms_median=10.0, tokens_per_s=100.0, val_ppl=9.0, max_batch=None, mem_saved_pct=None)
+    assert [getattr(p, "column", p) for p in band_panels([host])] == ["peak_host_rss_bytes", "step_ms_median", "tokens_per_s", "val_ppl"]
+    device = dict(host, peak_alloc_fwd_bytes=GIB, max_batch=12, mem_saved_pct=3.0)
+    assert [getattr(p, "column", p) for p in band_panels([device])] == ["phases", "step_ms_median", "tokens_per_s", "val_ppl", "max_batch", "mem_saved_pct"]
+
+
+def test_value_labels_go_upright_then_away_rather_than_overlap():
+    assert label_rotation(["1.00"] * 3, width_in=4.0) == 0
+    assert label_rotation(["123,456"] * 20, width_in=4.0) == 90
+    assert label_rotation(["123,456"] * 60, width_in=4.0) is None

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from memlab.core import schema
 from memlab.core.supervisor import ChildResult
 from memlab.tui.app import MemlabApp
+from memlab.tui.screens.confirm import ConfirmScreen
 from memlab.tui.screens.help import HelpScreen
 from memlab.tui.widgets.metric_row import MetricRow
 from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList
@@ -75,6 +76,10 @@ async def test_two_profiles_run_in_child_processes_and_fill_charts_and_results(t
         # Each run trained in a child process of its own, not in the app's.
         pids = {run_json(i.run_dir)["pid"] for i in app.queue.items()}
         assert len(pids) == 2 and os.getpid() not in pids
+        # The queue ran dry: a profile added now waits for r, it does not start at once.
+        await pick(pilot, app, "bf16")
+        await pilot.pause(1.0)
+        assert app.mode == "idle" and not app.busy and statuses(app)[-1] == ("bf16", "queued")
 
 
 async def test_a_crash_a_cancel_and_a_rejected_profile_each_end_only_their_run(tmp_path):
@@ -114,8 +119,14 @@ async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_pat
         await pilot.press("r")
         await wait_for(pilot, lambda: app.live_state.step >= 1, what="the first step")
         child = app._child
+        await pilot.press("q", "n")  # asked, and answered no: the run goes on
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen) and child.alive and not app._stopping
         t0 = time.monotonic()
-        await pilot.press("q")
+        await pilot.press("q")  # a run is in progress: it asks first
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and app.is_running and child.alive
+        await pilot.press("y")
         await wait_for(pilot, lambda: not app.is_running, timeout=40, what="the app to exit")
     assert child.proc.poll() is not None, "the child outlived the app"
     assert time.monotonic() - t0 < app.QUIT_WAIT_S + 10
@@ -326,6 +337,29 @@ def test_tui_command_rejects_a_bad_device(device):
     with pytest.raises(SystemExit) as exc:
         main(["tui", "--device", device])
     assert exc.value.code == 2
+
+
+def test_tui_command_refuses_cuda_where_there_is_none(capsys):
+    import torch
+
+    from memlab.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as exc:
+        main(["tui", "--device", "cuda"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA GPU" in err[0]
+
+
+def test_tui_command_refuses_a_runs_folder_that_cannot_be_made(capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["tui", "--runs-dir", "/proc/nope"])
+    assert exc.value.code == 2
+    assert "runs folder /proc/nope cannot be created" in capsys.readouterr().err
 
 
 async def test_children_that_crash_babble_or_cannot_start_each_end_only_their_run(tmp_path, monkeypatch):

@@ -45,3 +45,12 @@ def test_same_bars_as_textuals_sparkline_and_colours_within_a_step(data, width, 
             assert (a is None) == (b is None)
             if a is not None:
                 assert all(abs(x - y) <= t for x, y, t in zip(a, b, tolerance)), (a, b)
+
+
+def test_a_memory_series_drawn_from_zero_shows_a_small_wobble_as_small():
+    mb = 1 << 20
+    wobble = [500 * mb, 509 * mb, 503 * mb, 507 * mb]  # 9 MB on 500 MB of RSS
+    rows = cells(Bars(wobble, 4, 1, LOW, HIGH, floor=0), 4)
+    assert {ch for ch, _ in rows[0]} <= {"▇", "█"}  # every bar near full height: the wobble is 2%
+    scaled = cells(Bars(wobble, 4, 1, LOW, HIGH), 4)
+    assert scaled[0][0][0] == "▁" and scaled[0][1][0] == "█"  # without a floor, min to max: the 2% fills the height

@@ -23,6 +23,7 @@ from textual.css.query import NoMatches
 from textual.worker import Worker, WorkerState
 
 from memlab.tui.model import LiveState, RunQueue, display_name, load_run
+from memlab.tui.screens.confirm import ConfirmScreen
 from memlab.tui.screens.help import HelpScreen
 from memlab.tui.screens.main import MainScreen
 from memlab.tui.screens.open_run import OpenRunScreen
@@ -34,6 +35,7 @@ from memlab.tui.widgets.results_table import ResultsTable
 from memlab.tui.widgets.settings_panel import Settings, SettingsPanel
 
 THEMES = ("textual-dark", "textual-light")
+CPU_PARAMS_WARN = 20e6  # transformer weights above which an experiment is a GPU one (gpt2s: ~85M; tiny: ~0.1M)
 
 
 class MemlabApp(App[None]):
@@ -47,7 +49,7 @@ class MemlabApp(App[None]):
         Binding("o", "open_run", "Open", tooltip="Open a past run folder: its summary and steps in the live panel"),
         Binding("v", "live_view", "Live view", show=False, tooltip="Back to the live run after opening a past one"),
         Binding("t", "toggle_theme", "Light/dark", show=False, tooltip="Light/dark theme"),
-        Binding("q", "quit", "Quit", tooltip="Quit: a running child is asked to stop first (it writes `interrupted`), and waited for"),
+        Binding("q", "quit", "Quit", tooltip="Quit: with a run in progress, asks first; the running child is asked to stop (it writes `interrupted`), and waited for"),
     ]
 
     DRAIN_INTERVAL_S = 0.125  # at most 8 redraws a second, whatever the event rate
@@ -82,6 +84,7 @@ class MemlabApp(App[None]):
         self._worker_lock = threading.Lock()
         self._worker_active = False
         self._device_guess: str | None = None
+        self.knob_problem: str | None = None  # a knob field that does not parse: no run starts until it is fixed
         self.theme = theme
 
     # ------------------------------------------------------------------------------------------ setup
@@ -95,6 +98,7 @@ class MemlabApp(App[None]):
         self._update_subtitle()
         if self.device == "auto":
             self._guess_device()
+        self._mark_placeholder_device()
         self._install_signal_handlers()
         self.set_interval(self.DRAIN_INTERVAL_S, self._drain)
         self._refresh_queue()
@@ -152,6 +156,15 @@ class MemlabApp(App[None]):
     def _set_device_guess(self, guess: str) -> None:
         self._device_guess = guess
         self._update_subtitle()
+        self._mark_placeholder_device()
+
+    def _mark_placeholder_device(self) -> None:
+        """Before any run: the live panel's rows for the device runs will use (host RSS on CPU, no GPU rows)."""
+        if self.main is None or self.live_state.status or self.view_state is not None:
+            return
+        expected = self._expected_device()
+        if expected is not None:
+            self.live.set_class(expected == "cpu", "-cpu")
 
     # ------------------------------------------------------------------------------------------ the queue worker
 
@@ -199,8 +212,15 @@ class MemlabApp(App[None]):
             nonlocal done
             while True:
                 with self._worker_lock:  # claim, or say "no worker" atomically: an item added now is never stranded
-                    item = self.queue.claim_next() if not self._stopping and self.mode == "running" else None
+                    problem = self.knob_problem
+                    item = None
+                    if not self._stopping and self.mode == "running" and problem is None:
+                        item = self.queue.claim_next()
                     if item is None:
+                        if self.mode == "running":  # ran dry (or a knob is wrong): what is added next waits for r
+                            self.mode = "idle"
+                            if problem is not None and self.queue.pending():
+                                self.feed(("knob_problem", 0, problem))
                         self._worker_active, done = False, True
                         return
                 yield item.id, self._spec_for(item.profile)
@@ -214,7 +234,7 @@ class MemlabApp(App[None]):
             self.feed(("queue_idle", 0, None))
 
     def _ensure_worker(self) -> None:
-        if self._stopping or self.mode != "running":
+        if self._stopping or self.mode != "running" or self.knob_problem is not None:
             return
         with self._worker_lock:
             if self._worker_active or not self.queue.pending():
@@ -243,7 +263,7 @@ class MemlabApp(App[None]):
                 except (TypeError, ValueError, KeyError, AttributeError):
                     pass  # a child's malformed event (a field of the wrong type): skipped, never the app's end
             elif kind == "run_started":
-                self.live_state = LiveState(profile=display_name(payload))
+                self.live_state = LiveState(profile=display_name(payload), expected_device=self._expected_device() or "")
                 self.view_state = None
                 self.log_line(f"▶ {display_name(payload)}: starting a child process", "start")
                 live_dirty = queue_dirty = True
@@ -252,6 +272,8 @@ class MemlabApp(App[None]):
                 live_dirty = queue_dirty = results_dirty = True
             elif kind == "queue_idle":
                 queue_dirty = True
+            elif kind == "knob_problem":
+                self._refuse_run(payload)
         try:
             if live_dirty and self.view_state is None:
                 self.live.show(self.live_state)
@@ -365,15 +387,41 @@ class MemlabApp(App[None]):
         from memlab.core.config import load_experiment
         from memlab.core.errors import MemlabError
 
+        self.knob_problem = message.problem
         s = message.settings
         if s.experiment != self.settings.experiment and s.experiment != "auto":
             try:
-                load_experiment(s.experiment)
+                experiment = load_experiment(s.experiment)
             except MemlabError as e:
                 self.notify(str(e), severity="error")
                 return
+            self._warn_if_slow_on_cpu(s.experiment, experiment)
         self.settings = s
         self._update_subtitle()
+
+    def _expected_device(self) -> str | None:
+        """cpu or cuda as far as the app knows before a run says: --device, else the NVML guess; None unknown."""
+        if self.device != "auto":
+            return "cpu" if self.device == "cpu" else "cuda"
+        return self._device_guess
+
+    def _warn_if_slow_on_cpu(self, name: str, experiment) -> None:
+        """An experiment sized for a GPU, picked where runs go to the CPU: say so before an hours-long run."""
+        m = experiment.model
+        params = 12 * m.n_layer * m.d_model**2
+        if self._expected_device() == "cpu" and params > CPU_PARAMS_WARN:
+            message = (f"experiment {name} is sized for a GPU (~{params / 1e6:.0f}M params, seq {m.seq_len}): "
+                       "on the CPU each run takes hours; tiny is the CPU one")
+            self.notify(message, severity="warning", timeout=8)
+            self.log_line(f"⚠ {message}", "warning")
+
+    def on_results_table_rendered(self, message: ResultsTable.Rendered) -> None:
+        from textual.widgets import Static
+
+        try:
+            self.main.query_one("#results-notes", Static).update(" · ".join(message.notes))
+        except NoMatches:
+            pass  # the app is closing
 
     def on_results_table_open_run(self, message: ResultsTable.OpenRun) -> None:
         self.open_run(message.path)
@@ -395,7 +443,15 @@ class MemlabApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
+    def _refuse_run(self, problem: str) -> None:
+        self.log_line(f"✗ no run started: {problem}; fix the knob or clear it (empty: the experiment's own)", "error")
+        self.notify(f"{problem}: no run started", severity="error", timeout=5)
+        self._refresh_queue()
+
     def action_run(self) -> None:
+        if self.knob_problem is not None:
+            self._refuse_run(self.knob_problem)
+            return
         self.mode = "running"
         if not self.queue.pending() and not self.busy:
             self.notify("the queue has nothing waiting: pick profiles (enter) first", timeout=3)
@@ -422,7 +478,9 @@ class MemlabApp(App[None]):
         if not self._runner.cancel_current():  # a run still starting is cancelled as soon as its child exists
             self.notify("no run in progress", timeout=2)
             return
-        self.log_line(f"cancelling {self.live_state.profile or 'the current run'} (SIGINT: it keeps what it has)")
+        name = self.live_state.profile or "the current run"
+        self.log_line(f"cancelling {name}: stopping after the current step… (SIGINT: it keeps what it has)")
+        self.notify(f"{name}: stopping after the current step…", timeout=5)
 
     def action_open_run(self) -> None:
         def opened(path: str | None) -> None:
@@ -451,6 +509,26 @@ class MemlabApp(App[None]):
     # ------------------------------------------------------------------------------------------ quitting
 
     async def action_quit(self) -> None:
+        """q: with a run in progress, ask first (quitting stops it); else quit at once."""
+        if self._stopping or isinstance(self.screen, ConfirmScreen):
+            return
+        if not self.busy:
+            await self.quit_now()
+            return
+        s = self.live_state
+        progress = f" at step {s.step}/{s.total_steps}" if s.total_steps else ""
+        waiting = self.queue.pending()
+        detail = f"{s.profile or 'the current run'}{progress} is stopped (its folder kept, marked interrupted)"
+        if waiting:
+            detail += f"; {waiting} waiting run{'s' if waiting != 1 else ''} will not start"
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.quit_now()
+
+        self.push_screen(ConfirmScreen("A run is in progress. Quit?", detail), answered)
+
+    async def quit_now(self) -> None:
         """Stop cleanly: no new run starts; the running child gets SIGINT and writes `interrupted`; wait for it
         (and for a child the worker was just starting), at most QUIT_WAIT_S, then kill what is left."""
         if self._stopping:
@@ -491,7 +569,7 @@ class MemlabApp(App[None]):
         try:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.action_quit()))
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.quit_now()))
         except (NotImplementedError, RuntimeError, AttributeError, ValueError):
             pass  # not on this platform, or not the main thread: on_unmount still stops the child
 

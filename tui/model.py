@@ -139,6 +139,7 @@ class LiveState:
     run_dir: str = ""
     experiment: str = ""
     device: str = ""  # cuda | cpu ("" until the run says)
+    expected_device: str = ""  # cuda | cpu as the app expects it before the run says ("" unknown): no GPU rows on CPU
     status: str = ""  # "" (nothing yet) | running | finished | oom | ...
     message: str = ""
     source: str = "live"  # live | folder (a past run opened from disk)
@@ -164,6 +165,8 @@ class LiveState:
         """No device memory to show: the CPU backend (or a run with no torch figures at all)."""
         if self.device:
             return self.device == "cpu"
+        if self.expected_device:
+            return self.expected_device == "cpu"
         return not self.allocated and bool(self.host_rss)
 
     @property

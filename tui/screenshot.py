@@ -52,7 +52,7 @@ def take(out: Path, profiles: list[str], steps: int, size: tuple[int, int], devi
                     await pilot.pause(0.3)
                     app.save_screenshot(filename=out.name, path=str(out.parent))
                 finally:
-                    await app.action_quit()
+                    await app.quit_now()
 
             app.run(headless=True, size=size, auto_pilot=pilot_script)
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,12 +27,17 @@ def tui(
 
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise MemlabError(f"--device {device!r} is not valid; choose one of: auto, cuda, cpu")
+    if device.startswith("cuda"):
+        from memlab.core.environment import resolve_device
+
+        resolve_device(device)  # no CUDA here: one line now, not a rejection for every run queued later
     # Check the command line now, in one line, rather than in every child later.
     exp = load_experiment("tiny" if experiment == "auto" else experiment)
     apply_overrides(exp, load_profile("baseline"), list(set_ or []))
     if profiles_dir is not None and not profiles_dir.is_dir():
         raise MemlabError(f"--profiles-dir {profiles_dir}: no such folder")
     ensure_runs_dir(Path(runs_dir), create=False)
+    _check_runs_dir_can_be_made(Path(runs_dir))
 
     from memlab.tui.app import MemlabApp
 
@@ -39,6 +46,22 @@ def tui(
         profiles_dir=profiles_dir, theme="textual-light" if light else "textual-dark",
     )
     app.run()
+
+
+def _check_runs_dir_can_be_made(runs_dir: Path) -> None:
+    """The TUI makes its runs folder with the first run; refuse now one that could never be made (`/proc/nope`): a
+    throwaway folder is made and removed where the runs folder would go (permissions alone miss /proc, and root)."""
+    from memlab.core.errors import MemlabError
+
+    if runs_dir.is_dir():
+        return
+    parent = runs_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".memlab-check-", dir=parent))
+    except OSError as e:
+        raise MemlabError(f"runs folder {runs_dir} cannot be created ({e.strerror}); pass a writable --runs-dir") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -12,10 +12,10 @@ from textual.widgets import Static
 
 PANELS = (
     ("Profiles", "built-in profiles and *.toml files of the current folder (or --profiles-dir)"),
-    ("Queue", "runs top to bottom, one child process each; a crash or an OOM ends only that run"),
-    ("Knobs", "experiment, steps and batch (a number or max) for the runs that start next"),
+    ("Queue", "r runs what waits, top to bottom, one child process each; a crash or an OOM ends only that run; once it runs dry, what you add waits for r again"),
+    ("Knobs", "experiment, steps and batch (a number or max) for the runs that start next; a value that does not parse starts no run"),
     ("Live", "the running profile: memory (device NVML, torch allocated and reserved; host RSS on CPU), step time, loss"),
-    ("Results", "the same comparison as `memlab table`, filled in as runs finish"),
+    ("Results", "the same comparison as `memlab table`, filled in as runs finish: the columns that fit, relative ones first (w cycles the sets)"),
     ("Log", "runs started, evaluations, and how each ended (finished, oom, crashed, interrupted...)"),
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -67,7 +68,10 @@ class MainScreen(Screen):
 
     def _on_profile_list_highlighted(self, event: ProfileList.Highlighted) -> None:
         info = event.info
-        text = "" if info is None else (info.description or info.changes)
+        if info is not None and info.error:
+            text = Text.assemble(("✗ does not load: ", "bold red"), (info.error, "red"))
+        else:
+            text = Text("" if info is None else (info.description or info.changes))
         self.query_one("#profile-help", Static).update(text)
 
     def action_tab(self, tab: str) -> None:

@@ -7,7 +7,7 @@ import time
 from rich.text import Text
 from textual.widgets import RichLog
 
-OUTCOME_STYLE = {"finished": "green", "interrupted": "yellow", "info": "", "start": "bold"}
+OUTCOME_STYLE = {"finished": "green", "interrupted": "yellow", "warning": "yellow", "info": "", "start": "bold"}
 
 
 class EventLog(RichLog):

@@ -14,6 +14,9 @@ from memlab.tui.widgets.metric_row import MetricRow
 
 
 
+MESSAGE_CHARS = 600  # of a run's closing message in the title: a few wrapped lines, never a screenful
+
+
 def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None else fmt.format(x)
 
@@ -21,13 +24,13 @@ def _num(x: float | None, fmt: str) -> str:
 class LivePanel(Vertical):
     """`show(state)` redraws from a LiveState; the app calls it at most a few times a second."""
 
-    ROWS = (
-        ("device", "device NVML"),
-        ("alloc", "allocated"),
-        ("reserved", "reserved"),
-        ("host", "host RSS"),
-        ("step", "step ms"),
-        ("loss", "loss"),
+    ROWS = (  # (key, label, floor): memory drawn from zero, time and loss from their own minimum
+        ("device", "device NVML", 0),
+        ("alloc", "allocated", 0),
+        ("reserved", "reserved", 0),
+        ("host", "host RSS", 0),
+        ("step", "step ms", None),
+        ("loss", "loss", None),
     )
 
     def __init__(self, **kwargs) -> None:
@@ -42,8 +45,8 @@ class LivePanel(Vertical):
         bar.display = False  # no pulsing placeholder before a run: nothing moves on an idle screen
         yield bar
         yield Static("", id="live-stats")
-        for key, label in self.ROWS:
-            yield MetricRow(label, id=f"metric-{key}")
+        for key, label, floor in self.ROWS:
+            yield MetricRow(label, floor, id=f"metric-{key}")
         yield Static("", id="live-peaks")
 
     def show(self, s: LiveState) -> None:
@@ -90,8 +93,8 @@ class LivePanel(Vertical):
             text.append(f" · {where}")
         style = {"running": "bold", "finished": "bold green", "interrupted": "bold yellow", "": "dim"}.get(s.status, "bold red")
         text.append(f" · {s.status or 'starting'}", style=style)
-        if s.message and s.status not in ("running", "finished"):
-            text.append(f"\n{s.message.splitlines()[0][:200]}", style="red")
+        if s.message and s.status not in ("running", "finished"):  # whole, wrapped: a rejection says what to fix
+            text.append("\n" + " ".join(s.message.split())[:MESSAGE_CHARS], style="red")
         return text
 
     def _stats(self, s: LiveState) -> str:

@@ -12,15 +12,16 @@ from memlab.tui.widgets.sparkline import Sparkline
 
 
 class MetricRow(Horizontal):
-    def __init__(self, label: str, **kwargs) -> None:
+    def __init__(self, label: str, floor: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self._label = label
+        self._floor = floor  # memory rows: bars from zero, not from the series' minimum
         self._data: tuple = ()
         self._value = ""
 
     def compose(self) -> ComposeResult:
         yield Label(self._label, classes="metric-label")
-        yield Sparkline([], classes="metric-spark")
+        yield Sparkline([], floor=self._floor, classes="metric-spark")
         yield Label("—", classes="metric-value")
 
     @property

@@ -1,4 +1,8 @@
-"""The profiles one can queue: built-in ones and TOML files in the current folder (or --profiles-dir)."""
+"""The profiles one can queue: built-in ones and TOML files in the current folder (or --profiles-dir).
+
+A file meant as a profile that does not load (bad TOML, an unknown key, a missing `extends`) stays in the list,
+marked, with its error shown when highlighted; it cannot be queued. Files that are not profiles at all
+(pyproject.toml, an experiment) are left out."""
 
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ class ProfileInfo:
     label: str
     description: str = ""
     changes: str = ""
+    error: str = ""  # why a profile file does not load: shown, and the profile cannot be queued
 
 
 def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInfo]:
-    """Built-in profiles, then *.toml files in `profiles_dir` (default: the current folder) that load as profiles.
-    Files that are not profiles (pyproject.toml, an experiment, a broken file) are left out quietly."""
+    """Built-in profiles, then *.toml files in `profiles_dir` (default: the current folder) meant as profiles;
+    those that do not load carry their error. Files that are not profiles (pyproject.toml, an experiment) are left out."""
     from memlab.core.config import builtin_names, describe_changes, load_profile
     from memlab.core.errors import MemlabError
 
@@ -37,13 +42,29 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
     builtin = {f.ref for f in found}
     for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
         ref = str(path) if profiles_dir is not None else f"./{path.name}"
+        label = path.stem if path.stem not in builtin else path.name
         try:
             p = load_profile(ref)
-        except MemlabError:
+        except MemlabError as e:
+            if _meant_as_profile(path):
+                found.append(ProfileInfo(ref, f"{label} (file)", error=str(e)))
             continue
-        label = path.stem if path.stem not in builtin else path.name
         found.append(ProfileInfo(ref, f"{label} (file)", p.description, _changes(describe_changes, p)))
     return found
+
+
+def _meant_as_profile(path: Path) -> bool:
+    """A TOML file that does not load as a profile, but was meant as one: it does not parse (and is no
+    pyproject.toml), or it has a profile's keys. An experiment, a pyproject.toml, any other TOML: not."""
+    import tomllib
+
+    from memlab.core.config import PROFILE_SECTIONS
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (tomllib.TOMLDecodeError, OSError):
+        return path.name != "pyproject.toml"
+    return "extends" in data or any(k in PROFILE_SECTIONS for k in data)
 
 
 def _changes(describe, profile) -> str:
@@ -51,6 +72,12 @@ def _changes(describe, profile) -> str:
         return describe(profile)
     except Exception:  # noqa: BLE001 (a nicety: never stop the list for it)
         return ""
+
+
+def _label(p: ProfileInfo) -> Text:
+    if p.error:
+        return Text.assemble((p.label, "dim strike"), (" ✗ broken", "red"))
+    return Text(p.label)
 
 
 class ProfileList(OptionList):
@@ -68,17 +95,24 @@ class ProfileList(OptionList):
 
     def __init__(self, profiles: list[ProfileInfo], **kwargs) -> None:
         self.profiles = {p.ref: p for p in profiles}
-        super().__init__(*[Option(Text(p.label), id=p.ref) for p in profiles], **kwargs)
+        super().__init__(*[Option(_label(p), id=p.ref) for p in profiles], **kwargs)
 
     def action_pick(self) -> None:
         option = self.highlighted_option
         if option is not None and option.id is not None:
-            self.post_message(self.Picked(option.id))
+            self._pick(option.id)
 
     def _on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         if event.option.id is not None:
-            self.post_message(self.Picked(event.option.id))
+            self._pick(event.option.id)
+
+    def _pick(self, ref: str) -> None:
+        info = self.profiles.get(ref)
+        if info is not None and info.error:
+            self.app.notify(f"{info.label} does not load: {info.error}", severity="error", timeout=6)
+            return
+        self.post_message(self.Picked(ref))
 
     def _on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()

@@ -2,6 +2,10 @@
 
 `s` sorts by the column under the cursor (again: descending), as `memlab table --sort`: within each experiment.
 Enter opens the row's run folder in the live panel.
+
+The panel shows the columns that fit its width, most telling first (the relative columns right after the profile);
+`w` cycles the column sets: key figures, memory, speed, all (the last scrolls sideways). A group's name is a row
+of its own, its words laid over the row's cells rather than widening the profile column.
 """
 
 from __future__ import annotations
@@ -14,17 +18,70 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "yellow", "running": "yellow"}
+CELL_PAD = 2  # DataTable's cell padding, both sides
+BASE_MARK = " (base)"
+
+# Column sets `w` cycles through: (name, columns in the order they are given room; None: every column, scrolling).
+COLUMN_SETS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("key figures", ("profile", "mem_saved_pct", "speedup_x", "ppl_change_pct", "status", "peak_alloc_bytes", "peak_host_rss_bytes",
+                     "tokens_per_s", "val_ppl", "step_ms_median", "max_batch", "peak_nvml_bytes", "mfu")),
+    ("memory", ("profile", "mem_saved_pct", "peak_alloc_bytes", "peak_host_rss_bytes", "peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes",
+                "peak_alloc_opt_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "max_batch", "status", "batch_size")),
+    ("speed", ("profile", "speedup_x", "tokens_per_s", "step_ms_median", "mfu", "total_s", "status", "batch_size", "n_gpus")),
+    ("all", None),
+)
+
+
+def spread_words(text: str, widths: list[int]) -> list[str]:
+    """`text` laid over cells of `widths`, whole words per cell (the gap between cells falls between words); the
+    last cell ends with an ellipsis when the text is longer than the row."""
+    words, cells = text.split(" "), []
+    for i, width in enumerate(widths):
+        line = ""
+        while words and len(line + (" " if line else "") + words[0]) <= width:
+            line += (" " if line else "") + words.pop(0)
+        if not line and words:  # one word wider than the cell: cut it
+            line, words[0] = words[0][:width], words[0][width:]
+        cells.append(line)
+    if words and cells:
+        last = cells[-1]
+        cells[-1] = (last[: max(0, widths[-1] - 1)] + "…") if widths[-1] else last
+    return cells
+
+
+def fit_columns(columns: list, widths: dict[str, int], order: tuple[str, ...] | None, room: int) -> list:
+    """The columns of `order` (by name, most wanted first) that fit `room` cells side by side, in that order; the
+    first always. `order` None: all of `columns`, as they are."""
+    if order is None:
+        return list(columns)
+    by_name = {c.name: c for c in columns}
+    chosen, used = [], 0
+    for name in order:
+        c = by_name.get(name)
+        if c is None:
+            continue
+        need = widths.get(name, len(c.header)) + CELL_PAD
+        if chosen and used + need > room:
+            continue  # a narrower one further down may still fit
+        chosen.append(c)
+        used += need
+    return chosen
 
 
 class ResultsTable(DataTable):
     BINDINGS = [
         Binding("s", "sort", "Sort", tooltip="Sort by the column under the cursor (again: descending), within each experiment"),
+        Binding("w", "next_columns", "Columns", tooltip="Cycle the column sets: key figures, memory, speed, all (those that fit the width)"),
         Binding("enter", "open", "Open run", show=False, tooltip="Open the row's run folder in the live panel"),
     ]
 
     @dataclass
     class OpenRun(Message):
         path: str
+
+    @dataclass
+    class Rendered(Message):
+        notes: list[str]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="cell", zebra_stripes=True, **kwargs)
@@ -35,6 +92,8 @@ class ResultsTable(DataTable):
         self.notes: list[str] = []
         self._paths: dict[str, str] = {}
         self._columns: list = []
+        self.column_set = 0  # index into COLUMN_SETS
+        self._rendered_width = 0
 
     # --------------------------------------------------------------------------------------------- data
 
@@ -54,6 +113,10 @@ class ResultsTable(DataTable):
             return []
         return [r for r in self.table["profile"].to_list()]
 
+    @property
+    def column_set_name(self) -> str:
+        return COLUMN_SETS[self.column_set][0]
+
     def _render(self) -> None:
         from memlab.core import compare
 
@@ -68,7 +131,14 @@ class ResultsTable(DataTable):
             sort = ("-" if self.sort_descending else "") + self.sort_column
         table = compare.comparison(self.frame, sort=sort)
         self.table = table
-        shown, _ = compare.visible_columns(table)  # the columns of memlab.core.metrics.TABLE that have figures
+        visible, _ = compare.visible_columns(table)  # the columns of memlab.core.metrics.TABLE that have figures
+        widths = self._widths(table, visible)
+        room = self.size.width - self.styles.scrollbar_size_vertical
+        order = COLUMN_SETS[self.column_set][1]
+        if order is not None and (table["status"] == "finished").all():  # nothing to tell: status gets room last
+            order = tuple(n for n in order if n != "status") + ("status",)
+        shown = fit_columns(visible, widths, order, room) if room > 0 else visible
+        self._rendered_width = self.size.width
         cursor_col = self._columns[self.cursor_column].name if self._columns and self.cursor_column < len(self._columns) else None
         cursor_row = self.cursor_row
         self.clear(columns=True)
@@ -79,11 +149,37 @@ class ResultsTable(DataTable):
             if c.name == self.sort_column:
                 mark = " ▼" if self.sort_descending else " ▲"
             header = Text(c.header + mark, justify="left" if c.kind == "text" else "right")
-            self.add_column(header, key=c.name)
+            self.add_column(header, key=c.name, width=widths["profile"] if c.name == "profile" else None)
+        self._add_rows(table, shown, [widths[c.name] for c in shown])
+        if cursor_col is not None and cursor_col in [c.name for c in shown]:
+            self.move_cursor(row=min(cursor_row, self.row_count - 1), column=[c.name for c in shown].index(cursor_col), animate=False)
+        self.notes = self._notes(table, shown)
+        hidden = len(visible) - len(shown)
+        if hidden:
+            self.notes.insert(0, f"columns: {self.column_set_name}, {hidden} more off (w cycles)")
+        self.post_message(self.Rendered(list(self.notes)))
+
+    def _widths(self, table, columns) -> dict[str, int]:
+        """Each column's width in cells: its header (with room for a sort mark) or its widest value."""
+        from memlab.core import compare
+
+        widths = {}
+        for c in columns:
+            values = [len(compare.format_value(v, c.kind)) for v in table[c.name].to_list()]
+            mark = 2 if c.name == self.sort_column else 0
+            widths[c.name] = max([len(c.header) + mark, *values])
+        names = [len(str(p or "")) + (len(BASE_MARK) if b else 0) for p, b in zip(table["profile"], table["is_baseline"])]
+        widths["profile"] = max([len("profile") + (2 if self.sort_column == "profile" else 0), *names])
+        return widths
+
+    def _add_rows(self, table, shown, widths: list[int]) -> None:
+        from memlab.core import compare
+
         labels = list(compare.groups(table))
         for label, g in labels:
-            if len(labels) > 1:
-                self.add_row(*[Text(f"── {label}", style="bold dim") if i == 0 else "" for i in range(len(shown))], key=f"group:{label}")
+            if len(labels) > 1:  # the group's name on a row of its own, over all its cells: never widening a column
+                cells = spread_words(f"── {label}", widths)
+                self.add_row(*[Text(c, style="bold dim", justify="left") for c in cells], key=f"group:{label}")
             for r in g.iter_rows(named=True):
                 cells = []
                 for c in shown:
@@ -91,16 +187,17 @@ class ResultsTable(DataTable):
                     if c.name == "status":
                         cell = Text(value, style=STATUS_STYLE.get(value, "red"))
                     elif c.name == "profile" and r["is_baseline"]:
-                        cell = Text.assemble((value, "bold"), (" (base)", "dim"))
+                        cell = Text.assemble((value, "bold"), (BASE_MARK, "dim"))
                     else:
                         cell = Text(value, justify="left" if c.kind == "text" else "right")
                     cells.append(cell)
                 key = r["run_id"] or r["path"]
                 self._paths[key] = r["path"]
                 self.add_row(*cells, key=key)
-        if cursor_col is not None and cursor_col in [c.name for c in shown]:
-            self.move_cursor(row=min(cursor_row, self.row_count - 1), column=[c.name for c in shown].index(cursor_col), animate=False)
-        self.notes = self._notes(table, shown)
+
+    def on_resize(self) -> None:
+        if self.frame is not None and self.size.width != self._rendered_width:
+            self._render()
 
     def _notes(self, table, shown) -> list[str]:
         from memlab.core import compare
@@ -124,6 +221,11 @@ class ResultsTable(DataTable):
         column = self._columns[self.cursor_column].name
         descending = not self.sort_descending if column == self.sort_column else False
         self.sort_by(column, descending)
+
+    def action_next_columns(self) -> None:
+        self.column_set = (self.column_set + 1) % len(COLUMN_SETS)
+        self._render()
+        self.app.notify(f"results columns: {self.column_set_name}", timeout=2)
 
     def action_open(self) -> None:
         if not self.row_count:

@@ -1,4 +1,8 @@
-"""A few common knobs for the runs that start from now on: experiment, steps, batch size (a number or `max`)."""
+"""A few common knobs for the runs that start from now on: experiment, steps, batch size (a number or `max`).
+
+A field takes only the characters its value can hold (digits; digits or `max`): a stray `z`, the zoom key, is not
+typed in. A value that is still not right (`0`, `ma`) is the panel's `problem`, and the app starts no run until it
+is fixed or cleared: the runs never quietly fall back to the defaults."""
 
 from __future__ import annotations
 
@@ -36,12 +40,18 @@ def _batch_ok(value: str) -> bool:
     return value == "max" or (value.isdigit() and int(value) > 0)
 
 
+STEPS_CHARS = r"[0-9]*"
+BATCH_CHARS = r"[0-9]*|m|ma|max"
+
+
 class SettingsPanel(Vertical):
-    """Each change that parses is posted as `SettingsPanel.Changed`; a bad value is marked and not posted."""
+    """Each change is posted as `SettingsPanel.Changed`: the settings as they last parsed, and the problem (a line
+    naming the field and what it takes) while a field holds a value that does not parse, else None."""
 
     @dataclass
     class Changed(Message):
         settings: Settings
+        problem: str | None = None
 
     def __init__(self, settings: Settings, experiments: list[str], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -50,6 +60,11 @@ class SettingsPanel(Vertical):
         if settings.experiment not in names:
             names.append(settings.experiment)  # a path given with --experiment
         self._experiments = names
+        self.problems: dict[str, str] = {}  # field id -> what is wrong with it
+
+    @property
+    def problem(self) -> str | None:
+        return "; ".join(self.problems.values()) or None
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -59,13 +74,13 @@ class SettingsPanel(Vertical):
         with Horizontal(classes="knob"):
             yield Label("steps", classes="knob-label")
             yield Input(
-                "" if s.steps is None else str(s.steps), placeholder="default", compact=True, id="knob-steps",
+                "" if s.steps is None else str(s.steps), placeholder="default", compact=True, id="knob-steps", restrict=STEPS_CHARS,
                 validators=[Integer(minimum=1, failure_description="a positive integer")], valid_empty=True,
             )
         with Horizontal(classes="knob"):
             yield Label("batch", classes="knob-label")
             yield Input(
-                s.batch or "", placeholder="default or max", compact=True, id="knob-batch",
+                s.batch or "", placeholder="default or max", compact=True, id="knob-batch", restrict=BATCH_CHARS,
                 validators=[Function(_batch_ok, "a positive integer or max")], valid_empty=True,
             )
 
@@ -76,10 +91,17 @@ class SettingsPanel(Vertical):
 
     def _on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
+        field = event.input.id or ""
         if event.validation_result is not None and not event.validation_result.is_valid:
+            what = "a positive integer" if field == "knob-steps" else "a positive integer or max"
+            self.problems[field] = f"knob {field.removeprefix('knob-')} = {event.value!r} is not {what}"
+            self.post_message(self.Changed(self.settings, self.problem))
             return
+        had_problem = self.problems.pop(field, None) is not None
         value = event.value.strip()
-        if event.input.id == "knob-steps":
+        if had_problem:
+            self.post_message(self.Changed(self.settings, self.problem))
+        if field == "knob-steps":
             self._set(steps=int(value) if value else None)
         elif event.input.id == "knob-batch":
             self._set(batch=value or None)
@@ -92,4 +114,4 @@ class SettingsPanel(Vertical):
         new = Settings(**{**self.settings.__dict__, **fields})
         if new != self.settings:
             self.settings = new
-            self.post_message(self.Changed(new))
+            self.post_message(self.Changed(new, self.problem))

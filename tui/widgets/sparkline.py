@@ -2,7 +2,10 @@
 second; Textual's renderable blends a colour and builds a Style for every cell of every row (with Fractions for
 the buckets), which at 200x50 took most of a core of the UI thread (bench/tui_load.py). Here a column's bar is
 worked out once for all its rows, colours come from a small table, and a run of cells of one colour is one
-Segment. Same bars, same buckets, same min-to-max colour ramp (in COLOR_STEPS steps)."""
+Segment. Same bars, same buckets, same min-to-max colour ramp (in COLOR_STEPS steps).
+
+A memory series is drawn from zero (`floor=0`): min-to-max scaling would blow a 9 MB wobble of a 500 MB RSS up to
+the full height, a change that is not there."""
 
 from __future__ import annotations
 
@@ -33,9 +36,10 @@ def column_values(data: Sequence[float], width: int) -> list[float]:
 class Bars:
     """A rich renderable: `data` as bars `width` cells wide and `height` rows tall."""
 
-    def __init__(self, data: Sequence[float], width: int, height: int, min_color: Color, max_color: Color):
+    def __init__(self, data: Sequence[float], width: int, height: int, min_color: Color, max_color: Color, floor: float | None = None):
         self.data, self.width, self.height = data, width, max(1, height)
         self.min_color, self.max_color = min_color, max_color
+        self.floor = floor  # the value of an empty bar; None: the series' own minimum
 
     def _styles(self) -> list[Style]:
         low, high, last = self.min_color.get_truecolor(), self.max_color.get_truecolor(), COLOR_STEPS - 1
@@ -56,6 +60,8 @@ class Bars:
                     yield Segment.line()
             return
         low, high = min(data), max(data)
+        if self.floor is not None:
+            low = min(low, self.floor)
         extent = high - low or 1
         levels = len(BARS) * height - 1
         ratios = [(v - low) / extent for v in column_values(data, width)]
@@ -83,8 +89,12 @@ class Bars:
 class Sparkline(TextualSparkline):
     """Textual's widget (its CSS, its `data` reactive and its min/max colour component classes) with Bars."""
 
+    def __init__(self, data=None, *, floor: float | None = None, **kwargs) -> None:
+        super().__init__(data, **kwargs)
+        self.floor = floor
+
     def render(self) -> Bars:
         _, base = self.background_colors
         low = base + (self.get_component_styles("sparkline--min-color").color if self.min_color is None else self.min_color)
         high = base + (self.get_component_styles("sparkline--max-color").color if self.max_color is None else self.max_color)
-        return Bars(list(self.data or []), self.size.width, self.size.height, low.rich_color, high.rich_color)
+        return Bars(list(self.data or []), self.size.width, self.size.height, low.rich_color, high.rich_color, self.floor)
