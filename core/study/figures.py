@@ -21,7 +21,10 @@ DPI = 100
 
 
 def write_figures(frame: pl.DataFrame, folder: Path) -> list[tuple[str, Path]]:
-    """(title, path) of each figure drawn; a figure with no data to show is left out."""
+    """(title, path) of each figure drawn; a figure with no data to show is left out. Raises ImportError without
+    matplotlib (the report then says so and goes on)."""
+    import matplotlib  # noqa: F401 (fail here, before any file, when it is missing)
+
     folder.mkdir(parents=True, exist_ok=True)
     rows = finished(common(frame)).to_dicts()
     col, label = peak_column(frame)
@@ -104,7 +107,8 @@ def _scatter(ax, rows: list[dict], xcol: str, ycol: str, xlabel: str, ylabel: st
         ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if front and pts:
         line = pareto_front([(p[0], p[1]) for p in pts])
-        ax.plot([p[0] for p in line], [p[1] for p in line], color="tab:red", marker="o", fillstyle="none", label="Pareto front")
+        ax.plot([p[0] for p in line], [p[1] for p in line], color="tab:red", marker="o", fillstyle="none", drawstyle="steps-post",
+                label="Pareto front (nothing both smaller and faster)")
         ax.legend(fontsize=8)
     ax.set_xlabel(xlabel + (" (GiB)" if xcol.endswith("_bytes") else ""))
     ax.set_ylabel(ylabel + (" (GiB)" if ycol.endswith("_bytes") else ""))

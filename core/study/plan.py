@@ -41,6 +41,8 @@ def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise MemlabError(f"--out {out} is a file; give a folder for the study")
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not probe.is_dir():
+        raise MemlabError(f"--out {out}: {probe} is a file, so the folder cannot be made; give another --out")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise MemlabError(f"--out {out}: {probe} is not writable; give a folder you can write")
 

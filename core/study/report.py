@@ -35,8 +35,13 @@ def write_report(state: StudyState, out: Path, baseline: str) -> pl.DataFrame:
     frame = study_frame(state, out, baseline)
     atomic_write_parquet(out / "comparison.parquet", frame)
     breakdown = estimates(frame, out)
-    figures = write_figures(frame, out / "figures")
+    try:
+        figures, figure_note = write_figures(frame, out / "figures"), ""
+    except ImportError as e:
+        figures, figure_note = [], f"Figures not drawn: {e} (pip install matplotlib, then run the same command again)."
     blocks = _blocks(state, frame, breakdown, figures, baseline, out)
+    if figure_note:
+        blocks.insert(next(i for i, b in enumerate(blocks) if b.text == "Figures") + 1, Block("p", figure_note))
     atomic_write_bytes(out / "report.md", render_markdown(blocks).encode())
     atomic_write_bytes(out / "report.html", render_html(blocks, out).encode())
     atomic_write_bytes(out / "commands.txt", _commands(state).encode())

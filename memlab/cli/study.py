@@ -20,7 +20,7 @@ def study(
     profiles: Annotated[Optional[str], typer.Option("--profiles", help="Comma-separated profile names or TOML paths; all = every built-in single-GPU profile. Required for a new study.")] = None,
     experiment: Annotated[Optional[str], typer.Option("--experiment", "-e", help="Built-in experiment or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="One of the seeds' setups (seed-so-posts, seed-plwiki, seed-shopping); instead of --experiment.")] = None,
-    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Study as on a card of this size, e.g. 24GiB: the max-batch probes and the runs are capped at it.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Study as on a card of this size, e.g. 24GiB: on CUDA the max-batch probes and the runs are capped at it; on the CPU the predicted max batch assumes it.")] = None,
     batch: Annotated[Optional[str], typer.Option("--batch", help="Common effective batch: experiment (its train.batch_size), baseline-max (the largest batch the baseline fits) or a number.")] = None,
     at_max: Annotated[Optional[bool], typer.Option("--at-max/--no-at-max", help="Also train each profile at its own max micro-batch (another optimisation: perplexity not comparable).")] = None,
     steps: StepsOpt = None,
