@@ -119,14 +119,15 @@ def _table1(frame: pl.DataFrame, label: str, col: str) -> list[list[str]]:
 
 
 def _memory_table(frame: pl.DataFrame) -> list[list[str]]:
-    head = ["method", "forward", "backward", "optimizer", "peak allocated", "reserved", "device (NVML)", "host RSS",
-            "estimator's peak", "estimate vs measured"]
-    rows = [head + []]
-    cols = ("peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes", "peak_alloc_bytes", "peak_reserved_bytes",
-            "peak_nvml_bytes", "peak_host_rss_bytes", "estimate_peak_bytes")
-    for r in finished(frame).iter_rows(named=True):
-        rows.append([_method(r), *[format_value(r[c], "gib") for c in cols], format_value(r["estimate_error_pct"], "signed_pct")])
-    rows[0] = [h + (" (GiB)" if 1 <= i <= 8 else "") for i, h in enumerate(head)]
+    """Per phase and per kind of figure; a column no run measured (the allocator's on the CPU, NVML without it) is left out."""
+    columns = [("forward (GiB)", "peak_alloc_fwd_bytes"), ("backward (GiB)", "peak_alloc_bwd_bytes"), ("optimizer (GiB)", "peak_alloc_opt_bytes"),
+               ("peak allocated (GiB)", "peak_alloc_bytes"), ("reserved (GiB)", "peak_reserved_bytes"), ("device, NVML (GiB)", "peak_nvml_bytes"),
+               ("host RSS (GiB)", "peak_host_rss_bytes"), ("estimator's peak (GiB)", "estimate_peak_bytes")]
+    runs = finished(frame)
+    columns = [(h, c) for h, c in columns if runs[c].null_count() < runs.height]
+    rows = [["method", *[h for h, _ in columns], "estimate vs measured"]]
+    for r in runs.iter_rows(named=True):
+        rows.append([_method(r), *[format_value(r[c], "gib") for _, c in columns], format_value(r["estimate_error_pct"], "signed_pct")])
     return rows
 
 
