@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from memlab.core.estimate import Estimate, estimate
+from memlab.core.estimate import Estimate, estimate, vocab_for
 from memlab.core.runfolder import read_info
 from memlab.core.study.frame import common, finished, peak_column, started_event
 from memlab.core.units import gib
@@ -27,10 +27,10 @@ def estimates(frame: pl.DataFrame, out: Path) -> dict[str, Estimate]:
     found = {}
     for row in finished(common(frame)).iter_rows(named=True):
         try:
-            info = read_info(Path(row["path"])) | started_event(Path(row["path"]))
+            info = read_info(Path(row["path"]))
             exp, prof = experiment_from_dict(info["experiment"]), profile_from_dict(info["profile"])
-            found[row["profile"]] = estimate(exp, prof, vocab_size=int(info["vocab_size"]), micro_batch=int(info["micro_batch"]),
-                                             device=row["device"] or "cuda")
+            vocab = started_event(Path(row["path"])).get("vocab_size") or vocab_for(exp)[0]
+            found[row["profile"]] = estimate(exp, prof, vocab_size=int(vocab), micro_batch=int(row["micro_batch"]), device=row["device"] or "cuda")
         except Exception:  # noqa: BLE001 (a breakdown is a nicety: a finding without it is left out)
             continue
     return found

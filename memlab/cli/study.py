@@ -68,7 +68,7 @@ def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory
     old = stored.options if stored is not None else None
     if profiles is None and old is None:
         raise ConfigError("--profiles is required for a new study (e.g. --profiles baseline,bf16,gradcp_bf16, or all)")
-    names = (single_gpu_profiles() if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
+    names = (sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
     dev = resolve_device(device).type if device != "auto" or old is None else old.device
     if recipe is not None:
         exp_ref = check_recipe(recipe)
@@ -101,18 +101,20 @@ def _args(o: Options, out: str, offline: bool = False) -> str:
 
 
 def _run_stoppable(runner) -> None:
-    """Run the study; the first Ctrl-C stops it (the current run keeps what it has; finished work is kept)."""
-    def on_sigint(signum, frame):  # noqa: ARG001
+    """Run the study; the first Ctrl-C (or SIGTERM, e.g. from `timeout`) stops it: the current run keeps what it
+    has, finished work is kept, and the same command resumes."""
+    def on_signal(signum, frame):  # noqa: ARG001
         if runner.stopping:
             return
         typer.echo("\nstopping: the current run is asked to stop; finished work is kept; the same command resumes", err=True)
         runner.stop()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         runner.run()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _finish(state: StudyState, out: Path, stopped: bool) -> None:
