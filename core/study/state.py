@@ -21,7 +21,8 @@ from memlab.core.runfolder import atomic_write_json
 STATE_FILE = "study.json"
 SCHEMA = 1
 # Outcomes that are results: a second invocation does not redo them (a refusal or an OOM would only repeat).
-FINAL = ("finished", "rejected", "oom", "nan", "measured", "predicted", "does not fit", "not run")
+# Anything else (interrupted, crashed, error, not run for want of a max batch) is tried again.
+FINAL = ("finished", "rejected", "oom", "nan", "measured", "predicted", "does not fit")
 
 
 @dataclass

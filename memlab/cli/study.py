@@ -31,9 +31,10 @@ def study(
 ) -> None:
     """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
 
-    On CUDA the max micro-batch is measured (find-batch's probes, under --gpu-memory); on the CPU it is not measured
-    and the estimator's prediction is shown, labelled as such. Ctrl-C keeps what is done; the same command (or just
-    --out) resumes. Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
+    On CUDA the max micro-batch is measured (find-batch's probes, under --gpu-memory).
+    On the CPU it is not measured: the estimator's prediction is shown, labelled as such.
+    Ctrl-C (or SIGTERM) keeps what is done; the same command, or just --out, resumes.
+    Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
     """
     from memlab.core import study as st
 
