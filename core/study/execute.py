@@ -96,6 +96,9 @@ class Study:
         own = self.state.item("max", item.profile)
         if own.status == "rejected":
             return None, None, f"refused: {own.message}"
+        at_common = self.state.items.get(f"common/{item.profile}")
+        if item.kind == "at_max" and at_common is not None and at_common.status == "rejected":
+            return None, None, f"refused: {at_common.message}"  # a refusal is the profile's, whatever the batch
         if item.kind == "at_max":
             size = own.max_batch if self.plan.on_cuda else own.predicted_max_batch
             return (size, 1, "") if size else (None, None, f"its max batch is unknown ({own.status}: {own.message})")
@@ -138,6 +141,7 @@ class Progress:
 
     def start(self, item: Item, what: str) -> None:
         self.current, self.t_start, self.run_left_s, self.total = item, time.monotonic(), None, None
+        self.last_print = 0.0  # each run's first step is shown
         left = self.pending()
         self.say(f"[{item.kind} {item.profile}] {what} · {len(left)} item(s) left · study ETA {self._eta(left)}")
 
