@@ -64,9 +64,9 @@ def _flags_show_no_type() -> None:
 
 def _register_commands() -> None:
     # Imported here so that `memlab --help` stays fast and each module owns its commands.
-    from memlab.cli import batch, data, info, run, sweep, table, tui_cmd
+    from memlab.cli import batch, data, info, run, study, sweep, table, tui_cmd
 
-    for module in (run, sweep, table, batch, data, info, tui_cmd):
+    for module in (run, sweep, study, table, batch, data, info, tui_cmd):
         module.register(app)
 
 

@@ -1,0 +1,211 @@
+"""Doing a study's work, in three phases, each item once: every profile's max micro-batch; a run of every profile at
+the common effective batch; with --at-max, a run of every profile at its own max (another optimisation: its
+perplexity is not comparable). One child process per run through the queue supervisor (memlab.core.queue), so a
+refused, failed or crashed profile is recorded and the study goes on. State is saved after every item; `stop()`
+(Ctrl-C) ends the running child (it keeps its folder), starts nothing more, and leaves the rest for a resume.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from memlab.core.batchfind import MEMORY_ENV
+from memlab.core.queue import ChildQueue, QueueOutcome
+from memlab.core.study.maxbatch import find_max
+from memlab.core.study.plan import Plan
+from memlab.core.study.state import Item, StudyState
+from memlab.core.supervisor import ChildSpec
+
+Say = Callable[[str], None]
+TRAIN_KINDS = ("common", "at_max")
+
+
+class Study:
+    def __init__(self, plan: Plan, state: StudyState, out: Path, say: Say):
+        self.plan, self.state, self.out, self.say = plan, state, out, say
+        self.stopping = False
+        self.queue: ChildQueue | None = None
+        self.progress = Progress(self._pending_counts, say)
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.queue is not None:
+            self.queue.stop()
+
+    def run(self) -> None:
+        """Do what is not final yet; returns when done or stopped (see `stopping`)."""
+        for name in self.plan.options.profiles:
+            self._max_item(name)
+        for kind in TRAIN_KINDS if self.plan.options.at_max else TRAIN_KINDS[:1]:
+            if not self.stopping:
+                self._train_phase(kind)
+
+    # ------------------------------------------------------------------------------------------ max batch
+
+    def _max_item(self, name: str) -> None:
+        item = self.state.item("max", name)
+        if item.final or self.stopping:
+            return
+        self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)"))
+        t0 = time.monotonic()
+        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping)
+        item.seconds = time.monotonic() - t0
+        self.progress.end(item, _max_line(item))
+        self.state.save(self.out)
+
+    # ------------------------------------------------------------------------------------------ training runs
+
+    def _train_phase(self, kind: str) -> None:
+        self.queue = ChildQueue(on_start=lambda key, spec: None, on_event=self.progress.event, on_result=self._ended)
+        self.queue.run(self._train_specs(kind))
+        self.queue = None
+
+    def _train_specs(self, kind: str) -> Iterator[tuple[Item, ChildSpec]]:
+        """Items of `kind` to run, claimed one at a time (so a stop in between starts nothing more)."""
+        for name in self.plan.options.profiles:
+            item = self.state.item(kind, name)
+            if item.final or self.stopping:
+                continue
+            spec = self._spec(item)
+            if spec is None:
+                self.state.save(self.out)
+                continue
+            self.progress.start(item, f"{'at its own max' if kind == 'at_max' else 'common batch'} {item.batch}")
+            yield item, spec
+
+    def _spec(self, item: Item) -> ChildSpec | None:
+        """The child that trains `item`, or None with the item's status saying why it cannot run."""
+        batch, accumulation, why = self._batch_for(item)
+        if batch is None:
+            item.status, item.message = ("rejected" if why.startswith("refused") else "not run"), why
+            return None
+        item.batch, item.accumulation = batch, accumulation
+        overrides = self.plan.run_overrides() + [f"train.batch_size={batch}"] + ([f"accumulation.steps={accumulation}"] if accumulation else [])
+        env = {MEMORY_ENV: str(self.plan.cap_bytes)} if self.plan.on_cuda and self.plan.cap_bytes else {}
+        spec = ChildSpec(profile=item.profile, experiment=self.plan.options.experiment, device=self.plan.options.device,
+                         runs_dir=str(self.out / "runs"), overrides=overrides, env=env)
+        item.command = command_line(spec)
+        return spec
+
+    def _batch_for(self, item: Item) -> tuple[int | None, int | None, str]:
+        """(effective batch, accumulation override or None, why not)."""
+        own = self.state.item("max", item.profile)
+        if own.status == "rejected":
+            return None, None, f"refused: {own.message}"
+        at_common = self.state.items.get(f"common/{item.profile}")
+        if item.kind == "at_max" and at_common is not None and at_common.status == "rejected":
+            return None, None, f"refused: {at_common.message}"  # a refusal is the profile's, whatever the batch
+        if item.kind == "at_max":
+            size = own.max_batch if self.plan.on_cuda else own.predicted_max_batch
+            return (size, 1, "") if size else (None, None, f"its max batch is unknown ({own.status}: {own.message})")
+        mode = self.plan.options.batch
+        if mode == "experiment":
+            return self.plan.experiment.train.batch_size, None, ""
+        if mode.isdigit():
+            return int(mode), None, ""
+        base = self.state.item("max", "baseline")
+        size = base.max_batch if self.plan.on_cuda else base.predicted_max_batch
+        return (size, None, "") if size else (None, None, f"the baseline's max batch is unknown ({base.status}: {base.message})")
+
+    def _ended(self, outcome: QueueOutcome) -> None:
+        item: Item = outcome.key
+        result = outcome.result
+        item.status, item.message, item.seconds = result.status, result.message, outcome.seconds
+        item.run_dir = _relative(result.run_dir, self.out) if result.run_dir else None
+        self.progress.end(item, f"{result.status} in {outcome.seconds:.1f} s" + (f" · {result.message}" if result.message and result.status != "finished" else ""))
+        self.state.save(self.out)
+
+    def _pending_counts(self) -> list[str]:
+        kinds = ("max", *TRAIN_KINDS) if self.plan.options.at_max else ("max", "common")
+        return [k for k in kinds for n in self.plan.options.profiles if not self.state.item(k, n).final]
+
+
+class Progress:
+    """One line when an item starts and ends, and a run's step count every few seconds, each with the study's ETA:
+    what is left, timed by what this study has measured (a run's own pace for its remaining steps)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, pending: Callable[[], list[str]], say: Say):
+        self.pending, self.say = pending, say
+        self.done_s: dict[str, list[float]] = {}
+        self.current: Item | None = None
+        self.t_start = 0.0
+        self.last_print = 0.0
+        self.run_left_s: float | None = None
+        self.total: int | None = None  # the running child's total steps (its started event)
+
+    def start(self, item: Item, what: str) -> None:
+        self.current, self.t_start, self.run_left_s, self.total = item, time.monotonic(), None, None
+        self.last_print = 0.0  # each run's first step is shown
+        left = self.pending()
+        self.say(f"[{item.kind} {item.profile}] {what} · {len(left)} item(s) left · study ETA {self._eta(left)}")
+
+    def end(self, item: Item, line: str) -> None:
+        self.done_s.setdefault(item.kind, []).append(time.monotonic() - self.t_start)
+        self.current = None
+        self.say(f"[{item.kind} {item.profile}] {line}")
+
+    def event(self, key: Item, ev: dict) -> None:
+        if ev.get("event") == "started":
+            self.total = ev.get("total_steps")
+        if ev.get("event") != "step" or not isinstance(ev.get("step"), int):
+            return
+        now = time.monotonic()
+        total, step = self.total, ev["step"] + 1
+        if isinstance(total, int) and total > 0 and step > 1:
+            self.run_left_s = (now - self.t_start) / step * (total - step)
+        if now - self.last_print >= self.EVERY_S:
+            self.last_print = now
+            self.say(f"  {key.profile}: step {step}" + (f"/{total}" if isinstance(total, int) else "") + f" · study ETA {self._eta(self.pending())}")
+
+    def _eta(self, left: list[str]) -> str:
+        """Each item left at the mean of its class's (max-batch searches, runs) so far; the current run at its pace."""
+        seconds = 0.0
+        for i, kind in enumerate(left):
+            if i == 0 and self.current is not None and self.run_left_s is not None:
+                seconds += self.run_left_s
+                continue
+            times = [s for k, v in self.done_s.items() if (k == "max") == (kind == "max") for s in v]
+            if not times:
+                return "unknown until the first " + ("search" if kind == "max" else "run") + " ends"
+            seconds += sum(times) / len(times)
+        return _duration(seconds)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _max_line(item: Item) -> str:
+    pred = f"predicted {item.predicted_max_batch}" if item.predicted_max_batch else "no prediction"
+    if item.status == "measured":
+        return f"max micro-batch {item.max_batch} ({pred})" + (f" · {item.message}" if item.message else "")
+    return f"{item.status}: {item.message}" if item.status != "predicted" else f"max micro-batch {pred} · {item.message}"
+
+
+def _relative(run_dir: str, out: Path) -> str:
+    path = Path(run_dir).resolve()
+    try:
+        return str(path.relative_to(out.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def command_line(spec: ChildSpec) -> str:
+    """The child's command as a person would type it (memlab, not this interpreter; no --events)."""
+    argv = spec.argv()
+    if argv[:3] == [sys.executable, "-m", "memlab"]:
+        argv = ["memlab", *argv[3:]]
+    if "--events" in argv:
+        i = argv.index("--events")
+        del argv[i:i + 2]
+    env = " ".join(f"{k}={v}" for k, v in spec.env.items())
+    return (env + " " if env else "") + shlex.join(argv)

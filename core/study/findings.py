@@ -1,0 +1,167 @@
+"""What a study's figures say, computed from them: each finding is a sentence built from the frame's numbers and
+the estimator's breakdown of the baseline's peak, and a finding whose data is missing is left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import polars as pl
+
+from memlab.core.estimate import Estimate, estimate, vocab_for
+from memlab.core.runfolder import read_info
+from memlab.core.study.frame import common, finished, peak_column, started_event
+from memlab.core.units import gib
+
+SMALL_PCT = 1.0  # a memory change below this is "no effect"
+_WINDOW = re.compile(r"window \d+ >= seq_len \d+[^)(;]*")
+STATIC = ("weights", "gradients", "optimizer_state")
+
+
+def estimates(frame: pl.DataFrame, out: Path) -> dict[str, Estimate]:
+    """The estimator's breakdown of each finished common run, at the run's own micro-batch (from its run.json)."""
+    from memlab.core.config import experiment_from_dict, profile_from_dict
+
+    found = {}
+    for row in finished(common(frame)).iter_rows(named=True):
+        try:
+            info = read_info(Path(row["path"]))
+            exp, prof = experiment_from_dict(info["experiment"]), profile_from_dict(info["profile"])
+            vocab = started_event(Path(row["path"])).get("vocab_size") or vocab_for(exp)[0]
+            found[row["profile"]] = estimate(exp, prof, vocab_size=int(vocab), micro_batch=int(row["micro_batch"]), device=row["device"] or "cuda")
+        except Exception:  # noqa: BLE001 (a breakdown is a nicety: a finding without it is left out)
+            continue
+    return found
+
+
+def findings(frame: pl.DataFrame, breakdown: dict[str, Estimate], baseline: str) -> list[str]:
+    rows = finished(common(frame)).to_dicts()
+    base = next((r for r in rows if r["profile"] == baseline), None)
+    out: list[str] = []
+    if base is not None:
+        out += _memory(rows, base, frame) + _fastest(rows, base)
+    if baseline in breakdown:
+        out += _where_the_peak_goes(breakdown[baseline], rows, base)
+    out += _no_effect(rows, base, frame, breakdown) + _at_max(frame) + _estimator(frame) + _failures(frame)
+    return out or ["nothing finished: no figures to compare yet"]
+
+
+def _memory(rows: list[dict], base: dict, frame: pl.DataFrame) -> list[str]:
+    col, label = peak_column(frame)
+    others = [r for r in rows if r is not base and r.get("mem_saved_pct") is not None]
+    if not others:
+        return []
+    best = max(others, key=lambda r: r["mem_saved_pct"])
+    if best["mem_saved_pct"] < SMALL_PCT:
+        return [f"No profile lowered the {label} by {SMALL_PCT:.0f}% or more below {base['profile']}'s {gib(base[col])}."]
+    return [f"**{best['profile']}** saves the most memory: {label} {gib(best[col])} against {gib(base[col])} for "
+            f"{base['profile']} ({best['mem_saved_pct']:.1f}% less), {_speed_cost(best, base)}."]
+
+
+def _speed_cost(row: dict, base: dict) -> str:
+    if not row.get("step_ms_median") or not base.get("step_ms_median"):
+        return "speed not measured"
+    ratio = row["step_ms_median"] / base["step_ms_median"]
+    how = f"{(ratio - 1) * 100:.0f}% slower" if ratio > 1.005 else f"{(1 - ratio) * 100:.0f}% faster" if ratio < 0.995 else "at the same speed"
+    return f"{how} ({row['step_ms_median']:.1f} ms a step against {base['step_ms_median']:.1f} ms)"
+
+
+def _fastest(rows: list[dict], base: dict) -> list[str]:
+    timed = [r for r in rows if r.get("step_ms_median")]
+    if len(timed) < 2:
+        return []
+    best = min(timed, key=lambda r: r["step_ms_median"])
+    if best is base:
+        return [f"Nothing ran faster than **{base['profile']}** ({base['step_ms_median']:.1f} ms a step) at the common batch."]
+    return [f"**{best['profile']}** is the fastest at the common batch: {best['step_ms_median']:.1f} ms a step, "
+            f"{best['speedup_x']:.2f}× {base['profile']} ({best['tokens_per_s']:,.0f} tokens/s)."]
+
+
+def share_of_peak(est: Estimate) -> list[tuple[str, float]]:
+    total = est.total_bytes or 1
+    parts = {"logits and loss": est.components["logits_loss"], "saved activations": est.components["activations"],
+             "weights, gradients and optimizer state": sum(est.components[c] for c in STATIC),
+             "temporaries and workspace": est.components["temporaries"] + est.components["workspace"]}
+    return sorted(((k, 100 * v / total) for k, v in parts.items()), key=lambda kv: -kv[1])
+
+
+def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> list[str]:
+    shares = share_of_peak(est)
+    listing = ", ".join(f"{k} {v:.0f}%" for k, v in shares if v >= 1)
+    line = (f"Where {est.profile}'s peak goes (the estimator, micro-batch {est.micro_batch}, {gib(est.total_bytes)} at the "
+            f"{est.peak_phase}): {listing}.")
+    top, pct = shares[0]
+    if top == "logits and loss":
+        seq = rows[0]["seq_len"] if rows else "T"
+        chunked = _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
+        line += (f" The B×T×V logits (B={est.micro_batch}, T={seq}, V={est.vocab_size:,}) are {pct:.0f}% of the peak, so attention "
+                 "kernels cannot move it; " + (f"chunked cross-entropy does: {chunked}." if chunked else "chunked cross-entropy (loss.chunked = true) would."))
+    elif top == "saved activations":
+        ckpt = _best(rows, base, lambda r: (r["checkpointing"] or "none") != "none")
+        line += f" Saved activations are {pct:.0f}% of the peak: checkpointing and activation offload move it" + (f" ({ckpt})." if ckpt else ".")
+    elif top.startswith("weights"):
+        line += f" Weights, gradients and optimizer state are {pct:.0f}% of the peak: activation techniques cannot move it; a smaller optimizer state, optimizer offload or FSDP can."
+    return [line]
+
+
+def _best(rows: list[dict], base: dict | None, which) -> str | None:
+    """`profile measured -N%` for the row among `which` that saved most against the baseline."""
+    cands = [r for r in rows if r is not base and which(r) and r.get("mem_saved_pct") is not None]
+    if not cands:
+        return None
+    r = max(cands, key=lambda r: r["mem_saved_pct"])
+    return f"{r['profile']} measured {r['mem_saved_pct']:.0f}% less"
+
+
+def _no_effect(rows: list[dict], base: dict | None, frame: pl.DataFrame, breakdown: dict[str, Estimate]) -> list[str]:
+    out = []
+    for r in rows:
+        reason = _WINDOW.search(r.get("attention_kernel") or "")
+        if reason:
+            out.append(f"{r['profile']}: its window had no effect: {reason.group(0).strip()} (the sequence fits in the window; "
+                       f"kernel that ran: {r['attention_kernel'].split(' (')[0]}).")
+        elif base is not None and r is not base and r.get("mem_saved_pct") is not None and abs(r["mem_saved_pct"]) < SMALL_PCT:
+            why = _same_prediction(r["profile"], base["profile"], breakdown)
+            out.append(f"{r['profile']}: no effect on memory ({r['mem_saved_pct']:+.1f}% against {base['profile']}){why}.")
+    return out
+
+
+def _same_prediction(profile: str, baseline: str, breakdown: dict[str, Estimate]) -> str:
+    a, b = breakdown.get(profile), breakdown.get(baseline)
+    if a is None or b is None or not b.total_bytes:
+        return ""
+    diff = 100 * (a.total_bytes / b.total_bytes - 1)
+    if abs(diff) < SMALL_PCT:
+        top = share_of_peak(b)[0][0]
+        return f"; the estimator predicts the same peak ({diff:+.1f}%): what it changes is not alive at the peak, which {top} dominate"
+    return f"; the estimator predicted {diff:+.1f}%"
+
+
+def _at_max(frame: pl.DataFrame) -> list[str]:
+    out = []
+    for r in finished(frame.filter(pl.col("study_kind") == "at_max")).iter_rows(named=True):
+        how = "measured" if r["max_batch_measured"] else "predicted, not measured (CPU)"
+        tx = f", {r['throughput_x']:.2f}× the baseline's common-batch throughput" if r.get("throughput_x") else ""
+        out.append(f"At its own max ({r['micro_batch']}, {how}) {r['profile']} trains {r['tokens_per_s']:,.0f} tokens/s{tx}; "
+                   f"this is another optimisation (batch {r['batch_size']}), so its perplexity {r['val_ppl']:.2f} is not compared.")
+    return out
+
+
+def _estimator(frame: pl.DataFrame) -> list[str]:
+    errs = [(r["profile"], r["estimate_error_pct"]) for r in finished(common(frame)).iter_rows(named=True) if r.get("estimate_error_pct") is not None]
+    if errs:
+        worst = max(errs, key=lambda e: abs(e[1]))
+        return [f"The estimator's peak is within {statistics.median(abs(e) for _, e in errs):.1f}% of the measured peak (median over "
+                f"{len(errs)} runs; furthest: {worst[0]}, {worst[1]:+.1f}%)."]
+    if finished(frame).height and peak_column(frame)[0] == "peak_host_rss_bytes":
+        return ["On the CPU backend the measured peak is the host process's RSS and the max batch is not measured: the "
+                "estimator's device figures are shown beside them, not compared with them."]
+    return []
+
+
+def _failures(frame: pl.DataFrame) -> list[str]:
+    bad = frame.filter(pl.col("study_status") != "finished")
+    return [f"{r['profile']} ({'at its max' if r['study_kind'] == 'at_max' else 'common batch'}): {r['study_status']}"
+            + (f": {r['study_message']}" if r["study_message"] else "") for r in bad.iter_rows(named=True)]

@@ -1,0 +1,93 @@
+"""Each profile's largest micro-batch: measured on CUDA through find-batch's machinery (one child per probe, under
+the --gpu-memory cap, cached bounds), predicted by the estimator everywhere (on the CPU only predicted, and said so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from memlab.core import batchfind as bf
+from memlab.core.study.plan import CPU_MEMORY, Plan
+from memlab.core.study.state import Item
+from memlab.core.units import gib, parse_size
+
+PROBE_STEPS = 3  # as `memlab find-batch` (its cache answers for the same steps)
+
+
+class Stopped(Exception):
+    """The study was asked to stop between two probes."""
+
+
+def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
+    """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell."""
+    from memlab.core import estimate as est
+
+    memory = plan.cap_bytes or parse_size(CPU_MEMORY)
+    where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
+    prof = plan.profiles[name]
+    single = dataclasses.replace(prof, accumulation=dataclasses.replace(prof.accumulation, steps=1))
+    try:
+        vocab, _ = est.vocab_for(plan.experiment)
+        return est.predict_max_batch(plan.experiment, single, vocab_size=vocab, memory_bytes=memory, capped=plan.cap_bytes is not None or not plan.on_cuda) or None, where
+    except Exception:  # noqa: BLE001 (a prediction is a nicety: a study goes on without it)
+        return None, where
+
+
+def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool]) -> None:
+    """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status."""
+    item.predicted_max_batch, where = predicted_max(plan, item.profile)
+    if not plan.on_cuda:
+        item.status = "predicted" if item.predicted_max_batch else "error"
+        item.message = f"not measured (CPU): the estimator's prediction for {where}" if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it"
+        return
+    item.command = _find_batch_command(plan, item.profile)
+    try:
+        result = _search(plan, item.profile, item.predicted_max_batch, on_probe, stopping)
+    except Stopped:
+        item.status, item.message = "interrupted", "stopped before the search ended"
+    except bf.ProbeRejected as e:
+        item.status, item.message = "rejected", str(e)
+    except bf.DoesNotFitError as e:
+        item.status, item.message, item.max_batch = "does not fit", str(e), 0
+    except bf.ProbeError as e:
+        item.status, item.message = ("interrupted" if stopping() else "error"), str(e)
+    else:
+        item.status, item.max_batch = "measured", result.max_batch
+        item.message = "" if result.exact else f"the limit {result.max_batch} fits: the true maximum may be larger"
+
+
+def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[str], None], stopping: Callable[[], bool]) -> bf.SearchResult:
+    prof = plan.profiles[name]
+    gpu = plan.gpu_name or "unknown GPU"
+    key = bf.cache_key(plan.experiment, prof, gpu, plan.cap_bytes, steps=PROBE_STEPS)
+    fit, oom, _ = bf.cached_bounds(key)
+    start = 1
+    while predicted and start * 2 <= max(1, int(predicted * 0.9)):
+        start *= 2
+    probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
+                          steps=PROBE_STEPS, cap_bytes=plan.cap_bytes)
+    seen: list[bf.ProbeResult] = []
+
+    def guarded(b: int) -> bf.ProbeResult:
+        if stopping():
+            raise Stopped
+        return probe(b)
+
+    def noted(r: bf.ProbeResult) -> None:
+        seen.append(r)
+        on_probe(f"micro-batch {r.batch} {'fits' if r.fits else 'out of memory'} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
+
+    meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}
+    try:
+        return bf.search_max_batch(guarded, start=start, known_fit=fit, known_oom=oom, on_probe=noted)
+    finally:
+        probe.close()
+        if seen:
+            bf.record_bounds(key, *bf.outcome_lists(seen), meta)  # what was learned stays, even when stopped
+
+
+def _find_batch_command(plan: Plan, name: str) -> str:
+    sets = " ".join(f"--set {s}" for s in plan.run_overrides())
+    cap = f" --gpu-memory {plan.options.gpu_memory}" if plan.options.gpu_memory else ""
+    return f"memlab find-batch --profile {name} --experiment {plan.options.experiment}{cap} --steps {PROBE_STEPS} {sets}".rstrip()

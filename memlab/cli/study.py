@@ -1,0 +1,133 @@
+"""`memlab study`: every profile's max batch, a run of each at the common batch (and at its own max), and the report."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from memlab.cli.options import DeviceOpt, SetOpt, StepsOpt, data_overrides
+
+if TYPE_CHECKING:
+    from memlab.core.study import Options, StudyState
+
+
+def study(
+    out: Annotated[str, typer.Option("--out", "-o", help="The study folder: study.json (state), runs/, report.md, report.html, comparison.parquet, commands.txt. Run again with the same --out to resume.")],
+    profiles: Annotated[Optional[str], typer.Option("--profiles", help="Comma-separated profile names or TOML paths; all = every built-in single-GPU profile. Required for a new study.")] = None,
+    experiment: Annotated[Optional[str], typer.Option("--experiment", "-e", help="Built-in experiment or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")] = None,
+    recipe: Annotated[Optional[str], typer.Option("--recipe", help="One of the seeds' setups (seed-so-posts, seed-plwiki, seed-shopping); instead of --experiment.")] = None,
+    gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Study as on a card of this size, e.g. 24GiB: on CUDA the max-batch probes and the runs are capped at it; on the CPU the predicted max batch assumes it.")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", help="Common effective batch: experiment (its train.batch_size), baseline-max (the largest batch the baseline fits) or a number.")] = None,
+    at_max: Annotated[Optional[bool], typer.Option("--at-max/--no-at-max", help="Also train each profile at its own max micro-batch (another optimisation: perplexity not comparable).")] = None,
+    steps: StepsOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = "auto",
+    data: Annotated[Optional[str], typer.Option("--data", help="Replace the corpus: stdlib | a file or folder | hf:NAME[:CONFIG].")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Replace the tokenizer: bpe:N | tokenizer.json | hf:NAME.")] = None,
+) -> None:
+    """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
+
+    On CUDA the max micro-batch is measured (find-batch's probes, under --gpu-memory).
+    On the CPU it is not measured: the estimator's prediction is shown, labelled as such.
+    Ctrl-C (or SIGTERM) keeps what is done; the same command, or just --out, resumes.
+    Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
+    """
+    from memlab.core import study as st
+
+    out_path = Path(out)
+    st.check_out(out_path)
+    stored = st.load_state(out_path) if out_path.is_dir() else None
+    options = _options(stored, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, list(set_ or []) + data_overrides(data, None, tokenizer, None, None, None, None), device)
+    plan = st.make_plan(options)
+    identity = options.identity(plan.experiment.fingerprint())
+    if stored is not None:
+        st.check_same_study(stored, identity, out_path)
+    st.check_reachable(plan.experiment, _args(options, out, offline=True))
+    state = stored or st.StudyState(options, identity)
+    state.options = options
+    state.invocations.append(st.stamp("memlab study " + _args(options, out)))
+    out_path.mkdir(parents=True, exist_ok=True)
+    state.save(out_path)
+    runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True))
+    _run_stoppable(runner)
+    st.write_report(state, out_path, plan.baseline)
+    _finish(state, out_path, runner.stopping)
+
+
+def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, overrides, device) -> Options:
+    """The options of this invocation: what is given, else what the stored study had."""
+    from memlab.core.environment import resolve_device
+    from memlab.core.errors import ConfigError
+    from memlab.core.study import Options, check_recipe, single_gpu_profiles
+
+    if recipe is not None and experiment is not None:
+        raise ConfigError("--recipe and --experiment both name the experiment; give one")
+    old = stored.options if stored is not None else None
+    if profiles is None and old is None:
+        raise ConfigError("--profiles is required for a new study (e.g. --profiles baseline,bf16,gradcp_bf16, or all)")
+    names = (sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
+    dev = resolve_device(device).type if device != "auto" or old is None else old.device
+    if recipe is not None:
+        exp_ref = check_recipe(recipe)
+    elif experiment is not None:
+        exp_ref = experiment if experiment != "auto" else ("gpt2s" if dev == "cuda" else "tiny")
+        exp_ref = str(Path(exp_ref).resolve()) if exp_ref.endswith(".toml") or "/" in exp_ref else exp_ref
+    else:
+        exp_ref = old.experiment if old is not None else ("gpt2s" if dev == "cuda" else "tiny")
+    keep = old is not None and recipe is None and experiment is None
+    return Options(
+        profiles=names, experiment=exp_ref, device=dev, recipe=recipe or (old.recipe if keep else None),
+        gpu_memory=gpu_memory if gpu_memory is not None else (old.gpu_memory if old else None),
+        batch=batch if batch is not None else (old.batch if old else "experiment"),
+        at_max=at_max if at_max is not None else (old.at_max if old else False),
+        steps=steps if steps is not None else (old.steps if old else None),
+        overrides=overrides if overrides or old is None else old.overrides,
+    )
+
+
+def _args(o: Options, out: str, offline: bool = False) -> str:
+    """The study's command line: exact (commands.txt), or for the offline hint without the Hub's data and tokenizer."""
+    args = ["--recipe", o.recipe] if o.recipe else ["--experiment", o.experiment]
+    args += ["--profiles", ",".join(o.profiles), "--out", out, "--device", o.device, "--batch", o.batch]
+    args += (["--gpu-memory", o.gpu_memory] if o.gpu_memory else []) + (["--at-max"] if o.at_max else [])
+    args += ["--steps", str(o.steps)] if o.steps is not None else []
+    for item in o.overrides:
+        if not (offline and item.split("=")[0] in ("data.source", "data.tokenizer")):
+            args += ["--set", item]
+    return shlex.join(args)
+
+
+def _run_stoppable(runner) -> None:
+    """Run the study; the first Ctrl-C (or SIGTERM, e.g. from `timeout`) stops it: the current run keeps what it
+    has, finished work is kept, and the same command resumes."""
+    def on_signal(signum, frame):  # noqa: ARG001
+        if runner.stopping:
+            return
+        typer.echo("\nstopping: the current run is asked to stop; finished work is kept; the same command resumes", err=True)
+        runner.stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        runner.run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _finish(state: StudyState, out: Path, stopped: bool) -> None:
+    runs = [i for i in state.items.values() if i.kind != "max" and i.profile in state.options.profiles]
+    done = sum(i.status == "finished" for i in runs)
+    typer.echo(f"study: {done}/{len(runs)} runs finished" + (" (stopped; run the same command to resume)" if stopped else "")
+               + f"; report: {out / 'report.md'} and {out / 'report.html'}", err=True)
+    if stopped:
+        raise typer.Exit(130)
+    if done < len(runs):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study")(study)

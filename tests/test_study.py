@@ -1,0 +1,257 @@
+"""`memlab study` on the CPU: a small study end to end, resuming it, Ctrl-C in the middle, a refused profile inside
+it, the report's numbers against the runs' own summary.parquet, and bad input (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from memlab.cli import main
+from memlab.core.compare import format_value
+
+# tiny, 3 steps; at its own max under a pretend 84 MiB card: the estimator predicts micro-batch 7 (baseline)
+STUDY = ["study", "--experiment", "tiny", "--device", "cpu", "--steps", "3", "--gpu-memory", "84MiB"]
+
+
+def _study(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def _state(out: Path) -> dict:
+    return json.loads((out / "study.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory) -> tuple[Path, int]:
+    """baseline and bf16 at the common batch and at their own (predicted) max; tf32 is refused on the CPU."""
+    out = tmp_path_factory.mktemp("study") / "s"
+    return out, _study([*STUDY, "--profiles", "baseline,bf16,tf32", "--at-max", "--out", str(out)])
+
+
+def test_a_study_records_every_profile_and_goes_on_past_a_refusal(done):
+    out, code = done
+    assert code == 1  # a run did not finish (tf32), as `memlab sweep` says it
+    items = _state(out)["items"]
+    assert {k: v["status"] for k, v in items.items()} == {
+        "max/baseline": "predicted", "max/bf16": "predicted", "max/tf32": "predicted",
+        "common/baseline": "finished", "common/bf16": "finished", "common/tf32": "rejected",
+        "at_max/baseline": "finished", "at_max/bf16": "finished", "at_max/tf32": "rejected",
+    }
+    assert "tf32 needs CUDA" in items["common/tf32"]["message"]
+    assert items["max/baseline"]["max_batch"] is None and items["max/baseline"]["predicted_max_batch"] == 7
+    assert "not measured (CPU)" in items["max/baseline"]["message"]
+    assert (items["at_max/baseline"]["batch"], items["at_max/baseline"]["accumulation"]) == (7, 1)
+    assert items["common/bf16"]["batch"] == 8  # the experiment's batch
+
+
+def test_the_report_labels_predictions_at_max_rows_and_the_refusal(done):
+    out, _ = done
+    md = (out / "report.md").read_text()
+    assert "~7 predicted (not measured)" in md
+    assert "| baseline † | finished | 7 (7 × 1) |" in md and "(not comparable)" in md
+    assert "| tf32 | rejected |" in md and "tf32 (common batch): rejected: precision.dtype = tf32 needs CUDA" in md
+    assert "Where baseline's peak goes (the estimator, micro-batch 8" in md
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5 and 'src="figures/' not in html
+    assert sorted(p.name for p in (out / "figures").glob("*.png")) == [
+        "max_batch.png", "memory_by_phase.png", "memory_vs_time.png", "ppl_vs_memory.png", "step_time.png"]
+    commands = (out / "commands.txt").read_text()
+    assert "memlab study --experiment tiny --profiles baseline,bf16,tf32" in commands
+    assert "memlab run --profile bf16 --experiment tiny --device cpu" in commands and "--set train.batch_size=10 --set accumulation.steps=1" in commands
+
+
+def test_the_reports_numbers_are_the_runs_own(done):
+    out, _ = done
+    table = pl.read_parquet(out / "comparison.parquet")
+    md = (out / "report.md").read_text()
+    runs = table.filter(pl.col("status") == "finished")
+    assert runs.height == 4
+    base = pl.read_parquet(Path(table.filter((pl.col("profile") == "baseline") & (pl.col("study_kind") == "common"))["path"][0]) / "summary.parquet").row(0, named=True)
+    for row in runs.iter_rows(named=True):
+        own = pl.read_parquet(Path(row["path"]) / "summary.parquet").row(0, named=True)
+        for column in ("peak_host_rss_bytes", "step_ms_median", "tokens_per_s", "val_ppl", "batch_size", "micro_batch", "total_s"):
+            assert row[column] == own[column], (row["profile"], column)
+        mark = " †" if row["study_kind"] == "at_max" else ""
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"| {row['profile']}{mark} | finished |"))
+        assert f"| {format_value(own['val_ppl'], 'ppl')}" in line and f"| {format_value(own['step_ms_median'], 'ms')} |" in line
+        if row["study_kind"] == "common":
+            assert row["mem_saved_pct"] == pytest.approx(100 * (1 - own["peak_host_rss_bytes"] / base["peak_host_rss_bytes"]))
+            assert row["speedup_x"] == pytest.approx(base["step_ms_median"] / own["step_ms_median"])
+        else:
+            assert row["mem_saved_pct"] is None and row["throughput_x"] == pytest.approx(own["tokens_per_s"] / base["tokens_per_s"])
+
+
+def test_a_second_invocation_redoes_nothing_finished(done):
+    out, _ = done
+    before = sorted(p.name for p in (out / "runs").iterdir())
+    assert _study(["study", "--out", str(out)]) == 1
+    assert sorted(p.name for p in (out / "runs").iterdir()) == before
+    assert len(_state(out)["invocations"]) == 2
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--recipe", "nope", "--profiles", "baseline"], "unknown recipe 'nope'; recipes: seed-plwiki, seed-shopping, seed-so-posts"),
+    (["--experiment", "tiny", "--profiles", "baseline,nope"], "unknown profile 'nope'"),
+    (["--experiment", "tiny", "--profiles", "baseline", "--batch", "huge"], "--batch 'huge'"),
+    (["--experiment", "tiny", "--profiles", "bf16", "--batch", "baseline-max"], "add baseline to --profiles"),
+    (["--experiment", "tiny"], "--profiles is required for a new study"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, expect, tmp_path, capsys):
+    out = tmp_path / "s"
+    assert _study(["study", "--device", "cpu", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_an_out_that_is_a_file_or_under_one_is_refused(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("keep")
+    for out, expect in ((f, "is a file; give a folder"), (f / "sub", "is a file, so the folder cannot be made")):
+        assert _study(["study", "--experiment", "tiny", "--device", "cpu", "--profiles", "baseline", "--out", str(out)]) == 2
+        assert expect in capsys.readouterr().err
+    assert f.read_text() == "keep"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: a read-only folder cannot be made here")
+def test_an_out_that_is_not_writable_is_refused(tmp_path, capsys):
+    tmp_path.chmod(0o500)
+    try:
+        assert _study(["study", "--experiment", "tiny", "--device", "cpu", "--profiles", "baseline", "--out", str(tmp_path / "s")]) == 2
+    finally:
+        tmp_path.chmod(0o700)
+    assert "is not writable" in capsys.readouterr().err
+
+
+def test_a_folder_of_another_experiment_is_refused_untouched(done, capsys):
+    out, _ = done
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert _study([*STUDY[:-4], "--steps", "5", "--profiles", "baseline", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a study of another experiment" in err and "steps 3 there, 5 here" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_gpu_memory_above_the_card_is_refused(monkeypatch):
+    from memlab.core import batchfind
+    from memlab.core.errors import MemlabError
+    from memlab.core.study import Options, make_plan
+
+    monkeypatch.setattr(batchfind, "gpu_info", lambda index=0: batchfind.GpuInfo("NVIDIA Fake 24GB", 24 * 2**30))
+    with pytest.raises(MemlabError, match=r"--gpu-memory 80GiB \(80.00 GiB\) is more than this GPU has \(NVIDIA Fake 24GB: 24.00 GiB\)"):
+        make_plan(Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="80GiB"))
+
+
+def test_a_recipe_offline_says_so_in_one_line_with_the_same_shape_on_the_built_in_corpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "s"
+    assert _study(["study", "--recipe", "seed-so-posts", "--device", "cpu", "--profiles", "baseline", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hf:mikex86/stackoverflow-posts and hf:gpt2" in err and "offline mode is set" in err
+    assert "memlab study --recipe seed-so-posts --profiles baseline" in err and "--data stdlib --tokenizer bpe:8192" in err
+    assert not out.exists()
+
+
+def test_ctrl_c_keeps_what_is_done_and_the_same_command_resumes(tmp_path):
+    out = tmp_path / "s"
+    cmd = [sys.executable, "-m", "memlab", *STUDY[:-4], "--steps", "8", "--profiles", "baseline,bf16", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # wait until baseline has finished and bf16 is training
+        seen.append(line)
+        if line.startswith("  bf16: step"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert "stopped; run the same command to resume" in rest
+    items = _state(out)["items"]
+    assert items["common/baseline"]["status"] == "finished" and items["common/bf16"]["status"] == "interrupted"
+    kept = items["common/baseline"]["run_dir"]
+    t0 = time.monotonic()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    items = _state(out)["items"]
+    assert items["common/bf16"]["status"] == "finished" and items["common/baseline"]["run_dir"] == kept
+    assert "[common baseline]" not in again.stderr and time.monotonic() - t0 < 60
+    assert "| bf16 | finished |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("answer, expect", [
+    (37, ("measured", 37, "")),
+    (0, ("does not fit", 0, "even micro-batch 1 runs out of memory")),
+    ("refuse", ("rejected", None, "profile baseline refused")),
+])
+def test_on_cuda_the_max_batch_is_measured_by_find_batchs_search(answer, expect, tmp_path, monkeypatch):
+    """The CUDA path without a GPU: find-batch's search over a fake probe, its bounds cached, each outcome recorded."""
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Item, Options
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    made = []
+
+    class FakeProbe:
+        def __init__(self, profile_ref, experiment_ref, overrides, **kw):
+            made.append((profile_ref, experiment_ref, list(overrides), kw["cap_bytes"]))
+
+        def __call__(self, b):
+            if answer == "refuse":
+                raise bf.ProbeRejected(f"profile baseline refused (probe at micro-batch {b}): no")
+            return bf.ProbeResult(b, b <= answer, message="" if b <= answer else "CUDA out of memory")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item = Item("max/baseline", "max", "baseline")
+    find_max(plan, item, lambda line: None, lambda: False)
+    assert (item.status, item.max_batch) == expect[:2] and expect[2] in item.message
+    assert item.predicted_max_batch and item.command.startswith("memlab find-batch --profile baseline --experiment tiny --gpu-memory 24GiB")
+    assert made == [("baseline", "tiny", ["train.steps=3"], 24 * 2**30)]
+    if answer == 37:
+        key = bf.cache_key(plan.experiment, plan.profiles["baseline"], "NVIDIA Fake", 24 * 2**30, steps=3)
+        assert bf.cached_bounds(key)[:2] == (37, 38)
+
+
+def test_findings_from_the_h100_seed_shape_runs(tmp_path):
+    """The report over real H100 runs (bench/results/seed-shape-h100, committed): findings computed from them."""
+    import shutil
+
+    from memlab.core.runfolder import read_info
+    from memlab.core.study import Options, StudyState, write_report
+
+    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs" / "seed-runs"
+    state = StudyState(Options(profiles=[], experiment="seed_shape", device="cuda", gpu_memory="24GiB"), {})
+    for d in sorted(p for p in src.iterdir() if (p / "summary.parquet").exists()):
+        name = read_info(d)["profile"]["name"]
+        if name in ("baseline", "window", "chunked_ce", "tf32", "compile") and name not in state.options.profiles:
+            shutil.copytree(d, tmp_path / "runs" / d.name)
+            state.options.profiles.append(name)
+            item = state.item("common", name)
+            item.status, item.run_dir = "finished", f"runs/{d.name}"
+            state.item("max", name).status = "measured"
+    write_report(state, tmp_path, "baseline")
+    md = (tmp_path / "report.md").read_text()
+    assert ("The B×T×V logits (B=64, T=256, V=50,304) are 79% of the peak, so attention kernels cannot move it; "
+            "chunked cross-entropy does: chunked_ce measured 72% less.") in md
+    assert "window: its window had no effect: window 512 >= seq_len 256: full causal attention" in md
+    assert "tf32: no effect on memory (+0.0% against baseline); the estimator predicts the same peak" in md
+    assert "**compile** is the fastest at the common batch: 9.9 ms a step, 5.49× baseline" in md
+    assert "| baseline | 8.58 | 11.65 | 0.36 | 11.65 | 14.66 | 15.86 |" in md  # memory by phase, allocated / reserved / device
