@@ -237,7 +237,7 @@ def test_findings_from_the_h100_seed_shape_runs(tmp_path):
     from memlab.core.runfolder import read_info
     from memlab.core.study import Options, StudyState, write_report
 
-    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs" / "seed-runs"
+    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs"
     state = StudyState(Options(profiles=[], experiment="seed_shape", device="cuda", gpu_memory="24GiB"), {})
     for d in sorted(p for p in src.iterdir() if (p / "summary.parquet").exists()):
         name = read_info(d)["profile"]["name"]
