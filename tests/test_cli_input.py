@@ -92,3 +92,14 @@ def test_a_finished_build_leaves_no_lock_file(tmp_path):
     assert not (cache.tokens_dir() / ".entry.lock").exists()
     with cache.locked("entry"):  # and the lock can be taken again
         pass
+
+
+def test_another_corpus_resets_how_the_old_one_was_read():
+    """--data replaces the corpus: a recipe's streamed Hub split does not follow it onto the stdlib corpus."""
+    from memlab.cli.options import data_overrides
+
+    items = data_overrides("stdlib", None, "bpe:8192", None, None, None, None)
+    assert items.index('data.split="train"') < items.index('data.source="stdlib"')
+    assert "data.streaming=false" in items
+    assert data_overrides("hf:x", None, None, True, None, None, None)[-1] == "data.streaming=true"  # given again: kept
+    assert not any(i.startswith(("data.split", "data.streaming")) for i in data_overrides(None, None, "bpe:8192", None, None, None, None))

@@ -36,6 +36,10 @@ def data_overrides(data: str | None, text_field: str | None, tokenizer: str | No
     if epochs is not None and steps is not None:
         raise ConfigError(f"--steps {steps} and --epochs {epochs:g} both set the run's length; give one of them")
     items = []
+    if data is not None:
+        # another corpus: how the experiment read its own (a Hub split, streamed) goes back to the defaults unless
+        # given again, e.g. a recipe's streamed hf: source replaced by --data stdlib, which has one split on disk
+        items += ['data.split="train"', "data.streaming=false"]
     for key, value in (("data.source", data), ("data.text_field", text_field), ("data.tokenizer", tokenizer)):
         if value is not None:
             items.append(f"{key}={_toml_string(value)}")
