@@ -205,3 +205,13 @@ async def test_results_show_the_relative_columns_that_fit_and_w_cycles_sets(tmp_
         assert table.column_set_name == "memory" and "peak_alloc_bytes" in [c.name for c in table._columns]
         await pilot.press("w", "w")
         assert table.column_set_name == "all" and len(table._columns) > len(names)
+
+
+def test_profiles_that_need_cuda_are_marked_in_the_list():
+    """The mark comes from the techniques' own checks (memlab.core.requirements), not a hand-kept list."""
+    from memlab.tui.widgets.profile_list import _label, discover_profiles
+
+    infos = {p.ref: p for p in discover_profiles("/nonexistent")}
+    assert "needs CUDA" in infos["tf32"].needs_cuda or "CUDA" in infos["tf32"].needs_cuda
+    assert str(_label(infos["tf32"])) == "tf32 · CUDA"
+    assert not infos["bf16"].needs_cuda and str(_label(infos["bf16"])) == "bf16"

@@ -72,6 +72,8 @@ class MainScreen(Screen):
             text = Text.assemble(("✗ does not load: ", "bold red"), (info.error, "red"))
         else:
             text = Text("" if info is None else (info.description or info.changes))
+            if info is not None and info.needs_cuda:
+                text.append(f"\nneeds CUDA: {info.needs_cuda}", "dim")
         self.query_one("#profile-help", Static).update(text)
 
     def action_tab(self, tab: str) -> None:

@@ -23,6 +23,7 @@ class ProfileInfo:
     description: str = ""
     changes: str = ""
     error: str = ""  # why a profile file does not load: shown, and the profile cannot be queued
+    needs_cuda: str = ""  # why it cannot run on the CPU backend (its technique check's message), marked in the list
 
 
 def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInfo]:
@@ -30,6 +31,7 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
     those that do not load carry their error. Files that are not profiles (pyproject.toml, an experiment) are left out."""
     from memlab.core.config import builtin_names, describe_changes, load_profile
     from memlab.core.errors import MemlabError
+    from memlab.core.requirements import cuda_only
 
     found = []
     for name in builtin_names("profile"):
@@ -37,7 +39,7 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
             p = load_profile(name)
         except MemlabError:
             continue
-        found.append(ProfileInfo(name, name, p.description, _changes(describe_changes, p)))
+        found.append(ProfileInfo(name, name, p.description, _changes(describe_changes, p), needs_cuda=cuda_only(p) or ""))
     folder = Path(profiles_dir) if profiles_dir is not None else Path.cwd()
     builtin = {f.ref for f in found}
     for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
@@ -49,7 +51,7 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
             if _meant_as_profile(path):
                 found.append(ProfileInfo(ref, f"{label} (file)", error=str(e)))
             continue
-        found.append(ProfileInfo(ref, f"{label} (file)", p.description, _changes(describe_changes, p)))
+        found.append(ProfileInfo(ref, f"{label} (file)", p.description, _changes(describe_changes, p), needs_cuda=cuda_only(p) or ""))
     return found
 
 
@@ -77,6 +79,8 @@ def _changes(describe, profile) -> str:
 def _label(p: ProfileInfo) -> Text:
     if p.error:
         return Text.assemble((p.label, "dim strike"), (" ✗ broken", "red"))
+    if p.needs_cuda:
+        return Text.assemble(p.label, (" · CUDA", "dim"))
     return Text(p.label)
 
 
