@@ -496,6 +496,28 @@ def _read_cache() -> dict:
         return {"entries": {}}
 
 
+def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, capped: bool) -> int | None:
+    """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell."""
+    import dataclasses
+
+    from memlab.core import estimate as est
+
+    single = dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
+    try:
+        vocab, _ = est.vocab_for(experiment)
+        return est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, capped=capped) or None
+    except Exception:  # noqa: BLE001 (a prediction is a hint: the search runs without one)
+        return None
+
+
+def start_below(predicted: int | None) -> int:
+    """A power of two a little under the predicted max: the doubling then starts close to the answer."""
+    start = 1
+    while predicted and start * 2 <= max(1, int(predicted * 0.9)):
+        start *= 2
+    return start
+
+
 def cached_bounds(key: str) -> tuple[int, int | None, dict]:
     """(largest known fit or 0, smallest known OOM or None, the entry)."""
     entry = _read_cache()["entries"].get(key) or {}

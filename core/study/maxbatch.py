@@ -4,7 +4,6 @@ the --gpu-memory cap, cached bounds), predicted by the estimator everywhere (on 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from memlab.core import batchfind as bf
@@ -21,17 +20,10 @@ class Stopped(Exception):
 
 def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
     """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell."""
-    from memlab.core import estimate as est
-
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    prof = plan.profiles[name]
-    single = dataclasses.replace(prof, accumulation=dataclasses.replace(prof.accumulation, steps=1))
-    try:
-        vocab, _ = est.vocab_for(plan.experiment)
-        return est.predict_max_batch(plan.experiment, single, vocab_size=vocab, memory_bytes=memory, capped=plan.cap_bytes is not None or not plan.on_cuda) or None, where
-    except Exception:  # noqa: BLE001 (a prediction is a nicety: a study goes on without it)
-        return None, where
+    capped = plan.cap_bytes is not None or not plan.on_cuda
+    return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, capped), where
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool]) -> None:
@@ -62,9 +54,7 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
     gpu = plan.gpu_name or "unknown GPU"
     key = bf.cache_key(plan.experiment, prof, gpu, plan.cap_bytes, steps=PROBE_STEPS)
     fit, oom, _ = bf.cached_bounds(key)
-    start = 1
-    while predicted and start * 2 <= max(1, int(predicted * 0.9)):
-        start *= 2
+    start = bf.start_below(predicted)
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes)
     seen: list[bf.ProbeResult] = []

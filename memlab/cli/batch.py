@@ -3,7 +3,6 @@ and `resolve_max_batch` behind `memlab run --batch-size max`."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import json
 import time
@@ -206,19 +205,11 @@ def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: boo
 
 
 def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, capped: bool) -> tuple[int, int | None]:
-    """A power of two a little under the predicted max: the doubling then starts close to the answer."""
-    from memlab.core import estimate as est_mod
+    """Where the doubling starts, and the estimator's prediction it starts from."""
+    from memlab.core import batchfind as bf
 
-    try:
-        vocab, _ = est_mod.vocab_for(exp)
-        single = dataclasses.replace(prof, accumulation=dataclasses.replace(prof.accumulation, steps=1))  # as the probes run
-        pred = est_mod.predict_max_batch(exp, single, vocab_size=vocab, memory_bytes=memory, capped=capped)
-    except Exception:  # noqa: BLE001 (a hint only)
-        return 1, None
-    start = 1
-    while start * 2 <= max(1, int(pred * 0.9)):
-        start *= 2
-    return start, pred or None
+    pred = bf.predicted_max_batch(exp, prof, memory, capped)
+    return bf.start_below(pred), pred
 
 
 def find_batch(
