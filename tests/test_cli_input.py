@@ -103,3 +103,15 @@ def test_another_corpus_resets_how_the_old_one_was_read():
     assert "data.streaming=false" in items
     assert data_overrides("hf:x", None, None, True, None, None, None)[-1] == "data.streaming=true"  # given again: kept
     assert not any(i.startswith(("data.split", "data.streaming")) for i in data_overrides(None, None, "bpe:8192", None, None, None, None))
+
+
+def test_a_refused_run_takes_back_the_events_file_and_folders_it_made(tmp_path, capsys):
+    from memlab.cli import main
+
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("")  # the user's own file: left alone even though empty
+    for events in (tmp_path / "new" / "dir" / "ev.jsonl", kept):
+        with pytest.raises(SystemExit) as exit_:
+            main(["run", "--profile", "tf32", "--device", "cpu", "--experiment", "tiny", "--runs-dir", str(tmp_path / "runs"), "--events", str(events)])
+        assert exit_.value.code == 2 and "tf32 needs CUDA" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() and kept.exists() and not (tmp_path / "runs").exists()

@@ -90,7 +90,14 @@ def run(
 
         snapshot = SnapshotSink(dev)
         sinks.append(snapshot)
-    summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
+    try:
+        summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
+    except MemlabError:
+        for sink in sinks:  # refused before any work: an --events file this command made (still empty) goes too
+            if isinstance(sink, _EventsFile):
+                sink.close()
+                sink.remove_if_unused()
+        raise
     if events != "-" and rank0:
         print_summary(summary, run_dir)
         if snapshot is not None:
@@ -105,16 +112,37 @@ def run(
 def _events_file(path: str):
     """`--events FILE`: its folder is made as --runs-dir's is; a path that cannot be written is one line."""
     from memlab.core.errors import MemlabError
-    from memlab.core.events import JsonLinesSink
 
     folder = Path(path).parent
     if folder.exists() and not folder.is_dir():
         raise MemlabError(f"--events {path}: {folder} is a file, not a folder; give a file path, or '-' for stdout")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        return JsonLinesSink(path=path)
+        return _EventsFile(path, existed=Path(path).exists(), made=made)
     except OSError as e:
         raise MemlabError(f"--events {path}: cannot write there ({e.strerror or e}); give a file path, or '-' for stdout") from None
+
+
+class _EventsFile:
+    """The --events file's sink, which can take back what it made when the run is refused before any event."""
+
+    def __init__(self, path: str, *, existed: bool, made: list[Path]):
+        from memlab.core.events import JsonLinesSink
+
+        self.path, self.existed, self.made = Path(path), existed, made
+        self._sink = JsonLinesSink(path=path)
+        self.emit, self.close = self._sink.emit, self._sink.close
+
+    def remove_if_unused(self) -> None:
+        if self.existed or self.path.stat().st_size:
+            return
+        self.path.unlink(missing_ok=True)
+        for folder in self.made:  # innermost first; each only if it is still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 class _RankFailures:
