@@ -250,6 +250,49 @@ def clean_fit(result: ProbeResult, allow_retries: bool = False) -> ProbeResult:
         f"finished only after {result.alloc_retries} allocator retries: not counted as a fit (--allow-retries counts it)"))
 
 
+@dataclass(frozen=True)
+class _Ladder:
+    """The batches a search may try, as indices 1..top: every integer (values None, top = the limit or unbounded)
+    or the sorted candidates."""
+
+    values: tuple[int, ...] | None
+    top: int | None
+
+    @classmethod
+    def of(cls, candidates: Sequence[int] | None, limit: int | None, what: str) -> _Ladder:
+        if candidates is None:
+            return cls(None, limit)
+        vals = tuple(sorted({int(c) for c in candidates if c >= 1}))
+        if not vals:
+            raise MemlabError(f"no {what} to try")
+        return cls(vals, len(vals))
+
+    def value(self, i: int) -> int:
+        return self.values[i - 1] if self.values is not None else i
+
+    def at_least(self, v: int) -> int:
+        """Smallest index whose value >= v (may exceed top)."""
+        if self.values is None:
+            return max(1, v)
+        return next((i for i, x in enumerate(self.values, 1) if x >= v), len(self.values) + 1)
+
+    def at_most(self, v: int) -> int:
+        """Largest index whose value <= v (0 when none)."""
+        if self.values is None:
+            return max(0, v)
+        return max((i for i, x in enumerate(self.values, 1) if x <= v), default=0)
+
+    def known_bounds(self, known_fit: int, known_oom: int | None) -> tuple[int, int | None]:
+        """(index of the largest known fit or 0, index of the smallest known OOM or None), from a cache."""
+        lo = self.at_most(known_fit) if known_fit else 0
+        hi = self.at_least(known_oom) if known_oom else None
+        if self.top is not None and hi is not None and hi > self.top:
+            hi = None
+        if hi is not None and hi <= lo:
+            hi = None  # inconsistent bounds (a stale cache): trust the fit
+        return lo, hi
+
+
 def search_max_batch(
     probe: Probe,
     *,
@@ -265,92 +308,47 @@ def search_max_batch(
     monotone. Grows from `start` by doubling until a probe does not fit, then bisects; `known_fit` / `known_oom`
     (from a cache) narrow the search before any probe. Raises DoesNotFitError when the smallest batch does not
     fit, ProbeError (from the probe) on a failure that is not out-of-memory."""
-    if candidates is not None:
-        vals = sorted({int(c) for c in candidates if c >= 1})
-        if not vals:
-            raise MemlabError(f"no {what} to try")
-    else:
-        vals = None
-    top = len(vals) if vals is not None else limit  # the largest index allowed (None: unbounded)
-
-    def value(i: int) -> int:
-        return vals[i - 1] if vals is not None else i
-
-    def index_at_least(v: int) -> int:
-        """Smallest index whose value >= v (may exceed top)."""
-        if vals is None:
-            return max(1, v)
-        for i, x in enumerate(vals, 1):
-            if x >= v:
-                return i
-        return len(vals) + 1
-
-    def index_at_most(v: int) -> int:
-        """Largest index whose value <= v (0 when none)."""
-        if vals is None:
-            return max(0, v)
-        best = 0
-        for i, x in enumerate(vals, 1):
-            if x <= v:
-                best = i
-        return best
-
-    lo = index_at_most(known_fit) if known_fit else 0  # index of the largest known fit (0: none)
-    hi = index_at_least(known_oom) if known_oom else None  # index of the smallest known OOM (None: unknown)
-    if top is not None and hi is not None and hi > top:
-        hi = None
-    if hi is not None and hi <= lo:
-        hi = None  # inconsistent bounds (a stale cache): trust the fit
+    ladder = _Ladder.of(candidates, limit, what)
+    lo, hi = ladder.known_bounds(known_fit, known_oom)
     t0 = time.monotonic()
     probes: list[ProbeResult] = []
 
-    def run(i: int) -> bool:
-        b = value(i)
-        result = probe(b)
-        result.batch = b
+    def fits(i: int) -> bool:
+        result = probe(ladder.value(i))
+        result.batch = ladder.value(i)
         probes.append(result)
         if on_probe:
             on_probe(result)
         return result.fits
 
     limit_reached = False
-    # grow: doubling from the start (or from the largest known fit) until something does not fit
-    while hi is None:
-        if lo == 0:
-            i = index_at_least(max(1, start))
-        else:
-            i = index_at_least(2 * value(lo))
+    if hi is None:
+        lo, hi, limit_reached = _grow(ladder, lo, start, fits)
+    while hi is not None and hi - lo > 1:  # bisect between the largest fit and the smallest miss
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo == 0:
+        detail = f": {probes[-1].message}" if probes and probes[-1].message else ""
+        raise DoesNotFitError(f"even {what} {ladder.value(1)} runs out of memory{detail}")
+    return SearchResult(max_batch=ladder.value(lo), min_oom=ladder.value(hi) if hi is not None else None,
+                        probes=probes, seconds=time.monotonic() - t0, limit_reached=limit_reached)
+
+
+def _grow(ladder: _Ladder, lo: int, start: int, fits: Callable[[int], bool]) -> tuple[int, int | None, bool]:
+    """Doubling from `start` (or from the largest known fit) until something does not fit, or the top fits:
+    (largest fit, smallest miss or None, whether the top was reached)."""
+    top = ladder.top
+    while True:
+        i = ladder.at_least(max(1, start)) if lo == 0 else ladder.at_least(2 * ladder.value(lo))
         if top is not None and i > top:
             if lo == top:
-                limit_reached = True
-                break
+                return lo, None, True
             i = top
-        if run(i):
-            lo = i
-            if top is not None and lo == top:
-                limit_reached = True
-                break
-        else:
-            hi = i
-    # bisect between the largest fit and the smallest miss
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        if run(mid):
-            lo = mid
-        else:
-            hi = mid
-    if lo == 0:
-        smallest = value(1)
-        last = probes[-1] if probes else None
-        detail = f": {last.message}" if last and last.message else ""
-        raise DoesNotFitError(f"even {what} {smallest} runs out of memory{detail}")
-    return SearchResult(
-        max_batch=value(lo),
-        min_oom=value(hi) if hi is not None else None,
-        probes=probes,
-        seconds=time.monotonic() - t0,
-        limit_reached=limit_reached,
-    )
+        if not fits(i):
+            return lo, i, False
+        lo = i
+        if top is not None and lo == top:
+            return lo, None, True
 
 
 def divisors(n: int) -> list[int]:
