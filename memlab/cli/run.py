@@ -35,11 +35,7 @@ def run(
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
     from memlab.core.environment import resolve_device
     from memlab.core.errors import MemlabError
-    from memlab.core.events import JsonLinesSink
-    from memlab.core.runner import run_profile
     from memlab.core.techniques import apply_to_process
-
-    from memlab.cli.console import ConsoleSink, print_summary
 
     from memlab.core import distributed
 
@@ -52,21 +48,7 @@ def run(
     if batch_size == "max" and (nproc is not None or distributed.world_size() > 1):
         raise MemlabError("--batch-size max probes one GPU at a time; find it without --nproc, then pass --batch-size <that x ranks>")
     dev = distributed.init_from_env(dev)  # under torchrun: the process group, and this rank's device (cuda:LOCAL_RANK)
-    rank0 = distributed.env_rank() == 0
-    max_batch = None
-    if batch_size is not None:
-        if batch_size == "max":
-            from memlab.cli.batch import resolve_max_batch  # issue 5: find-batch
-
-            exp, prof = resolve(experiment, profile, dev.type, overrides)
-            max_batch, accum = resolve_max_batch(exp, prof, dev, profile_ref=profile, experiment_ref=experiment, overrides=overrides)
-            overrides.append(f"accumulation.steps={accum}")
-        else:
-            try:
-                value = int(batch_size)
-            except ValueError:
-                raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'") from None
-            overrides.append(f"train.batch_size={value}")
+    max_batch = _apply_batch_size(batch_size, experiment, profile, dev, overrides)
     exp, prof = resolve(experiment, profile, dev.type, overrides)
     if nproc is not None:  # checked here, so a bad combination is one line before any process starts
         args = ["run", "--profile", profile, "--experiment", experiment, "--device", device, "--runs-dir", runs_dir]
@@ -74,8 +56,43 @@ def run(
         args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
         _exec_torchrun(nproc, args, exp, prof, dev)
     apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
+    sinks, snapshot = _sinks(events, memory_snapshot, dev)
+    status = _run_and_report(exp, prof, dev, runs_dir, sinks, snapshot, quiet=events == "-",
+                             meters=not no_meters, max_batch=max_batch)
+    raise typer.Exit(EXIT_BY_STATUS.get(status, 1))
 
-    sinks = []
+
+def _apply_batch_size(batch_size: str | None, experiment: str, profile: str, dev, overrides: list[str]) -> int | None:
+    """--batch-size N or max, as overrides appended to `overrides`; returns the max micro-batch found (max only)."""
+    from memlab.core.errors import MemlabError
+
+    if batch_size is None:
+        return None
+    if batch_size == "max":
+        from memlab.cli.batch import resolve_max_batch  # issue 5: find-batch
+
+        exp, prof = resolve(experiment, profile, dev.type, overrides)
+        max_batch, accum = resolve_max_batch(exp, prof, dev, profile_ref=profile, experiment_ref=experiment, overrides=overrides)
+        overrides.append(f"accumulation.steps={accum}")
+        return max_batch
+    try:
+        value = int(batch_size)
+    except ValueError:
+        raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'") from None
+    overrides.append(f"train.batch_size={value}")
+    return None
+
+
+def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object | None]:
+    """Where this rank's events go: rank 0 to the console (or JSON lines on stdout) and an --events file; the
+    other ranks only report their own failure. With --memory-snapshot, the allocator recorder too."""
+    from memlab.core import distributed
+    from memlab.core.events import JsonLinesSink
+
+    from memlab.cli.console import ConsoleSink
+
+    rank0 = distributed.env_rank() == 0
+    sinks: list = []
     if not rank0:
         sinks.append(_RankFailures(distributed.env_rank()))  # other ranks: no progress, no events; a failure is one line
     elif events == "-":
@@ -90,15 +107,26 @@ def run(
 
         snapshot = SnapshotSink(dev)
         sinks.append(snapshot)
+    return sinks, snapshot
+
+
+def _run_and_report(exp, prof, dev, runs_dir: str, sinks: list, snapshot, *, quiet: bool, meters: bool, max_batch: int | None) -> str:
+    """The run itself; then, on rank 0 unless events go to stdout, its summary (and the snapshot's report)."""
+    from memlab.core import distributed
+    from memlab.core.errors import MemlabError
+    from memlab.core.runner import run_profile
+
+    from memlab.cli.console import print_summary
+
     try:
-        summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=not no_meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
+        summary, run_dir = run_profile(exp, prof, runs_dir=Path(runs_dir), device=dev, sinks=tuple(sinks), meters=meters, extra_info={"max_batch": max_batch, "process_start": _process_start()})
     except MemlabError:
         for sink in sinks:  # refused before any work: an --events file this command made (still empty) goes too
             if isinstance(sink, _EventsFile):
                 sink.close()
                 sink.remove_if_unused()
         raise
-    if events != "-" and rank0:
+    if not quiet and distributed.env_rank() == 0:
         print_summary(summary, run_dir)
         if snapshot is not None:
             from memlab.cli.batch import print_memory_report
@@ -106,7 +134,7 @@ def run(
             print_memory_report(snapshot.result, snapshot.estimate)
     for sink in sinks:
         sink.close()
-    raise typer.Exit(EXIT_BY_STATUS.get(summary["status"], 1))
+    return summary["status"]
 
 
 def _events_file(path: str):
