@@ -351,6 +351,24 @@ def _grow(ladder: _Ladder, lo: int, start: int, fits: Callable[[int], bool]) -> 
             return lo, None, True
 
 
+def search_recorded(probe: Probe, key: str, meta: dict[str, Any], *, known: tuple[int, int | None] = (0, None),
+                    on_probe: Callable[[ProbeResult], None] | None = None, **search: Any) -> SearchResult:
+    """search_max_batch from the cached bounds `known` (fit, OOM); what every probe showed goes to the cache under
+    `key`, even when the search fails or is stopped (find-batch and the study both search this way)."""
+    seen: list[ProbeResult] = []
+
+    def noted(r: ProbeResult) -> None:
+        seen.append(r)
+        if on_probe:
+            on_probe(r)
+
+    try:
+        return search_max_batch(probe, known_fit=known[0], known_oom=known[1], on_probe=noted, **search)
+    finally:
+        if seen:
+            record_bounds(key, *outcome_lists(seen), meta)  # what was learned stays, even after an error
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

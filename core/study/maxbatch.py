@@ -57,7 +57,6 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
     start = bf.start_below(predicted)
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes)
-    seen: list[bf.ProbeResult] = []
 
     def guarded(b: int) -> bf.ProbeResult:
         if stopping():
@@ -65,16 +64,13 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
         return probe(b)
 
     def noted(r: bf.ProbeResult) -> None:
-        seen.append(r)
         on_probe(f"micro-batch {r.batch} {'fits' if r.fits else 'out of memory'} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
 
     meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}
-    try:
-        return bf.search_max_batch(guarded, start=start, known_fit=fit, known_oom=oom, on_probe=noted)
+    try:  # what was learned stays in the cache, even when stopped
+        return bf.search_recorded(guarded, key, meta, known=(fit, oom), on_probe=noted, start=start)
     finally:
         probe.close()
-        if seen:
-            bf.record_bounds(key, *bf.outcome_lists(seen), meta)  # what was learned stays, even when stopped
 
 
 def _find_batch_command(plan: Plan, name: str) -> str:

@@ -226,22 +226,8 @@ def find_batch(
 ) -> None:
     """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe."""
     from memlab.core import batchfind as bf
-    from memlab.core.errors import ConfigError
 
-    for name, v in (("--start", start), ("--max", max_)):
-        if v is not None and v < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {v}")
-    if steps < 1:
-        raise ConfigError(f"--steps must be at least 1, got {steps}")
-    exp, prof = _load(experiment, profile, list(set_ or []))
-    if gpu_memory is not None:
-        parse_size(gpu_memory)  # bad input is reported before anything else
-    _require_cuda("find-batch")
-    import torch
-
-    from memlab.core.techniques import check_techniques
-
-    check_techniques(exp, prof, torch.device("cuda"))  # what the probes would refuse, refused once, here
+    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
     gpu = bf.gpu_info()
     cap = _cap_for(gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"
@@ -264,30 +250,56 @@ def find_batch(
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": steps}
     t0 = time.monotonic()
     try:
-        result = bf.search_max_batch(lambda b: bf.clean_fit(probe(b), allow_retries), start=start, limit=max_,
-                                     known_fit=fit, known_oom=oom, on_probe=on_probe)
+        result = bf.search_recorded(lambda b: bf.clean_fit(probe(b), allow_retries), key, meta, known=(fit, oom),
+                                    on_probe=on_probe, start=start, limit=max_)
     except bf.ProbeError as e:
         _probe_failed(e, seen)
     finally:
         probe.close()
-        fits, ooms = bf.outcome_lists(seen)
-        if seen:
-            bf.record_bounds(key, fits, ooms, meta)  # what was learned stays, even after an error
-    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, not prof.allocator.expandable_segments, result.max_batch)
-    err.print(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{not prof.allocator.expandable_segments}: {_flip_summary(result.probes, flipped)}")
+    flip = not prof.allocator.expandable_segments
+    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, flip, result.max_batch)
+    err.print(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{flip}: {_flip_summary(result.probes, flipped)}")
     memory_view = {"device_total_bytes": memory or None, "allocator_budget_bytes": _budget(result.probes)}
     report = {"seconds": time.monotonic() - t0, "predicted": predicted, "cap": cap, "gpu_name": gpu_name,
               "advice": _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments), "max": max_}
     if as_json:
-        out = bf.result_dict(result) | memory_view | {
-            "profile": prof.name, "experiment": exp.name, "gpu": gpu_name, "memory_cap_bytes": cap, "steps": steps,
-            "predicted_max_batch": predicted, "cached": not result.probes, "seconds": report["seconds"],
-            "advice": report["advice"], "allow_retries": allow_retries,
-            "expandable_segments": {"setting": not prof.allocator.expandable_segments, "probe": bf.probe_dict(flipped)},
-        }
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps(_found_json(result, report, memory_view, flipped, flip, prof.name, exp.name, steps, allow_retries)))
         return
-    _print_found(result, report, memory_view, flipped, not prof.allocator.expandable_segments)
+    _print_found(result, report, memory_view, flipped, flip)
+
+
+def _found_json(result, report: dict, memory_view: dict, flipped, flip: bool, profile: str, experiment: str, steps: int, allow_retries: bool) -> dict:
+    """find-batch --json: the search, the memory it assumed, and what the flipped allocator setting changed."""
+    from memlab.core import batchfind as bf
+
+    return bf.result_dict(result) | memory_view | {
+        "profile": profile, "experiment": experiment, "gpu": report["gpu_name"], "memory_cap_bytes": report["cap"], "steps": steps,
+        "predicted_max_batch": report["predicted"], "cached": not result.probes, "seconds": report["seconds"],
+        "advice": report["advice"], "allow_retries": allow_retries,
+        "expandable_segments": {"setting": flip, "probe": bf.probe_dict(flipped)},
+    }
+
+
+def _checked_find_args(experiment: str, profile: str, gpu_memory: str | None, steps: int, start: int | None,
+                       max_: int | None, overrides: list[str]) -> tuple[Experiment, Profile]:
+    """Every refusal find-batch can meet, before the first probe: bad numbers, a bad size, no GPU, and whatever
+    the probes' own technique checks would refuse."""
+    import torch
+
+    from memlab.core.errors import ConfigError
+    from memlab.core.techniques import check_techniques
+
+    for name, v in (("--start", start), ("--max", max_)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {v}")
+    if steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {steps}")
+    exp, prof = _load(experiment, profile, overrides)
+    if gpu_memory is not None:
+        parse_size(gpu_memory)  # bad input is reported before anything else
+    _require_cuda("find-batch")
+    check_techniques(exp, prof, torch.device("cuda"))  # what the probes would refuse, refused once, here
+    return exp, prof
 
 
 def _budget(probes: list[ProbeResult]) -> int | None:
