@@ -400,25 +400,11 @@ def resolve_max_batch(
     try:
         result = bf.search_max_batch(probe, start=B, candidates=cands, known_fit=fit, known_oom=oom, on_probe=on_probe)
         bf.record_bounds(key, *bf.outcome_lists(result.probes), meta)
-        micro = result.max_batch
         # verify with accumulation: the gradients of the first micro-batch are alive during the second
         key2 = bf.cache_key(exp, prof, gpu_name, cap, steps=3, accumulation=2)
         verify = bf.ChildProbe(profile_ref, experiment_ref, overrides, seq_len=exp.model.seq_len, steps=3, accumulation=2, cap_bytes=cap)
         try:
-            while B // micro > 1:
-                fit2, oom2, _ = bf.cached_bounds(key2)
-                if fit2 >= micro:
-                    break
-                if oom2 is None or micro < oom2:
-                    r = verify(micro)
-                    on_probe(r)
-                    bf.record_bounds(key2, *bf.outcome_lists([r]), meta)
-                    if r.fits:
-                        break
-                smaller = [d for d in cands if d < micro]
-                if not smaller:
-                    raise bf.DoesNotFitError(f"micro-batch 1 with gradient accumulation runs out of memory ({prof.name})")
-                micro = smaller[-1]
+            micro = _fits_with_accumulation(result.max_batch, B, verify, key2, meta, on_probe, prof.name)
         finally:
             verify.close()
     finally:
@@ -427,6 +413,29 @@ def resolve_max_batch(
     err.print(f"--batch-size max: micro-batch {micro} x {accum} accumulation = batch {B} (largest divisor of {B} that fits"
               + (f", {n_probes} probes, {time.monotonic() - t0:.1f} s" if n_probes else ", from the cache") + ")")
     return micro, accum
+
+
+def _fits_with_accumulation(micro: int, batch: int, verify, key: str, meta: dict, on_probe, profile: str) -> int:
+    """The largest divisor of `batch` from `micro` down that also fits with two micro-batches a step (cached);
+    `micro` itself when no accumulation remains."""
+    from memlab.core import batchfind as bf
+
+    cands = bf.divisors(batch)
+    while batch // micro > 1:
+        fit, oom, _ = bf.cached_bounds(key)
+        if fit >= micro:
+            break
+        if oom is None or micro < oom:
+            r = verify(micro)
+            on_probe(r)
+            bf.record_bounds(key, *bf.outcome_lists([r]), meta)
+            if r.fits:
+                break
+        smaller = [d for d in cands if d < micro]
+        if not smaller:
+            raise bf.DoesNotFitError(f"micro-batch 1 with gradient accumulation runs out of memory ({profile})")
+        micro = smaller[-1]
+    return micro
 
 
 # ---------------------------------------------------------------------------------------------- memory snapshot
