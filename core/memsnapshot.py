@@ -271,7 +271,24 @@ def breakdown(snapshot: dict, device: int = 0) -> dict[str, Any]:
     """
     traces = snapshot.get("device_traces") or []
     events = [ev for ev in (traces[device] if device < len(traces) else []) if ev.get("action") in ("alloc", "free_requested", "free_completed", "oom")]
-    # allocation records: [alloc index or -1, free index or None, size, alloc frames, free frames]
+    records, open_by_addr, oom_at = _trace_records(events)
+    records += _blocks_before_window(snapshot, device, open_by_addr)
+    zero_grads = [r[1] for r in records if r[1] is not None and _any(_names(r[4]), names=("zero_grad",))]
+    cut = oom_at if oom_at is not None else (max(zero_grads) if zero_grads else len(events))
+    peak, peak_at = _live_peak(records, len(events), cut)
+    cats = dict.fromkeys(CATEGORIES, 0)
+    for r in records:
+        alive_at_peak = r[0] <= peak_at and (r[1] is None or r[1] > peak_at)
+        if not alive_at_peak:
+            continue
+        alive_at_cut = r[1] is None or r[1] > cut
+        cats[classify(r[3], r[4], alive_at_cut, r[0] <= cut)] += r[2]
+    return {"peak_bytes": peak, "categories": cats, "events": len(events), "oom": oom_at is not None, "complete_steps": len(zero_grads)}
+
+
+def _trace_records(events: list[dict]) -> tuple[list[list[Any]], dict[int, list[Any]], int | None]:
+    """Allocation records [alloc index or -1, free index or None, size, alloc frames, free frames] from the trace,
+    the records still open by address, and the index of the first OOM (None without one)."""
     records: list[list[Any]] = []
     open_by_addr: dict[int, list[Any]] = {}
     oom_at: int | None = None
@@ -291,46 +308,42 @@ def breakdown(snapshot: dict, device: int = 0) -> dict[str, Any]:
             rec[1], rec[4] = i, ev.get("frames")
         elif action == "oom" and oom_at is None:
             oom_at = i
-    # blocks active at the dump that the window never saw allocated
+    return records, open_by_addr, oom_at
+
+
+def _blocks_before_window(snapshot: dict, device: int, open_by_addr: dict[int, list[Any]]) -> list[list[Any]]:
+    """Blocks active at the dump that the trace window never saw allocated: alive from the start."""
+    out = []
     for seg in snapshot.get("segments") or []:
         if seg.get("device", device) != device:
             continue
         for blk in seg.get("blocks") or []:
-            if blk.get("state") != "active_allocated":
-                continue
-            if blk.get("address") in open_by_addr:
-                continue  # its allocation is in the window: counted already
+            if blk.get("state") != "active_allocated" or blk.get("address") in open_by_addr:
+                continue  # free, or its allocation is in the window: counted already
             frames = blk.get("frames")
             if frames is None and blk.get("history"):
                 frames = blk["history"][-1].get("frames")
-            records.append([-1, None, int(blk.get("size", 0)), frames, None])
+            out.append([-1, None, int(blk.get("size", 0)), frames, None])
+    return out
 
-    zero_grads = [r[1] for r in records if r[1] is not None and _any(_names(r[4]), names=("zero_grad",))]
-    cut = oom_at if oom_at is not None else (max(zero_grads) if zero_grads else len(events))
-    # sweep: live bytes after each event up to the cut
-    delta = [0] * (len(events) + 1)
+
+def _live_peak(records: list[list[Any]], n_events: int, cut: int) -> tuple[int, int]:
+    """(peak live bytes, the event index where it is reached; -1 before any) over the trace up to `cut`."""
+    delta = [0] * (n_events + 1)
     base = 0
     for r in records:
-        start = r[0]
-        if start < 0:
+        if r[0] < 0:
             base += r[2]
         else:
-            delta[start] += r[2]
+            delta[r[0]] += r[2]
         if r[1] is not None:
             delta[r[1]] -= r[2]
     live, peak, peak_at = base, base, -1
-    for i in range(min(cut + 1, len(events))):
+    for i in range(min(cut + 1, n_events)):
         live += delta[i]
         if live > peak:
             peak, peak_at = live, i
-    cats = dict.fromkeys(CATEGORIES, 0)
-    for r in records:
-        alive_at_peak = r[0] <= peak_at and (r[1] is None or r[1] > peak_at)
-        if not alive_at_peak:
-            continue
-        alive_at_cut = r[1] is None or r[1] > cut
-        cats[classify(r[3], r[4], alive_at_cut, r[0] <= cut)] += r[2]
-    return {"peak_bytes": peak, "categories": cats, "events": len(events), "oom": oom_at is not None, "complete_steps": len(zero_grads)}
+    return peak, peak_at
 
 
 class SnapshotSink:
