@@ -139,12 +139,7 @@ def check(experiment: Experiment, profile: Profile, world: int, device_type: str
             f"distributed.mode = none with {world} ranks (--nproc / torchrun): each rank would train the whole batch alone; "
             f"use a distributed profile (ddp_bf16, fsdp_bf16, fsdp_gradcp_bf16) or --set distributed.mode=ddp"
         )
-    B, k = experiment.train.batch_size, profile.accumulation.steps
-    if B % (world * k):
-        raise ConfigError(
-            f"train.batch_size ({B}) is the global batch of one optimizer step; it must be divisible by ranks ({world}) "
-            f"x accumulation.steps ({k}) = {world * k}, e.g. --set train.batch_size={max(1, B // (world * k)) * world * k}"
-        )
+    # the global batch against ranks x accumulation.steps: memlab.core.techniques.accumulation
     if d.cpu_offload and mode != "fsdp":
         raise ConfigError(f"distributed.cpu_offload offloads FSDP2's sharded parameters and applies to distributed.mode = fsdp, not {mode}")
     if d.cpu_offload and device_type != "cuda":

@@ -335,7 +335,7 @@ def _train(run: _Run, prepared: Prepared, sink: Sink, meters: bool) -> None:
     _start_sampler(run, sink, meters)
     _emit_started(run, prepared, step, sink)
     _train_loop(run, prepared, step, sink, meters)
-    _final_eval(run, prepared, step, sink)
+    _eval(run, prepared, step, sink, run.steps_done)  # the final validation, always
     summary, ranks = _final_summary(run, "finished")  # distributed: gathered on rank 0, one row per rank
     run.info["summary"] = summary
     sink.emit(make_event("finished", summary=summary, **ranks))
@@ -457,10 +457,6 @@ def _eval(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, at_step: i
     run.info["phase"] = "eval"
     run.val_loss = evaluate(step.train_model, prepared.val, step.autocast, run.device)
     sink.emit(make_event("eval", step=at_step, val_loss=run.val_loss, val_ppl=math.exp(min(run.val_loss, 700))))
-
-
-def _final_eval(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) -> None:
-    _eval(run, prepared, step, sink, run.steps_done)
 
 
 class _StepPublisher:

@@ -10,13 +10,17 @@ from memlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
-    from memlab.core.step import TrainStep
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
     k, B = profile.accumulation.steps, experiment.train.batch_size
-    if B % k:
+    if world == 1 and B % k:
         raise ConfigError(f"train.batch_size ({B}) must be divisible by accumulation.steps ({k}) so the effective batch stays {B}, e.g. accumulation.steps = {_divisor_near(B, k)}")
+    if B % (world * k):
+        raise ConfigError(
+            f"train.batch_size ({B}) is the global batch of one optimizer step; it must be divisible by ranks ({world}) "
+            f"x accumulation.steps ({k}) = {world * k}, e.g. --set train.batch_size={max(1, B // (world * k)) * world * k}"
+        )
 
 
 def _divisor_near(batch: int, k: int) -> int:
@@ -26,7 +30,3 @@ def _divisor_near(batch: int, k: int) -> int:
 def micro_batch(experiment: Experiment, profile: Profile, world: int) -> int:
     """Sequences per forward on one rank: train.batch_size is the global batch of one optimizer step."""
     return experiment.train.batch_size // (profile.accumulation.steps * world)
-
-
-def apply(step: TrainStep) -> None:
-    """Nothing to build: TrainStep.run splits each batch into profile.accumulation.steps micro-batches."""

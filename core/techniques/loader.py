@@ -10,13 +10,8 @@ from memlab.core.errors import DeviceError
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
-    from memlab.core.step import TrainStep
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
     if profile.loader.pin_memory and device.type != "cuda":
         raise DeviceError("loader.pin_memory speeds host-to-GPU copies and needs CUDA; set it to false on the CPU backend")
-
-
-def apply(step: TrainStep) -> None:
-    """Nothing to build: the engine's batch iterator reads profile.loader."""

@@ -76,9 +76,9 @@ def estimate(
     if world < 1:
         raise ConfigError(f"--nproc must be at least 1, got {nproc}")
     if nproc is not None or prof.distributed.mode != "none":
-        from memlab.core import distributed
+        from memlab.core.techniques import check_plan
 
-        distributed.check(exp, prof, world, "cuda")  # the combinations `memlab run --nproc` refuses, refused here too
+        check_plan(exp, prof, world)  # the combinations `memlab run --nproc` refuses, refused here too
     if method == "fake" and world > 1:
         raise ConfigError("--method fake measures one process; with --nproc use --method analytic")
     notes: list[str] = []
