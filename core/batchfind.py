@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,6 +41,9 @@ from memlab.core.errors import ConfigError, DeviceError, MemlabError
 from memlab.core.units import gib, parse_size  # noqa: F401 (parse_size: tests reach it as batchfind.parse_size)
 
 MEMORY_ENV = "MEMLAB_GPU_MEMORY_BYTES"
+# Set when other processes share the card (study --lanes): only NVML's per-process figure can tell this
+# process's use apart, so the device-wide fallback (its growth across this context's creation) is refused.
+PER_PROCESS_ENV = "MEMLAB_NVML_PER_PROCESS"
 
 # ---------------------------------------------------------------------------------------------- the child's cap
 
@@ -115,11 +119,24 @@ def _used_outside_allocator(index: int) -> tuple[int | None, int]:
     del a
     torch.cuda.synchronize(dev)
     reserved = torch.cuda.memory_reserved(dev)
-    used = _nvml_process_used(nvml)
-    if used is None and before is not None:
-        after = _nvml_device_used(nvml)
-        used = after - before if after is not None else None
+
+    def growth() -> int | None:
+        after = _nvml_device_used(nvml) if before is not None else None
+        return after - before if after is not None and before is not None else None
+
+    used = process_use(_nvml_process_used(nvml), growth)
     return used, reserved
+
+
+def process_use(per_process: int | None, device_growth: Callable[[], int | None]) -> int | None:
+    """This process's GPU memory: NVML's per-process figure; else the device's growth across this process's context
+    creation, unless other processes share the card (then refused in one line, not guessed)."""
+    if per_process is not None:
+        return per_process
+    if os.environ.get(PER_PROCESS_ENV):
+        raise DeviceError("NVML does not list this process's memory (a container's PIDs?), and other processes share "
+                          "the card (study --lanes), so its use outside the allocator cannot be measured; run without --lanes")
+    return device_growth()
 
 
 def _nvml_handle(nvml_idx: int) -> Any:
@@ -542,8 +559,16 @@ def cached_bounds(key: str) -> tuple[int, int | None, dict]:
     return int(fit), (int(oom) if oom else None), entry
 
 
+_CACHE_LOCK = threading.Lock()  # study --lanes: searches in threads share one cache file
+
+
 def record_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict[str, Any]) -> dict:
     """Merge probe outcomes into the cache entry (atomic write); returns the entry."""
+    with _CACHE_LOCK:
+        return _merge_bounds(key, fits, ooms, meta)
+
+
+def _merge_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict[str, Any]) -> dict:
     data = _read_cache()
     entry = dict(data["entries"].get(key) or {})
     fit = max([entry.get("max_fit") or 0, *fits])

@@ -255,3 +255,83 @@ def test_findings_from_the_h100_seed_shape_runs(tmp_path):
     assert "tf32: no effect on memory (+0.0% against baseline); the estimator predicts the same peak" in md
     assert "**compile** is the fastest at the common batch: 9.9 ms a step, 5.49× baseline" in md
     assert "| baseline | 8.58 | 11.65 | 0.36 | 11.65 | 14.66 | 15.86 |" in md  # memory by phase, allocated / reserved / device
+
+
+@pytest.mark.parametrize("lanes, device, memory, expect", [
+    (0, "cuda", "24GiB", "--lanes 0: give 1 or more"),
+    (2, "cpu", None, "it needs --device cuda and --gpu-memory"),
+    (2, "cuda", None, "it needs --device cuda and --gpu-memory"),
+    (4, "cuda", "24GiB", "--lanes 4 x --gpu-memory 24GiB is more than this GPU has (80.00 GiB); at most 3 lanes of 24GiB fit"),
+])
+def test_lanes_that_cannot_share_the_card_are_refused(lanes, device, memory, expect, monkeypatch):
+    from memlab.core import batchfind
+    from memlab.core.errors import MemlabError
+    from memlab.core.study import Options, check_lanes, make_plan
+
+    monkeypatch.setattr(batchfind, "gpu_info", lambda index=0: batchfind.GpuInfo("NVIDIA Fake 80GB", 80 * 2**30))
+    plan = make_plan(Options(profiles=["baseline"], experiment="tiny", device=device, gpu_memory=memory))
+    with pytest.raises(MemlabError) as e:
+        check_lanes(lanes, plan)
+    assert expect in str(e.value)
+    assert check_lanes(1, plan) == 1
+
+
+def test_lanes_search_several_profiles_at_once_each_recorded(tmp_path, monkeypatch):
+    """--lanes 3: three searches overlap (each its own probes), every profile gets its own answer in the state and the
+    cache, and the probes are told that other processes share the card (NVML per-process figures only)."""
+    import threading
+
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study.plan import Plan
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    names = ["baseline", "bf16", "gradcp_bf16", "chunked_ce"]
+    limits = dict(zip(names, (11, 13, 17, 19)))
+    active, most, envs, lock = [0], [0], [], threading.Lock()
+
+    class FakeProbe:
+        def __init__(self, profile_ref, experiment_ref, overrides, **kw):
+            self.name = profile_ref
+            envs.append(kw.get("env"))
+
+        def __call__(self, b):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.02)
+            with lock:
+                active[0] -= 1
+            return bf.ProbeResult(b, b <= limits[self.name], message="" if b <= limits[self.name] else "CUDA out of memory")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    options = Options(profiles=names, experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", 24 * 2**30, "NVIDIA Fake",
+                80 * 2**30, lanes=3)
+    state = StudyState(options, {})
+    lines: list[str] = []
+    Study(plan, state, tmp_path, lines.append)._max_phase()
+    assert {n: (state.item("max", n).status, state.item("max", n).max_batch) for n in names} == {n: ("measured", limits[n]) for n in names}
+    assert most[0] == 3  # never more searches at once than lanes, and they did overlap
+    assert envs == [{bf.PER_PROCESS_ENV: "1"}] * 4
+    saved = json.loads((tmp_path / "study.json").read_text())
+    assert sorted(k for k in saved["items"] if k.startswith("max/")) == sorted(f"max/{n}" for n in names)
+    for n in names:
+        key = bf.cache_key(plan.experiment, plan.profiles[n], "NVIDIA Fake", 24 * 2**30, steps=3)
+        assert bf.cached_bounds(key)[:2] == (limits[n], limits[n] + 1)
+
+
+def test_a_shared_card_without_per_process_nvml_is_refused_not_guessed(monkeypatch):
+    """In a lane, the device-wide NVML figure would count the other lanes' memory: refused in one line instead."""
+    from memlab.core import batchfind as bf
+    from memlab.core.errors import DeviceError
+
+    assert bf.process_use(5, lambda: 7) == 5 and bf.process_use(None, lambda: 7) == 7  # alone on the card
+    monkeypatch.setenv(bf.PER_PROCESS_ENV, "1")
+    assert bf.process_use(5, lambda: 7) == 5
+    with pytest.raises(DeviceError, match="other processes share the card"):
+        bf.process_use(None, lambda: 7)

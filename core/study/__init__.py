@@ -9,12 +9,12 @@ polars frame), findings (sentences computed from it), figures (PNG).
 """
 
 from memlab.core.study.execute import Study
-from memlab.core.study.plan import Plan, check_out, make_plan, single_gpu_profiles
+from memlab.core.study.plan import Plan, check_lanes, check_out, make_plan, single_gpu_profiles
 from memlab.core.study.recipes import check_reachable, check_recipe, recipe_names
 from memlab.core.study.report import write_report
 from memlab.core.study.state import Options, StudyState, check_same_study, load_state, stamp
 
 __all__ = [
     "Options", "Plan", "Study", "StudyState", "check_out", "check_reachable", "check_recipe", "check_same_study",
-    "load_state", "make_plan", "recipe_names", "single_gpu_profiles", "stamp", "write_report",
+    "check_lanes", "load_state", "make_plan", "recipe_names", "single_gpu_profiles", "stamp", "write_report",
 ]

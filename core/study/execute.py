@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import shlex
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -29,7 +31,8 @@ class Study:
         self.plan, self.state, self.out, self.say = plan, state, out, say
         self.stopping = False
         self.queue: ChildQueue | None = None
-        self.progress = Progress(self._pending_counts, say)
+        self.progress = Progress(self._pending_counts, say, lanes=plan.lanes)
+        self._lock = threading.Lock()  # lanes: one state file, one progress line at a time
 
     def stop(self) -> None:
         self.stopping = True
@@ -38,24 +41,36 @@ class Study:
 
     def run(self) -> None:
         """Do what is not final yet; returns when done or stopped (see `stopping`)."""
-        for name in self.plan.options.profiles:
-            self._max_item(name)
+        self._max_phase()
         for kind in TRAIN_KINDS if self.plan.options.at_max else TRAIN_KINDS[:1]:
             if not self.stopping:
                 self._train_phase(kind)
 
     # ------------------------------------------------------------------------------------------ max batch
 
+    def _max_phase(self) -> None:
+        """One search at a time, or with --lanes N, N at once (each in its own capped child processes: memory
+        only, no timing is taken from a search)."""
+        names = self.plan.options.profiles
+        if self.plan.lanes == 1:
+            for name in names:
+                self._max_item(name)
+            return
+        with ThreadPoolExecutor(max_workers=self.plan.lanes, thread_name_prefix="lane") as pool:
+            list(pool.map(self._max_item, names))
+
     def _max_item(self, name: str) -> None:
         item = self.state.item("max", name)
         if item.final or self.stopping:
             return
-        self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)"))
+        with self._lock:
+            self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)"))
         t0 = time.monotonic()
         find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping)
         item.seconds = time.monotonic() - t0
-        self.progress.end(item, _max_line(item))
-        self.state.save(self.out)
+        with self._lock:
+            self.progress.end(item, _max_line(item))
+            self.state.save(self.out)
 
     # ------------------------------------------------------------------------------------------ training runs
 
@@ -130,8 +145,8 @@ class Progress:
 
     EVERY_S = 5.0
 
-    def __init__(self, pending: Callable[[], list[str]], say: Say):
-        self.pending, self.say = pending, say
+    def __init__(self, pending: Callable[[], list[str]], say: Say, lanes: int = 1):
+        self.pending, self.say, self.lanes = pending, say, lanes
         self.done_s: dict[str, list[float]] = {}
         self.current: Item | None = None
         self.t_start = 0.0
@@ -146,7 +161,7 @@ class Progress:
         self.say(f"[{item.kind} {item.profile}] {what} · {len(left)} item(s) left · study ETA {self._eta(left)}")
 
     def end(self, item: Item, line: str) -> None:
-        self.done_s.setdefault(item.kind, []).append(time.monotonic() - self.t_start)
+        self.done_s.setdefault(item.kind, []).append(item.seconds if item.kind == "max" and item.seconds else time.monotonic() - self.t_start)
         self.current = None
         self.say(f"[{item.kind} {item.profile}] {line}")
 
@@ -164,7 +179,8 @@ class Progress:
             self.say(f"  {key.profile}: step {step}" + (f"/{total}" if isinstance(total, int) else "") + f" · study ETA {self._eta(self.pending())}")
 
     def _eta(self, left: list[str]) -> str:
-        """Each item left at the mean of its class's (max-batch searches, runs) so far; the current run at its pace."""
+        """Each item left at the mean of its class's (max-batch searches, runs) so far, searches shared by the
+        lanes; the current run at its pace."""
         seconds = 0.0
         for i, kind in enumerate(left):
             if i == 0 and self.current is not None and self.run_left_s is not None:
@@ -173,7 +189,7 @@ class Progress:
             times = [s for k, v in self.done_s.items() if (k == "max") == (kind == "max") for s in v]
             if not times:
                 return "unknown until the first " + ("search" if kind == "max" else "run") + " ends"
-            seconds += sum(times) / len(times)
+            seconds += sum(times) / len(times) / (self.lanes if kind == "max" else 1)
         return _duration(seconds)
 
 

@@ -55,8 +55,9 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
     key = bf.cache_key(plan.experiment, prof, gpu, plan.cap_bytes, steps=PROBE_STEPS)
     fit, oom, _ = bf.cached_bounds(key)
     start = bf.start_below(predicted)
+    env = {bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {}  # lanes share the card: no device-wide figure
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
-                          steps=PROBE_STEPS, cap_bytes=plan.cap_bytes)
+                          steps=PROBE_STEPS, cap_bytes=plan.cap_bytes, env=env)
 
     def guarded(b: int) -> bf.ProbeResult:
         if stopping():

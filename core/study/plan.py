@@ -27,6 +27,8 @@ class Plan:
     baseline: str  # `baseline` when studied, else the first profile
     cap_bytes: int | None  # --gpu-memory
     gpu_name: str | None
+    gpu_total_bytes: int | None = None  # the real card's memory (NVML), for --lanes
+    lanes: int = 1  # max-batch searches at once (--lanes; check_lanes)
 
     @property
     def on_cuda(self) -> bool:
@@ -76,20 +78,37 @@ def make_plan(options: Options) -> Plan:
     if options.batch == "baseline-max" and "baseline" not in profiles:
         raise ConfigError("--batch baseline-max trains at the largest batch the baseline fits: add baseline to --profiles")
     cap = parse_size(options.gpu_memory) if options.gpu_memory else None
-    gpu_name = _check_card(cap, options.gpu_memory) if options.device == "cuda" else None
-    return Plan(options, exp, profiles, baseline, cap, gpu_name)
+    gpu_name, gpu_total = _check_card(cap, options.gpu_memory) if options.device == "cuda" else (None, None)
+    return Plan(options, exp, profiles, baseline, cap, gpu_name, gpu_total)
+
+
+def check_lanes(lanes: int, plan: Plan) -> int:
+    """--lanes N: N max-batch searches at once on one GPU, each capped at --gpu-memory, so N caps must fit the card
+    (the training runs stay one at a time: their timings are never shared)."""
+    if lanes < 1:
+        raise ConfigError(f"--lanes {lanes}: give 1 or more")
+    if lanes == 1:
+        return lanes
+    if not plan.on_cuda or plan.cap_bytes is None:
+        raise ConfigError(f"--lanes {lanes} searches several profiles at once on one GPU, each under --gpu-memory: "
+                          "it needs --device cuda and --gpu-memory (e.g. --gpu-memory 24GiB --lanes 3 on an 80 GB card)")
+    if plan.gpu_total_bytes is not None and lanes * plan.cap_bytes > plan.gpu_total_bytes:
+        most = plan.gpu_total_bytes // plan.cap_bytes
+        raise ConfigError(f"--lanes {lanes} x --gpu-memory {plan.options.gpu_memory} is more than this GPU has "
+                          f"({gib(plan.gpu_total_bytes)}); at most {most} lanes of {plan.options.gpu_memory} fit")
+    return lanes
 
 
 def run_items(options: Options) -> list[str]:
     return list(options.overrides) + ([f"train.steps={options.steps}"] if options.steps is not None else [])
 
 
-def _check_card(cap: int | None, text: str | None) -> str | None:
+def _check_card(cap: int | None, text: str | None) -> tuple[str | None, int | None]:
     from memlab.core.batchfind import gpu_info
 
     gpu = gpu_info()
     if gpu is None:
-        return None
+        return None, None
     if cap is not None and cap > gpu.total_bytes:
         raise DeviceError(f"--gpu-memory {text} ({gib(cap)}) is more than this GPU has ({gpu.name}: {gib(gpu.total_bytes)})")
-    return gpu.name
+    return gpu.name, gpu.total_bytes

@@ -28,6 +28,7 @@ def study(
     device: DeviceOpt = "auto",
     data: Annotated[Optional[str], typer.Option("--data", help="Replace the corpus: stdlib | a file or folder | hf:NAME[:CONFIG].")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Replace the tokenizer: bpe:N | tokenizer.json | hf:NAME.")] = None,
+    lanes: Annotated[int, typer.Option("--lanes", help="Search the max batch of N profiles at once on one GPU, each capped at --gpu-memory (N caps must fit the card); training runs stay one at a time, so no timing is shared.")] = 1,
 ) -> None:
     """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
 
@@ -43,13 +44,14 @@ def study(
     stored = st.load_state(out_path) if out_path.is_dir() else None
     options = _options(stored, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, list(set_ or []) + data_overrides(data, None, tokenizer, None, None, None, None), device)
     plan = st.make_plan(options)
+    plan.lanes = st.check_lanes(lanes, plan)
     identity = options.identity(plan.experiment.fingerprint())
     if stored is not None:
         st.check_same_study(stored, identity, out_path)
     st.check_reachable(plan.experiment, _args(options, out, offline=True))
     state = stored or st.StudyState(options, identity)
     state.options = options
-    state.invocations.append(st.stamp("memlab study " + _args(options, out)))
+    state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --lanes {lanes}" if lanes > 1 else "")))
     out_path.mkdir(parents=True, exist_ok=True)
     state.save(out_path)
     runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True))
