@@ -56,6 +56,7 @@ class TrainStep:
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     offload: Callable[[], ContextManager] = contextlib.nullcontext
     applied: dict[str, Any] = field(default_factory=dict)  # one line per technique (and the memory cap's bytes), for the summary
+    param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
 
     @property
@@ -71,9 +72,9 @@ class TrainStep:
         cfg = model_config(self.experiment, self.vocab_size)
         if self.on_device:
             with self.device:
-                self.model = GPT(cfg, self.kernel)
+                self.model = GPT(cfg, self.kernel).to(self.param_dtype)
         else:  # made on the CPU then moved: the same initial weights on every device, from the seed
-            self.model = GPT(cfg, self.kernel).to(self.device)
+            self.model = GPT(cfg, self.kernel).to(self.device, self.param_dtype)
         self.train_model = self.model
 
     def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,
@@ -127,7 +128,8 @@ class TrainStep:
 
 
 def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,
-               on_device: bool = False) -> TrainStep:
+               param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
+    on_device: bool = False) -> TrainStep:
     """The step for `profile` on `experiment`, every technique applied. Call check_techniques first (the engine's
     prepare does): apply assumes the checks passed."""
     from memlab.core.techniques import apply_techniques
