@@ -128,8 +128,7 @@ class TrainStep:
 
 
 def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,
-               param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
-    on_device: bool = False) -> TrainStep:
+               on_device: bool = False) -> TrainStep:
     """The step for `profile` on `experiment`, every technique applied. Call check_techniques first (the engine's
     prepare does): apply assumes the checks passed."""
     from memlab.core.techniques import apply_techniques
