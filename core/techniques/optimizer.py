@@ -55,6 +55,8 @@ def describe(profile: Profile) -> str:
     text = cfg.name + (":fused" if cfg.fused else "") + (":offload" if cfg.offload else "")
     if cfg.name in PACKAGES or cfg.name == "muon":
         text += f" ({library_version(cfg.name)})"  # e.g. adamw4bit (torchao 0.18.0)
+    if cfg.name == "paged_adamw8bit":  # the summary's peak (the allocator's) does not include it: say so
+        text += "; state in CUDA unified memory, outside the allocator's peak (NVML counts it)"
     return text
 
 
