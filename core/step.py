@@ -72,9 +72,11 @@ class TrainStep:
         cfg = model_config(self.experiment, self.vocab_size)
         if self.on_device:
             with self.device:
-                self.model = GPT(cfg, self.kernel).to(self.param_dtype)
+                self.model = GPT(cfg, self.kernel)
         else:  # made on the CPU then moved: the same initial weights on every device, from the seed
-            self.model = GPT(cfg, self.kernel).to(self.device, self.param_dtype)
+            self.model = GPT(cfg, self.kernel).to(self.device)
+        if self.param_dtype != torch.float32:  # bf16_pure (a no-op .to() would still swap fake tensors: skipped)
+            self.model = self.model.to(self.param_dtype)
         self.train_model = self.model
 
     def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,
