@@ -86,7 +86,8 @@ class Experiment:
 
 @dataclass
 class PrecisionConfig:
-    dtype: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
+    # bf16_pure: the parameters themselves (so gradients and optimizer state too) are bf16; no fp32 master copy
+    dtype: Literal["fp32", "tf32", "bf16", "fp16", "bf16_pure"] = "fp32"
 
 
 @dataclass
@@ -106,9 +107,10 @@ class CheckpointingConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw", "adafactor", "adamw8bit"] = "adamw"
+    name: Literal["adamw", "adafactor", "adamw8bit", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore"] = "adamw"
     fused: bool = False  # adamw only: the fused kernel instead of foreach
     offload: bool = False  # keep optimizer state (and the step) on the CPU
+    rank: int = 128  # galore: rank of the projected gradient of each hidden matrix
 
 
 @dataclass
@@ -413,6 +415,7 @@ def validate_profile(p: Profile, origin: str) -> None:
     _require(p.accumulation.steps >= 1, f"{origin}: accumulation.steps must be at least 1, got {p.accumulation.steps}")
     _require(p.loss.chunk_size >= 1, f"{origin}: loss.chunk_size must be at least 1, got {p.loss.chunk_size}")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
+    _require(p.optimizer.rank >= 1, f"{origin}: optimizer.rank must be at least 1, got {p.optimizer.rank}")
     if p.optimizer.fused:
         _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
 

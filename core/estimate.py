@@ -164,43 +164,86 @@ def padded(vocab: int) -> int:
 # ---------------------------------------------------------------------------------------------- optimizer
 
 
+def _hidden(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The hidden matrices Muon and GaLore treat apart (memlab.core.muon.hidden_matrices): the 2-D shapes after
+    wte and wpe, which param_shapes lists first (the LM head is tied to wte)."""
+    return [s for s in shapes[2:] if len(s) == 2]
+
+
+def _blockwise(n: int, bits: int, block: int, min_size: int = 4096) -> int:
+    """Two moments of n elements quantized to `bits` with an fp32 scale per `block` elements (torchao, bitsandbytes:
+    tensors under 4096 elements, or (torchao) not a whole number of blocks, keep fp32 moments)."""
+    if n < min_size or n % block:
+        return 8 * n
+    return 2 * (n * bits // 8 + 4 * (n // block))
+
+
+def _galore_matrix(shape: tuple[int, ...], rank: int) -> int:
+    """galore_torch 1.0, proj_type "std": the moments of the R x r (R >= C) or r x C projection, 2 x 4 bytes each,
+    and the projection, a slice of the fp32 SVD factor that, being a view, keeps the whole min(R, C)^2 factor alive."""
+    R, C = shape
+    m = min(R, C)
+    return 8 * min(rank, m) * max(R, C) + 4 * m * m
+
+
+def paged_bytes(shapes: list[tuple[int, ...]]) -> int:
+    """bitsandbytes' paged optimizers put a state of >= 1e5 elements in CUDA unified memory (cudaMallocManaged):
+    outside PyTorch's caching allocator, so neither counted in its peak nor seen by torch.cuda.max_memory_allocated."""
+    return sum(2 * math.prod(s) for s in shapes if math.prod(s) >= 100_000)
+
+
 def optimizer_state_bytes(profile: Profile, shapes: list[tuple[int, ...]]) -> int:
-    """Device bytes of optimizer state, by optimizer and precision (parameters are fp32 in every profile).
+    """Bytes of optimizer state in the caching allocator, by optimizer (parameters fp32 except under bf16_pure).
 
     adamw (foreach or fused): two fp32 moments, 8 bytes a parameter (fused also keeps a 4-byte step per tensor).
     adafactor (torch.optim.Adafactor): no first moment; a matrix R x C keeps a row and a column factor,
         (R + C) x 4 bytes; a vector keeps a full fp32 second moment.
     adamw8bit (torchao): tensors of >= 4096 elements divisible by the 256-element block keep two uint8 moments
         plus an fp32 scale per block (2 x (1 + 4/256) bytes); smaller tensors keep fp32 moments.
+    adamw4bit (torchao 0.18 AdamW4bit): the same rule with 4-bit codes and 128-element blocks, 2 x (0.5 + 4/128).
+    bf16_sr (torchao _AdamW, bf16 parameters): moments shaped like the parameter, bf16: 4 bytes a parameter.
+    muon: one fp32 momentum buffer per hidden matrix (4 bytes), AdamW's 8 bytes for the rest.
+    paged_adamw8bit (bitsandbytes): 8-bit moments (256-element blocks) for >= 4096 elements, fp32 below; states
+        of >= 1e5 elements are paged (paged_bytes), so only their block scales are counted here.
+    galore: _galore_matrix per hidden matrix, AdamW's 8 bytes for the rest.
     optimizer.offload: the state (and fp32 master copies) live in host memory: 0 on the GPU.
     """
     opt = profile.optimizer
+    sizes = [math.prod(s) for s in shapes]
+    hidden = _hidden(shapes)
+    rest = sum(sizes) - sum(math.prod(s) for s in hidden)
     if opt.offload:
         return 0
     if opt.name == "adamw":
-        return sum(8 * math.prod(s) for s in shapes) + (4 * len(shapes) if opt.fused else 0)
+        return 8 * sum(sizes) + (4 * len(shapes) if opt.fused else 0)
     if opt.name == "adafactor":
-        total = 0
-        for s in shapes:
-            total += 4 * (s[0] + s[1]) if len(s) >= 2 else 4 * s[0]
-        return total
+        return sum(4 * (s[0] + s[1]) if len(s) >= 2 else 4 * s[0] for s in shapes)
     if opt.name == "adamw8bit":
-        total = 0
-        for s in shapes:
-            n = math.prod(s)
-            total += 2 * (n + 4 * (n // 256)) + 2 * 256 * 4 if n >= 4096 and n % 256 == 0 else 8 * n
-        return total
-    raise ConfigError(f"estimate: unknown optimizer.name {opt.name!r}; valid: adamw, adafactor, adamw8bit")
+        return sum(_blockwise(n, 8, 256) + (2 * 256 * 4 if n >= 4096 and n % 256 == 0 else 0) for n in sizes)
+    if opt.name == "adamw4bit":
+        return sum(_blockwise(n, 4, 128) + (2 * 16 * 4 if n >= 4096 and n % 128 == 0 else 0) for n in sizes)
+    if opt.name == "bf16_sr":
+        return 4 * sum(sizes)
+    if opt.name == "muon":
+        return 4 * sum(math.prod(s) for s in hidden) + 8 * rest
+    if opt.name == "paged_adamw8bit":
+        in_allocator = sum(8 * n if n < 4096 else (2 * n if n < 100_000 else 0) + 8 * -(-n // 256) for n in sizes)
+        return in_allocator + 2 * 256 * 4
+    if opt.name == "galore":
+        return sum(_galore_matrix(s, opt.rank) for s in hidden) + 8 * rest
+    raise ConfigError(f"estimate: unknown optimizer.name {opt.name!r}")
 
 
 def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device: str = "cuda") -> int:
     """Temporaries of one optimizer step. The foreach implementations work on whole parameter groups at once:
     AdamW's `_foreach_sqrt(exp_avg_sqs)` and Adafactor's `row_var @ col_var` variance estimates are one fp32 copy
-    of the largest group (the decayed matrices). Fused AdamW and torchao's compiled 8-bit step fuse them away;
-    an offloaded optimizer steps on the host. On the CPU, Adafactor defaults to its per-tensor loop (the engine
-    asks AdamW for foreach explicitly), so only the largest tensor's temporaries exist at once."""
+    of the largest group (the decayed matrices). Fused AdamW and torchao's compiled steps (8-bit, 4-bit, bf16_sr)
+    fuse them away, as do bitsandbytes' in-place 8-bit kernels; an offloaded optimizer steps on the host. On the
+    CPU, Adafactor defaults to its per-tensor loop (the engine asks AdamW for foreach explicitly), so only the
+    largest tensor's temporaries exist at once. Muon and GaLore: _per_matrix_temp_bytes, or AdamW's foreach
+    temporaries of the rest, whichever is larger."""
     opt = profile.optimizer
-    if opt.offload or opt.name == "adamw8bit" or (opt.name == "adamw" and opt.fused):
+    if opt.offload or opt.name in ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit") or (opt.name == "adamw" and opt.fused):
         return 0
     matrices = [math.prod(s) for s in shapes if len(s) >= 2]
     vectors = [math.prod(s) for s in shapes if len(s) < 2]
@@ -208,7 +251,21 @@ def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device
         if device != "cuda":
             return 4 * max(max(matrices), 2 * max(vectors))
         return 4 * max(sum(matrices), 2 * sum(vectors))  # vectors: grad*grad, then a clone of the variance
+    if opt.name in ("muon", "galore"):
+        hidden = _hidden(shapes)
+        embeddings = sum(math.prod(s) for s in shapes[:2])  # wte, wpe: AdamW's decayed group
+        return max(_per_matrix_temp_bytes(opt.name, hidden), 4 * max(embeddings, sum(vectors)))
     return 4 * max(sum(matrices), sum(vectors))
+
+
+def _per_matrix_temp_bytes(name: str, hidden: list[tuple[int, ...]]) -> int:
+    """Muon (torch.optim.Muon, one matrix at a time): the fp32 Nesterov update (4n), its bf16 copy and the next
+    Newton-Schulz iterate (2n + 2n) and two m x m bf16 Gram matrices (4 m^2, m = min(R, C)).
+    GaLore: the update projected back to R x C and its scaled copy (8n); on a projection step, the fp32 SVD
+    factors U (R x m) and Vh (m x C) beside the gradient (LAPACK's own workspace not counted)."""
+    if name == "muon":
+        return max(8 * R * C + 4 * min(R, C) ** 2 for R, C in hidden)
+    return max(max(8 * R * C, 4 * min(R, C) * (R + C)) for R, C in hidden)
 
 
 # ---------------------------------------------------------------------------------------------- activations
@@ -231,8 +288,14 @@ class _Precision:
 
 
 def _precision(profile: Profile) -> _Precision:
+    """bf16_pure has no autocast (the weights are bf16 already: no copies) and 2-byte matmul outputs."""
     amp = profile.precision.dtype in ("bf16", "fp16")
-    return _Precision(amp, 2 if amp else 4)
+    return _Precision(amp, 2 if amp or profile.precision.dtype == "bf16_pure" else 4)
+
+
+def param_bytes(profile: Profile) -> int:
+    """Bytes of a parameter, and of its gradient: 2 under bf16_pure, else 4 (autocast keeps fp32 parameters)."""
+    return 2 if profile.precision.dtype == "bf16_pure" else 4
 
 
 def _dropout_mask_bytes(experiment: Experiment, pr: _Precision, device: str) -> int:
@@ -479,7 +542,9 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
     N = param_count(s.L, s.C, s.F, s.T, s.V)
     shard = st.world_size if st.fsdp else 1
     on_gpu = 0 if st.host else 1
-    grads_full = on_gpu * 4 * N // shard
+    pb = param_bytes(p)
+    grads_full = on_gpu * pb * N // shard
+    _optimizer_notes(p, shapes, notes)
     bp = block_params(s.C, s.F)
     gathered = 0
     if st.ddp:
@@ -491,18 +556,29 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
     return _Static(
         params=N,
-        weights=on_gpu * 4 * N // shard,
+        weights=on_gpu * pb * N // shard,
         grads_full=grads_full,
         # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
         # DDP: the buckets hold every gradient from the start.
         grads_fwd=grads_full if st.k > 1 or st.ddp else 0,
-        head_grads=on_gpu * 4 * (s.V * s.C + 2 * s.C) // shard,
-        block_grads=on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard,
+        head_grads=on_gpu * pb * (s.V * s.C + 2 * s.C) // shard,
+        block_grads=on_gpu * pb * (bp["matrix"] + bp["vector"]) // shard,
         opt_state=on_gpu * optimizer_state_bytes(p, shapes) // shard,
         opt_temp=on_gpu * optimizer_temp_bytes(p, shapes, st.device) // shard,
         gathered=gathered,
         workspace=WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if st.device == "cuda" else 0,
     )
+
+
+def _optimizer_notes(p: Profile, shapes: list[tuple[int, ...]], notes: list[str]) -> None:
+    """What the figures leave out, or count with less certainty, for the optimizer-state techniques."""
+    if p.optimizer.name == "paged_adamw8bit":
+        gib = paged_bytes(shapes) / 1024**3
+        notes.append(f"paged_adamw8bit: {gib:.2f} GiB of 8-bit state in CUDA unified memory, outside the allocator (not in this peak, nor in torch.cuda.max_memory_allocated; NVML sees it)")
+    if p.precision.dtype == "bf16_pure":
+        notes.append("bf16_pure: weights and gradients 2 bytes; activations counted as bf16 autocast's (the residual stream, bf16 here, is counted fp32: an over-estimate)")
+    if p.optimizer.name in ("muon", "galore"):
+        notes.append(f"{p.optimizer.name}: temporaries of one hidden matrix's update at a time (per-tensor loop); less certain than AdamW's")
 
 
 @dataclass(frozen=True)

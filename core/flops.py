@@ -21,7 +21,7 @@ _PEAKS_TFLOPS: list[tuple[tuple[str, ...], tuple[float, float, float]]] = [
     (("A100",), (19.5, 156.0, 312.0)),
 ]
 
-_DTYPE_COLUMN = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2}
+_DTYPE_COLUMN = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2, "bf16_pure": 2}
 
 
 def peak_flops(gpu_name: str | None, dtype: str) -> float | None:

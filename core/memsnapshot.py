@@ -113,8 +113,8 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
     if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
         notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured with the CPU's SDPA (the same saved tensors)")
         p.attention.sdpa_backend = "auto"
-    if p.optimizer.name == "adamw8bit":
-        raise DeviceError("--method fake cannot run the 8-bit optimizer without CUDA; use --method analytic")
+    if p.optimizer.name in ("adamw8bit", "adamw4bit", "paged_adamw8bit"):
+        raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
 
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:

@@ -32,15 +32,19 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainCo
         if not hasattr(torch.optim, "Adafactor"):
             raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__})")
         return torch.optim.Adafactor(groups, lr=train.lr)
-    if cfg.name == "adamw8bit":
-        if device.type != "cuda":
-            raise DeviceError("optimizer.name = adamw8bit needs CUDA (its 8-bit kernels are GPU-only); use adamw on CPU")
-        try:
-            from torchao.optim import AdamW8bit
-        except ImportError as e:
-            raise ConfigError("optimizer.name = adamw8bit needs torchao: pip install 'memlab[adamw8bit]'") from e
-        return AdamW8bit(groups, lr=train.lr, betas=betas)
-    raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: adamw, adafactor, adamw8bit")
+    if cfg.name == "muon":
+        from memlab.core.muon import build_muon
+
+        return build_muon(model, train)  # type: ignore[return-value]  (a pair stepped as one)
+    from memlab.core.optim_library import CUDA_ONLY, PACKAGES, build_library_optimizer
+
+    if cfg.name in CUDA_ONLY and device.type != "cuda":
+        raise DeviceError(f"optimizer.name = {cfg.name} needs CUDA ({CUDA_ONLY[cfg.name]}); use adamw on CPU")
+    if cfg.name in PACKAGES:
+        return build_library_optimizer(model, groups, cfg, train)
+    from memlab.core.techniques.optimizer import NAMES
+
+    raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: {', '.join(NAMES)}")
 
 
 def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:

@@ -56,6 +56,7 @@ class TrainStep:
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     offload: Callable[[], ContextManager] = contextlib.nullcontext
     applied: dict[str, Any] = field(default_factory=dict)  # one line per technique (and the memory cap's bytes), for the summary
+    param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
 
     @property
@@ -74,6 +75,8 @@ class TrainStep:
                 self.model = GPT(cfg, self.kernel)
         else:  # made on the CPU then moved: the same initial weights on every device, from the seed
             self.model = GPT(cfg, self.kernel).to(self.device)
+        if self.param_dtype != torch.float32:  # bf16_pure (a no-op .to() would still swap fake tensors: skipped)
+            self.model = self.model.to(self.param_dtype)
         self.train_model = self.model
 
     def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,

@@ -117,7 +117,20 @@ REQUIRED = (
     "adamw8bit optim_offload compile chunked_ce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
-NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest"}
+NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit"}
+
+
+def _missing_library(profile) -> bool:
+    """Whether the profile's optimizer library (an optional extra) is absent here."""
+    from memlab.core.optim_library import PACKAGES, require_package
+
+    if profile.optimizer.name not in PACKAGES:
+        return False
+    try:
+        require_package(profile.optimizer.name)
+    except ConfigError:
+        return True
+    return False
 
 
 def test_every_required_profile_is_built_in_with_a_one_line_description():
@@ -144,6 +157,12 @@ def test_every_builtin_profile_trains_on_cpu_or_says_it_needs_cuda(name, tiny):
         overrides.append("attention.window=16")
     apply_overrides(tiny, profile, overrides)
     sink = ListSink()
+    missing = _missing_library(profile)
+    if missing and name not in NEEDS_CUDA:  # CI installs no extras: refused before any work, naming the extra
+        with pytest.raises(ConfigError, match=r"pip install 'memlab\["):
+            train(tiny, profile, sink, device=CPU)
+        assert not sink.of("step")
+        return
     if name in NEEDS_CUDA:
         with pytest.raises(DeviceError, match="CUDA"):
             train(tiny, profile, sink, device=CPU)

@@ -1,5 +1,7 @@
-"""optimizer.name / fused / offload: AdamW (foreach or fused), Adafactor, torchao's 8-bit AdamW, state on the CPU.
-Construction lives in memlab.core.optim (and optim_offload for offload); this is the door: check, then apply."""
+"""optimizer.name / fused / offload: AdamW (foreach or fused), Adafactor, torchao's 8-bit and 4-bit AdamW, bf16 AdamW
+with stochastic rounding, Muon (+ AdamW), bitsandbytes' paged 8-bit AdamW, GaLore; state on the CPU.
+Construction lives in memlab.core.optim (optim_library for the libraries' optimizers, muon, optim_offload);
+this is the door: check, then apply."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import torch
 
 from memlab.core.errors import ConfigError, DeviceError
 from memlab.core.optim import build_optimizer
+from memlab.core.optim_library import CUDA_ONLY, PACKAGES, library_version, require_package
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
-NAMES = ("adamw", "adafactor", "adamw8bit")
+NAMES = ("adamw", "adafactor", "adamw8bit", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore")
+NOT_ON_FSDP = ("muon", "paged_adamw8bit", "galore")  # per-matrix updates not written for FSDP2's sharded DTensors
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
@@ -23,27 +27,37 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
         raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: {', '.join(NAMES)}")
     if cfg.name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
         raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__}); use adamw")
-    if cfg.name == "adamw8bit":
-        _check_adamw8bit(device)
+    if cfg.name in CUDA_ONLY and device.type != "cuda":
+        raise DeviceError(f"optimizer.name = {cfg.name} needs CUDA ({CUDA_ONLY[cfg.name]}); use adamw on the CPU backend")
+    if cfg.name in PACKAGES:
+        require_package(cfg.name)
+    _check_pairing(profile)
     if cfg.offload:
         if device.type != "cuda":
             raise DeviceError("optimizer.offload moves optimizer state from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
-        if cfg.name not in ("adamw", "adafactor"):
-            raise ConfigError(f"optimizer.offload works with adamw or adafactor, not {cfg.name} (its 8-bit state lives on the GPU)")
 
 
-def _check_adamw8bit(device: torch.device) -> None:
-    if device.type != "cuda":
-        raise DeviceError("optimizer.name = adamw8bit needs CUDA (its 8-bit kernels are GPU-only); use adamw on the CPU backend")
-    try:
-        import torchao.optim  # noqa: F401
-    except ImportError:
-        raise ConfigError("optimizer.name = adamw8bit needs torchao: pip install 'memlab[adamw8bit]', or use adamw") from None
+def _check_pairing(profile: Profile) -> None:
+    """What each new optimizer needs of the rest of the profile."""
+    cfg = profile.optimizer
+    if cfg.name == "muon" and not hasattr(torch.optim, "Muon"):
+        raise ConfigError(f"optimizer.name = muon needs torch >= 2.9 (torch.optim.Muon; this is {torch.__version__}); use adamw")
+    if cfg.name == "bf16_sr" and profile.precision.dtype != "bf16_pure":
+        raise ConfigError(f"optimizer.name = bf16_sr rounds bf16 parameters stochastically and needs precision.dtype = bf16_pure (got {profile.precision.dtype}); use the bf16_sr profile")
+    if cfg.name in NOT_ON_FSDP and profile.distributed.mode == "fsdp":
+        raise ConfigError(f"optimizer.name = {cfg.name} does not run on FSDP2's sharded parameters; use distributed.mode = ddp or none")
+    if cfg.offload and cfg.name not in ("adamw", "adafactor"):
+        raise ConfigError(f"optimizer.offload works with adamw or adafactor, not {cfg.name} (its state lives on the GPU)")
 
 
 def describe(profile: Profile) -> str:
     cfg = profile.optimizer
-    return cfg.name + (":fused" if cfg.fused else "") + (":offload" if cfg.offload else "")
+    text = cfg.name + (":fused" if cfg.fused else "") + (":offload" if cfg.offload else "")
+    if cfg.name in PACKAGES or cfg.name == "muon":
+        text += f" ({library_version(cfg.name)})"  # e.g. adamw4bit (torchao 0.18.0)
+    if cfg.name == "paged_adamw8bit":  # the summary's peak (the allocator's) does not include it: say so
+        text += "; state in CUDA unified memory, outside the allocator's peak (NVML counts it)"
+    return text
 
 
 def apply(step: TrainStep) -> None:

@@ -1,4 +1,7 @@
-"""precision.dtype: fp32, tf32 (fp32 storage, TF32 tensor-core matmuls), bf16 or fp16 autocast (fp16 with a GradScaler)."""
+"""precision.dtype: fp32, tf32 (fp32 storage, TF32 tensor-core matmuls), bf16 or fp16 autocast (fp16 with a GradScaler),
+or bf16_pure: the parameters are bf16 themselves (no fp32 master weights, no autocast: every tensor is bf16), so
+gradients and the optimizer's state are bf16 too. Without stochastic rounding (optimizer.name = bf16_sr) small
+updates round away; the pairing is the bf16_sr profile."""
 
 from __future__ import annotations
 
@@ -7,23 +10,41 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import DeviceError
+from memlab.core.errors import ConfigError, DeviceError
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PARAM_DTYPE = {"bf16_pure": torch.bfloat16}  # precisions whose parameters are not fp32
 
 
 def compute_dtype(profile: Profile) -> torch.dtype:
-    """The dtype matmuls and attention see: the autocast dtype, else fp32 (tf32 keeps fp32 tensors)."""
-    return AUTOCAST.get(profile.precision.dtype, torch.float32)
+    """The dtype matmuls and attention see: the autocast dtype or the parameters', else fp32 (tf32 keeps fp32)."""
+    dtype = profile.precision.dtype
+    return AUTOCAST.get(dtype) or PARAM_DTYPE.get(dtype, torch.float32)
+
+
+def param_dtype(profile: Profile) -> torch.dtype:
+    return PARAM_DTYPE.get(profile.precision.dtype, torch.float32)
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
     if profile.precision.dtype == "tf32" and device.type != "cuda":
-        raise DeviceError("precision.dtype = tf32 needs CUDA (TF32 is a tensor-core mode); valid on the CPU backend: fp32, bf16, fp16")
+        raise DeviceError("precision.dtype = tf32 needs CUDA (TF32 is a tensor-core mode); valid on the CPU backend: fp32, bf16, fp16, bf16_pure")
+    if profile.precision.dtype == "bf16_pure":
+        _check_pure(profile)
+
+
+def _check_pure(profile: Profile) -> None:
+    """What bf16 parameters have not been tried with: refused rather than run untested."""
+    if profile.kernels.fused:
+        raise ConfigError("precision.dtype = bf16_pure does not compose with kernels.fused (its norms expect the fp32 residual stream); set kernels.fused = false")
+    if profile.distributed.mode == "fsdp":
+        raise ConfigError("precision.dtype = bf16_pure does not compose with distributed.mode = fsdp (FSDP2 casts fp32 parameters itself); use bf16, or ddp")
+    if profile.optimizer.offload:
+        raise ConfigError("precision.dtype = bf16_pure does not compose with optimizer.offload (it keeps fp32 master copies on the host); use bf16")
 
 
 def set_matmul_precision(dtype: str) -> None:
@@ -34,8 +55,9 @@ def set_matmul_precision(dtype: str) -> None:
 
 
 def apply(step: TrainStep) -> None:
-    """Global matmul flags, the autocast context for forward, and (fp16) the GradScaler."""
+    """Global matmul flags, the autocast context for forward, (fp16) the GradScaler, the parameters' dtype."""
     dtype, device = step.profile.precision.dtype, step.device
+    step.param_dtype = param_dtype(step.profile)
     set_matmul_precision(dtype)
     amp = AUTOCAST.get(dtype)
     step.autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp else contextlib.nullcontext

@@ -1,0 +1,218 @@
+"""The optimizer-state techniques (issue 19): refusals, Muon's split, CPU steps, GaLore, the estimator's ordering."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from memlab.core.config import Experiment, OptimizerConfig, TrainConfig, load_experiment, load_profile
+from memlab.core.errors import ConfigError
+from memlab.core.estimate import optimizer_state_bytes, param_shapes
+from memlab.core.muon import MuonWithAdamW, build_muon, split_params
+from memlab.core.optim import build_optimizer, set_lr
+from memlab.core.techniques import check_techniques
+from memlab.core.techniques.optimizer import describe
+
+CPU = torch.device("cpu")
+TINY = ["--experiment", "tiny", "--device", "cpu", "--steps", "2"]
+HAS_MUON = hasattr(torch.optim, "Muon")
+HAS_GALORE = all(importlib.util.find_spec(m) is not None for m in ("galore_torch", "transformers", "bitsandbytes"))
+
+
+def _cli(*args: str, block: str = "") -> subprocess.CompletedProcess:
+    """memlab in a child process; `block` names a module made unimportable there (a missing extra)."""
+    code = f"import sys; sys.modules[{block!r}] = None\n" if block else ""
+    code += "import sys; from memlab.cli import main; sys.argv = ['memlab', *sys.argv[1:]]; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def _gpt():
+    from memlab.core.attention import build_attention
+    from memlab.core.config import AttentionConfig
+    from memlab.core.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, d_ff=64, vocab_size=96, seq_len=16)
+    return GPT(cfg, build_attention(AttentionConfig(kernel="sdpa"), CPU, torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("name", ["adamw4bit", "paged_adamw8bit"])
+def test_cuda_only_optimizers_are_refused_on_cpu_in_one_line(name, tmp_path):
+    r = _cli("run", "--profile", name, *TINY, "--runs-dir", str(tmp_path))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "needs CUDA" in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir())  # before any work: no run folder
+
+
+@pytest.mark.parametrize(("name", "module", "extra"), [
+    ("adamw4bit", "torchao", "torchao"), ("bf16_sr", "torchao", "torchao"), ("adamw8bit", "torchao", "torchao"),
+    ("paged_adamw8bit", "bitsandbytes", "bnb"), ("galore", "galore_torch", "galore"),
+])
+def test_a_missing_library_names_its_extra(name, module, extra, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setitem(sys.modules, f"{module}.optim", None)
+    with pytest.raises(ConfigError, match=rf"pip install 'memlab\[{extra}\]'"):
+        check_techniques(load_experiment("tiny"), load_profile(name), torch.device("cuda"))
+
+
+def test_a_missing_library_exits_2_in_one_line_on_the_cli(tmp_path):
+    r = _cli("run", "--profile", "galore", *TINY, "--runs-dir", str(tmp_path), block="galore_torch")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "memlab[galore]" in r.stderr, r.stderr
+
+
+def test_muon_without_torch_muon_names_the_torch_version(monkeypatch):
+    monkeypatch.delattr(torch.optim, "Muon", raising=False)
+    with pytest.raises(ConfigError, match=rf"torch >= 2.9 .*{re.escape(torch.__version__)}"):
+        check_techniques(load_experiment("tiny"), load_profile("muon"), CPU)
+
+
+def test_bf16_sr_needs_bf16_parameters():
+    p = load_profile("bf16_sr")
+    p.precision.dtype = "bf16"
+    with pytest.raises(ConfigError, match="bf16_pure"):
+        check_techniques(load_experiment("tiny"), p, CPU)
+
+
+def test_bf16_pure_refuses_fsdp():
+    p = load_profile("bf16_sr")
+    p.distributed.mode = "fsdp"
+    with pytest.raises(ConfigError, match="fsdp"):
+        check_techniques(load_experiment("tiny"), p, CPU, world=2)
+
+
+# ---------------------------------------------------------------------------------------------- muon
+
+
+def test_muon_takes_the_blocks_matrices_and_leaves_embeddings_head_and_vectors_to_adamw():
+    model = _gpt()
+    muon, rest = split_params(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in muon) == sorted(
+        f"blocks.{i}.{w}.weight" for i in range(2) for w in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"))
+    rest_names = {names[id(p)] for p in rest}
+    assert {"wte.weight", "wpe.weight", "ln_f.weight", "blocks.0.attn.qkv.bias"} <= rest_names
+    assert len(muon) + len(rest) == len(list(model.parameters()))  # lm_head is wte: counted once
+
+
+def test_muon_refuses_a_model_without_hidden_matrices():
+    class EmbeddingOnly(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(10, 4)
+            self.lm_head = nn.Linear(4, 10, bias=False)
+            self.ln = nn.LayerNorm(4)
+
+    with pytest.raises(ConfigError, match="no 2-D hidden weight"):
+        split_params(EmbeddingOnly())
+
+
+@pytest.mark.skipif(not HAS_MUON, reason=f"torch.optim.Muon needs torch >= 2.9 (this is {torch.__version__})")
+def test_muon_steps_lower_the_loss_and_follow_the_schedule():
+    model = _gpt()
+    opt = build_optimizer(model, OptimizerConfig(name="muon"), TrainConfig(lr=1e-2, weight_decay=0.0), CPU)
+    assert isinstance(opt, MuonWithAdamW)
+    x = torch.randint(0, 96, (4, 16))
+    losses = []
+    for _ in range(8):
+        loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5, losses
+    set_lr(opt, 3e-4)
+    assert all(g["lr"] == 3e-4 for o in opt.optimizers for g in o.param_groups)
+    assert opt.optimizers[0].param_groups[0]["adjust_lr_fn"] == "match_rms_adamw"
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.skipif(not HAS_MUON, reason=f"torch.optim.Muon needs torch >= 2.9 (this is {torch.__version__})")
+def test_muon_runs_under_fp16s_grad_scaler():
+    model = _gpt()
+    opt = build_muon(model, TrainConfig(lr=1e-2))
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randint(0, 96, (2, 16))
+    scaler.scale(model(x, x)).backward()
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    assert opt.state  # both halves made their state
+
+
+# ---------------------------------------------------------------------------------------------- galore, bf16_sr
+
+
+@pytest.mark.skipif(not HAS_GALORE, reason="galore-torch (with transformers and bitsandbytes) not installed: pip install 'memlab[galore]'")
+def test_galore_projects_the_hidden_matrices_and_trains_on_cpu(tiny):
+    from memlab.core.engine import train
+    from memlab.core.events import ListSink
+
+    sink = ListSink()
+    summary = train(tiny, load_profile("galore"), sink, device=CPU)
+    assert summary["status"] == "finished" and summary["val_loss"] is not None
+    assert summary["optimizer"].startswith("galore (galore-torch ")
+
+
+@pytest.mark.skipif(not HAS_GALORE, reason="galore-torch (with transformers and bitsandbytes) not installed: pip install 'memlab[galore]'")
+def test_galore_state_is_rank_r():
+    model = _gpt()
+    opt = build_optimizer(model, OptimizerConfig(name="galore", rank=4), TrainConfig(), CPU)
+    x = torch.randint(0, 96, (2, 16))
+    model(x, x).backward()
+    opt.step()
+    qkv = model.blocks[0].attn.qkv.weight  # 96 x 32: projected on the right, 96 x 4 moments
+    assert opt.state[qkv]["exp_avg"].shape == (96, 4)
+    assert opt.state[model.wte.weight]["exp_avg"].shape == model.wte.weight.shape
+
+
+def test_bf16_pure_makes_bf16_parameters(tiny):
+    from memlab.core.step import build_step
+
+    p = load_profile("bf16_sr")
+    p.optimizer.name = "adamw"  # the precision alone (bf16_sr's library may be absent here)
+    step = build_step(tiny, p, CPU, vocab_size=8192)
+    assert {q.dtype for q in step.model.parameters()} == {torch.bfloat16}
+
+
+def test_describe_names_the_library_and_version():
+    assert describe(load_profile("muon")) == f"muon (torch {torch.__version__})"
+
+
+# ---------------------------------------------------------------------------------------------- estimate
+
+
+def test_state_bytes_order_4bit_8bit_bf16_adamw_and_muon_below_adamw():
+    e: Experiment = load_experiment("gpt2s")
+    m = e.model
+    shapes = param_shapes(m.n_layer, m.d_model, 4 * m.d_model, m.seq_len, 8192)
+    b = {n: optimizer_state_bytes(load_profile(n), shapes) for n in ("adamw4bit", "adamw8bit", "bf16_sr", "bf16", "muon", "galore")}
+    assert b["adamw4bit"] < b["adamw8bit"] < b["bf16_sr"] < b["bf16"]
+    assert b["muon"] < b["bf16"] and b["galore"] < b["bf16"]
+    n = sum(torch.Size(s).numel() for s in shapes)
+    assert b["bf16_sr"] == 4 * n and b["bf16"] == 8 * n
+
+
+def test_paged_state_is_outside_the_allocator_and_said_so():
+    from memlab.core.estimate import estimate
+
+    est = estimate(load_experiment("gpt2s"), load_profile("paged_adamw8bit"), vocab_size=8192)
+    assert est.components["optimizer_state"] < 10 * 2**20  # block scales and small tensors only
+    assert any("unified memory" in note for note in est.notes)
+
+
+def test_profiles_lists_the_optimizer_profiles():
+    r = _cli("profiles")
+    assert r.returncode == 0
+    for name in ("adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore"):
+        assert name in r.stdout
