@@ -173,6 +173,7 @@ def optimizer_state_bytes(profile: Profile, shapes: list[tuple[int, ...]]) -> in
     adamw8bit (torchao): tensors of >= 4096 elements divisible by the 256-element block keep two uint8 moments
         plus an fp32 scale per block (2 x (1 + 4/256) bytes); smaller tensors keep fp32 moments.
     optimizer.offload: the state (and fp32 master copies) live in host memory: 0 on the GPU.
+    optimizer.in_backward: AdamW's state, one optimizer per parameter: the same bytes.
     """
     opt = profile.optimizer
     if opt.offload:
@@ -202,6 +203,9 @@ def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device
     opt = profile.optimizer
     if opt.offload or opt.name == "adamw8bit" or (opt.name == "adamw" and opt.fused):
         return 0
+    if opt.in_backward:
+        # one parameter at a time, single-tensor AdamW: sqrt(exp_avg_sq) and its quotient coexist (8 bytes a weight)
+        return 8 * max(math.prod(s) for s in shapes)
     matrices = [math.prod(s) for s in shapes if len(s) >= 2]
     vectors = [math.prod(s) for s in shapes if len(s) < 2]
     if opt.name == "adafactor":
@@ -443,6 +447,7 @@ class _Static:
     grads_fwd: int  # gradients alive during the forward: from earlier micro-batches, or DDP's buckets
     head_grads: int  # wte (tied LM head) and ln_f: the first gradients backward makes
     block_grads: int  # one block's
+    block_step: int  # optimizer.in_backward: the temporaries of the step of one block parameter, inside backward
     opt_state: int
     opt_temp: int
     gathered: int  # fsdp: the all-gathered unsharded parameters alive during forward and backward
@@ -489,20 +494,37 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         gathered = st.pr.e * (bp["matrix"] + bp["vector"] + root)
         where = "on the host (cpu_offload); the GPU holds" if st.host else f"sharded {st.world_size} ways, plus"
         notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
+    in_bwd = _in_backward(p, s, notes)
     return _Static(
         params=N,
         weights=on_gpu * 4 * N // shard,
-        grads_full=grads_full,
+        grads_full=in_bwd["grads"] if in_bwd else grads_full,
         # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
         # DDP: the buckets hold every gradient from the start.
         grads_fwd=grads_full if st.k > 1 or st.ddp else 0,
         head_grads=on_gpu * 4 * (s.V * s.C + 2 * s.C) // shard,
-        block_grads=on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard,
+        block_grads=0 if in_bwd else on_gpu * 4 * (bp["matrix"] + bp["vector"]) // shard,
+        block_step=in_bwd.get("block_step", 0),
         opt_state=on_gpu * optimizer_state_bytes(p, shapes) // shard,
         opt_temp=on_gpu * optimizer_temp_bytes(p, shapes, st.device) // shard,
         gathered=gathered,
         workspace=WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if st.device == "cuda" else 0,
     )
+
+
+def _in_backward(p: Profile, s: _Shape, notes: list[str]) -> dict[str, int]:
+    """optimizer.in_backward (memlab.core.techniques.optim_in_backward): no gradient buffer. Each parameter is
+    stepped by its hook as soon as its gradient is complete, then the gradient is freed; so in a block's backward
+    the gradients alive are the tied embedding's (the LM head starts it, autograd holds it until the embedding adds
+    its part at the very end) and the one block parameter being stepped, with its step's temporaries. The
+    "optimizer step" moment is the last hook, the embedding's: its gradient and temporaries, the activations gone.
+    Empty when the profile steps after backward."""
+    if not p.optimizer.in_backward:
+        return {}
+    largest_block = max(3 * s.C * s.C, s.C * s.F)
+    step_temp = optimizer_temp_bytes(p, [(largest_block,)])
+    notes.append("optimizer.in_backward: no gradient buffer; one parameter's gradient (and its step's temporaries) at a time, besides the tied embedding's")
+    return {"grads": 4 * max(s.V, s.T) * s.C, "block_step": step_temp}  # the gradient itself: in _block_bwd_extra
 
 
 @dataclass(frozen=True)
@@ -644,7 +666,7 @@ def _block_backward_moment(st: _Step, static: _Static, saved: _Saved, model: _Mo
     remaining = saved.total + model.tokens
     for i in reversed(range(s.L)):
         live = _live_in_block_backward(st, saved, saved.layout[i], remaining)
-        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i)
+        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i) + static.block_step
         total = g + live + extra
         if best is None or total > best[0]:
             best = (total, i, g, live)

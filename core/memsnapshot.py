@@ -149,7 +149,8 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
         mt = MemTracker()
-        mt.track_external(step.model, step.optimizer)
+        # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
+        mt.track_external(step.model, getattr(step.optimizer, "optimizers", step.optimizer))
         tracker[0] = mt
         with mt:
             step.run(batch(), on_phase=on_phase)

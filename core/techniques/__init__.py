@@ -66,6 +66,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     accumulation.check(experiment, profile, torch.device("cuda"), world)
     distributed.check(experiment, profile, torch.device("cuda"), world)
     fused_kernels.check_plan(experiment, profile, world)
+    optimizer.check_in_backward(experiment, profile)
 
 
 def apply_techniques(step: TrainStep) -> None:
