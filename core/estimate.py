@@ -232,10 +232,23 @@ class _Precision:
     autocast: bool
     e: int  # bytes of a matmul output / linear input under this precision
     weight_copies: bool = True  # autocast makes (and autograd saves) bf16 copies of the fp32 weights; not under FSDP
+    # bytes per element of the copy of a block Linear's weight kept for backward (None: e, autocast's copy); see float8
+    block_weight: int | None = None
+    float8: bool = False
+
+    @property
+    def w(self) -> int:
+        return self.e if self.block_weight is None else self.block_weight
 
 
 def _precision(profile: Profile) -> _Precision:
     amp = profile.precision.dtype in ("bf16", "fp16")
+    if profile.kernels.float8:
+        # torchao's Float8Linear (memlab.core.techniques.float8) saves its input in the autocast dtype (what a stock
+        # Linear saves) and the fp32 weight parameter itself, not autocast's bf16 copy; its float8 casts are
+        # temporaries, remade in backward. Compiled, the partitioner keeps the float8 cast of the weight instead
+        # (1 byte an element; torchao's force_recompute_fp8_weight_in_bwd exists to drop it under FSDP).
+        return _Precision(amp, 2 if amp else 4, block_weight=1 if profile.compile.enabled else 0, float8=True)
     return _Precision(amp, 2 if amp else 4)
 
 
@@ -276,7 +289,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         else:
             out["lse"] = 4 * s.b * s.H * s.T
         if amp and pr.weight_copies:
-            out["weight_copies"] = e * 4 * s.C * s.C
+            out["weight_copies"] = pr.w * 4 * s.C * s.C
         if dropout:
             out["dropout_masks"] = dropout * s.BTC
     if parts in ("all", "mlp"):
@@ -285,7 +298,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         out["mlp_in"] = e * s.BTC
         out["mlp_hidden"] = 2 * e * s.BTF
         if amp and pr.weight_copies:
-            out["weight_copies"] = out.get("weight_copies", 0) + e * 2 * s.C * s.F
+            out["weight_copies"] = out.get("weight_copies", 0) + pr.w * 2 * s.C * s.F
         if dropout:
             out["dropout_masks"] = out.get("dropout_masks", 0) + dropout * s.BTC
     return out
@@ -322,7 +335,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 def _weight_copy_bytes(layout: str, s: _Shape, pr: _Precision) -> int:
     """bf16 weight copies autocast caches during forward (all blocks) but autograd does not keep for this block."""
-    if not pr.autocast or not pr.weight_copies:
+    if not pr.autocast or not pr.weight_copies or pr.float8:  # Float8Linear casts nothing through autocast's cache
         return 0
     biases = pr.e * (3 * s.C + s.C + s.F + s.C)
     if layout == "full":
@@ -560,6 +573,8 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
         # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
         notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
+    if p.kernels.float8:
+        notes.append("kernels.float8: a speed technique; memory barely moves (block weights saved as the fp32 masters, or their float8 cast when compiled, instead of bf16 copies; float8 casts are temporaries)")
     if st.offload:
         # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
         # is a reference the checkpoint holds, not a saved tensor).

@@ -115,6 +115,8 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
         p.attention.sdpa_backend = "auto"
     if p.optimizer.name == "adamw8bit":
         raise DeviceError("--method fake cannot run the 8-bit optimizer without CUDA; use --method analytic")
+    if p.kernels.float8:
+        raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
 
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:
