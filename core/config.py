@@ -111,6 +111,9 @@ class OptimizerConfig:
     fused: bool = False  # adamw only: the fused kernel instead of foreach
     offload: bool = False  # keep optimizer state (and the step) on the CPU
     rank: int = 128  # galore: rank of the projected gradient of each hidden matrix
+    # adamw only: one optimizer per parameter, stepped from its post-accumulate-grad hook during backward, which
+    # then frees that gradient: no full gradient buffer ever exists (no clipping, accumulation or fp16 scaler)
+    in_backward: bool = False
 
 
 @dataclass
@@ -133,6 +136,9 @@ class KernelsConfig:
     # backward with the bias gradient. The same function of the same parameters in fewer passes over memory; on
     # the CPU backend their PyTorch reference runs instead.
     fused: bool = False
+    # torchao float8 training: the blocks' Linear layers compute in float8 (H100 / Ada). A speed technique: the
+    # weights stay fp32 masters, so memory barely moves.
+    float8: bool = False
 
 
 @dataclass
@@ -173,6 +179,10 @@ class Profile:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # Experiment keys this profile cannot run without, e.g. {"train.clip": 0.0} for optimizer.in_backward (no global
+    # norm exists to clip by). Applied to the experiment when the two are resolved together (apply_overrides), so the
+    # run's experiment, its fingerprint and its summary's `overrides` all say so.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def _sections(cls: type) -> dict[str, type]:
@@ -183,6 +193,7 @@ def _sections(cls: type) -> dict[str, type]:
 EXPERIMENT_SECTIONS = _sections(Experiment)
 PROFILE_SECTIONS = _sections(Profile)
 TOP_LEVEL_KEYS = {"name", "description", "extends"}
+PROFILE_TOP_LEVEL_KEYS = TOP_LEVEL_KEYS | {"overrides"}
 
 # ---------------------------------------------------------------------------------------------- values
 
@@ -236,11 +247,40 @@ def _apply_document(target: Any, doc: dict, sections: dict[str, type], origin: s
             setattr(target, key, coerce(value, str, f"{origin}: {key}"))
         elif key == "extends":
             continue
+        elif key == "overrides" and isinstance(target, Profile):
+            target.overrides = {**target.overrides, **_profile_overrides(value, origin)}
         elif key in sections:
             _apply_section(getattr(target, key), value, key, origin)
         else:
-            valid = sorted(TOP_LEVEL_KEYS) + [f"[{s}]" for s in sections]
+            top = PROFILE_TOP_LEVEL_KEYS if isinstance(target, Profile) else TOP_LEVEL_KEYS
+            valid = sorted(top) + [f"[{s}]" for s in sections]
             raise ConfigError(f"{origin}: unknown key {key!r}; valid: {', '.join(valid)}")
+
+
+def _experiment_field(section: str, key: str, where: str) -> tuple[str, Any]:
+    """The type of experiment key section.key, or a ConfigError naming the valid sections / keys."""
+    if section not in EXPERIMENT_SECTIONS:
+        raise ConfigError(f"{where}: unknown experiment section {section!r}; valid: {', '.join(EXPERIMENT_SECTIONS)}")
+    hints = typing.get_type_hints(EXPERIMENT_SECTIONS[section])
+    if key not in hints:
+        valid = ", ".join(f.name for f in dataclasses.fields(EXPERIMENT_SECTIONS[section]))
+        raise ConfigError(f"{where}: unknown key {section}.{key}; valid keys in [{section}]: {valid}")
+    return section, hints[key]
+
+
+def _profile_overrides(table: Any, origin: str) -> dict[str, Any]:
+    """A profile's [overrides] table: {"section.key": value} over experiment keys, each checked like `--set`."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{origin}: [overrides] must be a table of \"section.key\" = value, got {table!r}")
+    out = {}
+    for name, value in table.items():
+        where = f"{origin}: overrides {name!r}"
+        parts = name.split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"{where}: expected an experiment key as \"section.key\", e.g. \"train.clip\" = 0")
+        _, tp = _experiment_field(parts[0], parts[1], where)
+        out[name] = coerce(value, tp, where)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -354,7 +394,11 @@ def parse_set(item: str) -> tuple[str, str, Any]:
 
 
 def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) -> None:
-    """Apply `--set` items to whichever of experiment or profile owns the section, then re-validate."""
+    """Resolve the two together: the profile's own [overrides] of experiment keys, then the `--set` items (which
+    win), each applied to whichever of experiment or profile owns the section; then re-validate both."""
+    for name, value in profile.overrides.items():
+        section, key = name.split(".")
+        setattr(getattr(experiment, section), key, value)  # checked when the profile was loaded
     for item in items:
         section, key, value = parse_set(item)
         if section in EXPERIMENT_SECTIONS:
@@ -374,6 +418,11 @@ def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) 
         setattr(target, key, coerce(value, tp, f"--set {section}.{key}"))
     validate_experiment(experiment, "--set")
     validate_profile(profile, "--set")
+
+
+def describe_overrides(profile: Profile) -> str | None:
+    """The profile's [overrides] as one line, e.g. 'train.clip=0.0'; None when it has none."""
+    return " ".join(f"{k}={v}" for k, v in profile.overrides.items()) or None
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -433,4 +482,6 @@ def describe_changes(profile: Profile) -> str:
         for f in dataclasses.fields(cur):
             if getattr(cur, f.name) != getattr(ref, f.name):
                 changes.append(f"{section}.{f.name}={getattr(cur, f.name)}")
+    if profile.overrides:
+        changes.append(f"overrides: {describe_overrides(profile)}")
     return " ".join(changes) if changes else "(defaults)"

@@ -22,7 +22,7 @@ import torch
 import memlab
 from memlab.core import data as data_mod
 from memlab.core import distributed
-from memlab.core.config import Experiment, Profile, describe_changes, to_dict
+from memlab.core.config import Experiment, Profile, describe_changes, describe_overrides, to_dict
 from memlab.core.environment import environment
 from memlab.core.errors import MemlabError
 from memlab.core.estimate import peak_for_run
@@ -132,6 +132,7 @@ class _Run:
             "optimizer": info.get("optimizer", p.optimizer.name),
             "compile": info.get("compile", "off"),
             "kernels": info.get("kernels", "off"),
+            "overrides": describe_overrides(p),
             "steps": self.steps_done,
             "tokens": self.tokens,
         }

@@ -207,6 +207,7 @@ def optimizer_state_bytes(profile: Profile, shapes: list[tuple[int, ...]]) -> in
         of >= 1e5 elements are paged (paged_bytes), so only their block scales are counted here.
     galore: _galore_matrix per hidden matrix, AdamW's 8 bytes for the rest.
     optimizer.offload: the state (and fp32 master copies) live in host memory: 0 on the GPU.
+    optimizer.in_backward: AdamW's state, one optimizer per parameter: the same bytes.
     """
     opt = profile.optimizer
     sizes = [math.prod(s) for s in shapes]
@@ -245,6 +246,9 @@ def optimizer_temp_bytes(profile: Profile, shapes: list[tuple[int, ...]], device
     opt = profile.optimizer
     if opt.offload or opt.name in ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit") or (opt.name == "adamw" and opt.fused):
         return 0
+    if opt.in_backward:
+        # one parameter at a time, single-tensor AdamW: sqrt(exp_avg_sq) and its quotient coexist (8 bytes a weight)
+        return 8 * max(math.prod(s) for s in shapes)
     matrices = [math.prod(s) for s in shapes if len(s) >= 2]
     vectors = [math.prod(s) for s in shapes if len(s) < 2]
     if opt.name == "adafactor":
@@ -285,12 +289,26 @@ class _Precision:
     autocast: bool
     e: int  # bytes of a matmul output / linear input under this precision
     weight_copies: bool = True  # autocast makes (and autograd saves) bf16 copies of the fp32 weights; not under FSDP
+    # bytes per element of the copy of a block Linear's weight kept for backward (None: e, autocast's copy); see float8
+    block_weight: int | None = None
+    float8: bool = False
+
+    @property
+    def w(self) -> int:
+        return self.e if self.block_weight is None else self.block_weight
 
 
 def _precision(profile: Profile) -> _Precision:
     """bf16_pure has no autocast (the weights are bf16 already: no copies) and 2-byte matmul outputs."""
     amp = profile.precision.dtype in ("bf16", "fp16")
-    return _Precision(amp, 2 if amp or profile.precision.dtype == "bf16_pure" else 4)
+    e = 2 if amp or profile.precision.dtype == "bf16_pure" else 4
+    if profile.kernels.float8:
+        # torchao's Float8Linear (memlab.core.techniques.float8) saves its input in the autocast dtype (what a stock
+        # Linear saves) and the fp32 weight parameter itself, not autocast's bf16 copy; its float8 casts are
+        # temporaries, remade in backward. Compiled, the partitioner keeps the float8 cast of the weight instead
+        # (1 byte an element; torchao's force_recompute_fp8_weight_in_bwd exists to drop it under FSDP).
+        return _Precision(amp, e, block_weight=1 if profile.compile.enabled else 0, float8=True)
+    return _Precision(amp, e)
 
 
 def param_bytes(profile: Profile) -> int:
@@ -335,7 +353,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         else:
             out["lse"] = 4 * s.b * s.H * s.T
         if amp and pr.weight_copies:
-            out["weight_copies"] = e * 4 * s.C * s.C
+            out["weight_copies"] = pr.w * 4 * s.C * s.C
         if dropout:
             out["dropout_masks"] = dropout * s.BTC
     if parts in ("all", "mlp"):
@@ -344,7 +362,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         out["mlp_in"] = e * s.BTC
         out["mlp_hidden"] = 2 * e * s.BTF
         if amp and pr.weight_copies:
-            out["weight_copies"] = out.get("weight_copies", 0) + e * 2 * s.C * s.F
+            out["weight_copies"] = out.get("weight_copies", 0) + pr.w * 2 * s.C * s.F
         if dropout:
             out["dropout_masks"] = out.get("dropout_masks", 0) + dropout * s.BTC
     return out
@@ -381,7 +399,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 def _weight_copy_bytes(layout: str, s: _Shape, pr: _Precision) -> int:
     """bf16 weight copies autocast caches during forward (all blocks) but autograd does not keep for this block."""
-    if not pr.autocast or not pr.weight_copies:
+    if not pr.autocast or not pr.weight_copies or pr.float8:  # Float8Linear casts nothing through autocast's cache
         return 0
     biases = pr.e * (3 * s.C + s.C + s.F + s.C)
     if layout == "full":
@@ -506,6 +524,7 @@ class _Static:
     grads_fwd: int  # gradients alive during the forward: from earlier micro-batches, or DDP's buckets
     head_grads: int  # wte (tied LM head) and ln_f: the first gradients backward makes
     block_grads: int  # one block's
+    block_step: int  # optimizer.in_backward: the temporaries of the step of one block parameter, inside backward
     opt_state: int
     opt_temp: int
     gathered: int  # fsdp: the all-gathered unsharded parameters alive during forward and backward
@@ -554,15 +573,17 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         gathered = st.pr.e * (bp["matrix"] + bp["vector"] + root)
         where = "on the host (cpu_offload); the GPU holds" if st.host else f"sharded {st.world_size} ways, plus"
         notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
+    in_bwd = _in_backward(p, s, notes)
     return _Static(
         params=N,
         weights=on_gpu * pb * N // shard,
-        grads_full=grads_full,
+        grads_full=in_bwd["grads"] if in_bwd else grads_full,
         # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
         # DDP: the buckets hold every gradient from the start.
         grads_fwd=grads_full if st.k > 1 or st.ddp else 0,
         head_grads=on_gpu * pb * (s.V * s.C + 2 * s.C) // shard,
-        block_grads=on_gpu * pb * (bp["matrix"] + bp["vector"]) // shard,
+        block_grads=0 if in_bwd else on_gpu * pb * (bp["matrix"] + bp["vector"]) // shard,
+        block_step=in_bwd.get("block_step", 0),
         opt_state=on_gpu * optimizer_state_bytes(p, shapes) // shard,
         opt_temp=on_gpu * optimizer_temp_bytes(p, shapes, st.device) // shard,
         gathered=gathered,
@@ -579,6 +600,21 @@ def _optimizer_notes(p: Profile, shapes: list[tuple[int, ...]], notes: list[str]
         notes.append("bf16_pure: weights and gradients 2 bytes; activations counted as bf16 autocast's (the residual stream, bf16 here, is counted fp32: an over-estimate)")
     if p.optimizer.name in ("muon", "galore"):
         notes.append(f"{p.optimizer.name}: temporaries of one hidden matrix's update at a time (per-tensor loop); less certain than AdamW's")
+
+
+def _in_backward(p: Profile, s: _Shape, notes: list[str]) -> dict[str, int]:
+    """optimizer.in_backward (memlab.core.techniques.optim_in_backward): no gradient buffer. Each parameter is
+    stepped by its hook as soon as its gradient is complete, then the gradient is freed; so in a block's backward
+    the gradients alive are the tied embedding's (the LM head starts it, autograd holds it until the embedding adds
+    its part at the very end) and the one block parameter being stepped, with its step's temporaries. The
+    "optimizer step" moment is the last hook, the embedding's: its gradient and temporaries, the activations gone.
+    Empty when the profile steps after backward."""
+    if not p.optimizer.in_backward:
+        return {}
+    largest_block = max(3 * s.C * s.C, s.C * s.F)
+    step_temp = optimizer_temp_bytes(p, [(largest_block,)])
+    notes.append("optimizer.in_backward: no gradient buffer; one parameter's gradient (and its step's temporaries) at a time, besides the tied embedding's")
+    return {"grads": 4 * max(s.V, s.T) * s.C, "block_step": step_temp}  # the gradient itself: in _block_bwd_extra
 
 
 @dataclass(frozen=True)
@@ -614,6 +650,8 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
         # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
         notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
+    if p.kernels.float8:
+        notes.append("kernels.float8: a speed technique; memory barely moves (block weights saved as the fp32 masters, or their float8 cast when compiled, instead of bf16 copies; float8 casts are temporaries)")
     if st.offload:
         # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
         # is a reference the checkpoint holds, not a saved tensor).
@@ -720,7 +758,7 @@ def _block_backward_moment(st: _Step, static: _Static, saved: _Saved, model: _Mo
     remaining = saved.total + model.tokens
     for i in reversed(range(s.L)):
         live = _live_in_block_backward(st, saved, saved.layout[i], remaining)
-        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i)
+        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i) + static.block_step
         total = g + live + extra
         if best is None or total > best[0]:
             best = (total, i, g, live)

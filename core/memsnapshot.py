@@ -115,6 +115,8 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
         p.attention.sdpa_backend = "auto"
     if p.optimizer.name in ("adamw8bit", "adamw4bit", "paged_adamw8bit"):
         raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
+    if p.kernels.float8:
+        raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
 
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:
@@ -149,7 +151,8 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
         mt = MemTracker()
-        mt.track_external(step.model, step.optimizer)
+        # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
+        mt.track_external(step.model, getattr(step.optimizer, "optimizers", step.optimizer))
         tracker[0] = mt
         with mt:
             step.run(batch(), on_phase=on_phase)

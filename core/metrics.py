@@ -92,7 +92,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("checkpointing", STR, "text", "same"),
     Metric("optimizer", STR, "text", "same"),
     Metric("compile", STR, "text", "same"),
-    Metric("kernels", STR, "text", "same", 'kernels.fused: "off", "fused (triton <version>)" or "fused (CPU reference)"'),
+    Metric("kernels", STR, "text", "same", 'kernels.fused / float8: "off", "fused (triton <version>)", "fused (CPU reference)", "float8 (torchao <version>, ...)"'),
+    Metric("overrides", STR, "text", "same", "experiment keys the profile set for itself (its [overrides]), e.g. train.clip=0.0; part of experiment_id too"),
     # how far it got
     Metric("steps", INT, "count", "rank0", "optimizer steps completed", per_rank=True),
     Metric("tokens", INT, "tokens", "rank0", "training tokens processed", per_rank=True),

@@ -25,6 +25,10 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainCo
         from memlab.core.techniques.optim_offload import build_offloaded
 
         return build_offloaded(model, cfg, train, device)
+    if cfg.in_backward:  # adamw only (memlab.core.techniques.optimizer checked it)
+        from memlab.core.techniques.optim_in_backward import build_in_backward
+
+        return build_in_backward(groups, cfg, train)
     if cfg.name == "adamw":
         kind = {"fused": True} if cfg.fused else {"foreach": True}
         return torch.optim.AdamW(groups, lr=train.lr, betas=betas, **kind)

@@ -6,11 +6,12 @@ A profile needs CUDA when its checks refuse it on the CPU for the `tiny` experim
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
 
-from memlab.core.config import Profile, load_experiment
+from memlab.core.config import Profile, apply_overrides, load_experiment
 from memlab.core.errors import DeviceError, MemlabError
 
 
@@ -24,8 +25,10 @@ def cuda_only(profile: Profile) -> str | None:
     from memlab.core.techniques import check_techniques
 
     world = 2 if profile.distributed.mode != "none" else 1  # a ddp / fsdp profile is checked as the ranks it is for
+    experiment, profile = copy.deepcopy(_cpu_experiment()), copy.deepcopy(profile)
     try:
-        check_techniques(_cpu_experiment(), profile, torch.device("cpu"), world)
+        apply_overrides(experiment, profile, [])  # the profile's own [overrides], as a run resolves them
+        check_techniques(experiment, profile, torch.device("cpu"), world)
     except DeviceError as e:
         return str(e)
     except MemlabError:

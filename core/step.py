@@ -90,7 +90,8 @@ class TrainStep:
             loss_sum = loss if loss_sum is None else loss_sum + loss
         on_phase("optimizer")
         meter.begin("opt")
-        grad_norm, skipped = self._optimizer_step()
+        # optimizer.in_backward: each parameter was stepped (and its gradient freed) by its hook during backward
+        grad_norm, skipped = (None, False) if self.profile.optimizer.in_backward else self._optimizer_step()
         meter.end("opt")
         return StepResult(loss_sum, grad_norm, skipped)
 

@@ -87,7 +87,7 @@ def test_bad_overrides_raise_one_line_config_errors(item, expect):
         ("extra_key.toml", "unknown key precision.speed; valid keys in [precision]: dtype"),
         ("not_toml.toml", "not valid TOML"),
         ("wrong_type.toml", "attention.window must be an integer, got 'wide'"),
-        ("unknown_section.toml", "unknown key 'precison'; valid: description, extends, name, [precision]"),
+        ("unknown_section.toml", "unknown key 'precison'; valid: description, extends, name, overrides, [precision]"),
         ("bad_choice.toml", "'fp8' is not valid; choose one of: fp32, tf32, bf16, fp16"),
         ("bad_extends.toml", "unknown profile 'no_such_profile'; built-in profiles: accum"),
         ("zero_accum.toml", "accumulation.steps must be at least 1"),

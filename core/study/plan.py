@@ -6,6 +6,7 @@ profile, an --out that is a file or cannot be written, --gpu-memory above the ca
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +71,10 @@ def make_plan(options: Options) -> Plan:
     profiles = {}
     for name in options.profiles:
         prof = load_profile(name)
-        apply_overrides(exp, prof, run_items(options))  # the same items every child gets (validated once, here)
+        # the same items every child gets (validated once, here); on a copy: a profile's [overrides] are its own
+        apply_overrides(copy.deepcopy(exp), prof, run_items(options))
         profiles[name] = prof
-    if not profiles:
-        apply_overrides(exp, load_profile("baseline"), run_items(options))
+    apply_overrides(exp, load_profile("baseline"), run_items(options))
     baseline = "baseline" if "baseline" in profiles else options.profiles[0]
     if options.batch == "baseline-max" and "baseline" not in profiles:
         raise ConfigError("--batch baseline-max trains at the largest batch the baseline fits: add baseline to --profiles")

@@ -11,6 +11,7 @@ step. `apply_techniques` applies them in this order, and why:
     -- the model is built here, with that kernel, on the device --
  4. loss            chunked cross-entropy is a setting of the model's head;
  5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
+    float8          swap the blocks' Linear modules for torchao's Float8Linear: before the wrappers and compile;
  6. checkpointing   wraps blocks, so compile sees (and can fuse around) the recompute boundaries;
  7. compile         over the checkpointed blocks;
  8. distributed     DDP / FSDP2 last, around (FSDP2: inside) the finished module;
@@ -35,6 +36,7 @@ from memlab.core.techniques import (
     allocator,
     checkpointing,
     distributed,
+    float8,
     fused_kernels,
     loader,
     loss,
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
     from memlab.core.step import TrainStep
 
 BEFORE_MODEL = (memory_cap, precision, attention)
-ON_MODEL = (loss, fused_kernels, checkpointing, torch_compile, distributed, optimizer, act_offload)
+ON_MODEL = (loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload)
 CHECK_ONLY = (allocator, loader, accumulation)
 TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
@@ -66,6 +68,8 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     accumulation.check(experiment, profile, torch.device("cuda"), world)
     distributed.check(experiment, profile, torch.device("cuda"), world)
     fused_kernels.check_plan(experiment, profile, world)
+    optimizer.check_in_backward(experiment, profile)
+    float8.check_plan(experiment, profile)
 
 
 def apply_techniques(step: TrainStep) -> None:

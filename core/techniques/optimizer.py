@@ -1,7 +1,7 @@
-"""optimizer.name / fused / offload: AdamW (foreach or fused), Adafactor, torchao's 8-bit and 4-bit AdamW, bf16 AdamW
-with stochastic rounding, Muon (+ AdamW), bitsandbytes' paged 8-bit AdamW, GaLore; state on the CPU.
-Construction lives in memlab.core.optim (optim_library for the libraries' optimizers, muon, optim_offload);
-this is the door: check, then apply."""
+"""optimizer.name / fused / offload / in_backward: AdamW (foreach or fused), Adafactor, torchao's 8-bit and 4-bit
+AdamW, bf16 AdamW with stochastic rounding, Muon (+ AdamW), bitsandbytes' paged 8-bit AdamW, GaLore; state on the
+CPU; the step inside backward. Construction lives in memlab.core.optim (optim_library for the libraries'
+optimizers, muon, optim_offload, optim_in_backward); this is the door: check, then apply."""
 
 from __future__ import annotations
 
@@ -27,14 +27,33 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
         raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: {', '.join(NAMES)}")
     if cfg.name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
         raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__}); use adamw")
+    _check_pairing(profile)  # what the profile itself gets wrong comes first: no package or device fixes it
     if cfg.name in CUDA_ONLY and device.type != "cuda":
         raise DeviceError(f"optimizer.name = {cfg.name} needs CUDA ({CUDA_ONLY[cfg.name]}); use adamw on the CPU backend")
     if cfg.name in PACKAGES:
         require_package(cfg.name)
-    _check_pairing(profile)
     if cfg.offload:
         if device.type != "cuda":
             raise DeviceError("optimizer.offload moves optimizer state from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
+    check_in_backward(experiment, profile)
+
+
+def check_in_backward(experiment: Experiment, profile: Profile) -> None:
+    """What a step inside backward cannot do: each needs every gradient at once, or a later step than the hook's."""
+    cfg = profile.optimizer
+    if not cfg.in_backward:
+        return
+    refusals = (
+        (cfg.name != "adamw", f"optimizer.in_backward steps adamw per parameter, not {cfg.name}; use optimizer.name = adamw"),
+        (cfg.offload, "optimizer.in_backward steps on the GPU as each gradient is made; it cannot also offload the step (optimizer.offload = false)"),
+        (profile.accumulation.steps > 1, f"optimizer.in_backward steps in every backward, so accumulation.steps = {profile.accumulation.steps} would step on every micro-batch; use accumulation.steps = 1"),
+        (experiment.train.clip > 0, f"optimizer.in_backward steps each parameter before the global grad norm exists, so it cannot clip (train.clip = {experiment.train.clip:g}); set train.clip = 0 (the optim_in_bwd profile does)"),
+        (profile.precision.dtype == "fp16", "optimizer.in_backward cannot run fp16's GradScaler (unscaling and its inf check need every gradient at once); use precision.dtype = bf16"),
+        (profile.distributed.mode != "none", f"optimizer.in_backward steps before {profile.distributed.mode}'s gradient reduction; use distributed.mode = none"),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ConfigError(message)
 
 
 def _check_pairing(profile: Profile) -> None:
@@ -52,6 +71,10 @@ def _check_pairing(profile: Profile) -> None:
 
 def describe(profile: Profile) -> str:
     cfg = profile.optimizer
+    if cfg.in_backward:
+        from memlab.core.techniques.optim_in_backward import LABEL
+
+        return cfg.name + (":fused" if cfg.fused else "") + ":" + LABEL
     text = cfg.name + (":fused" if cfg.fused else "") + (":offload" if cfg.offload else "")
     if cfg.name in PACKAGES or cfg.name == "muon":
         text += f" ({library_version(cfg.name)})"  # e.g. adamw4bit (torchao 0.18.0)
