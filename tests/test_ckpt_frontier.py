@@ -239,3 +239,22 @@ def test_memlab_plot_frontier_writes_its_png(tmp_path, capsys):
     main(["plot", str(tmp_path), "--frontier"])
     assert "frontier.png  (1 experiment, 1 run)" in capsys.readouterr().out
     assert png_size(tmp_path / "frontier.png") == (800, 600)
+
+
+@pytest.mark.slow
+def test_ops_mode_compiles_and_changes_nothing():
+    ref, model = make_model(), make_model()
+    p = load_profile("sac_ops")
+    p.precision.dtype, p.compile.enabled = "fp32", True
+    step = TrainStep(Experiment(), p, CPU, 64, model=model, train_model=model)
+    from memlab.core.techniques import checkpointing
+
+    checkpointing.apply(step)
+    torch_compile.apply(step)
+    x, y = batch()
+    l1, l2 = ref(x, y), step.train_model(x, y)
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l1, l2)
+    for (n, a), b in zip(grads(ref).items(), grads(model).values()):
+        torch.testing.assert_close(a, b, msg=n, atol=1e-5, rtol=1e-4)
