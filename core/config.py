@@ -99,10 +99,15 @@ class AttentionConfig:
 
 @dataclass
 class CheckpointingConfig:
-    mode: Literal["none", "full", "every_n", "selective"] = "none"
+    # ops: per block, keep the outputs of matmuls and attention, recompute everything else (torchtitan's per-op SAC)
+    mode: Literal["none", "full", "every_n", "selective", "ops"] = "none"
     every: int = 2  # every_n: checkpoint one block in `every`
     target: Literal["attention", "mlp"] = "attention"  # selective: which sub-layer to recompute
     offload: bool = False  # save activations on the CPU (torch.autograd.graph.save_on_cpu)
+    # Under compile only: torch._functorch.config.activation_memory_budget, the share (0..1) of the activations the
+    # compiler's min-cut partitioner may keep; it recomputes the cheapest of the rest. 1.0 = off (PyTorch's default:
+    # the partitioner's own runtime-optimal choice), 0.0 = recompute as much as it can.
+    budget: float = 1.0
 
 
 @dataclass
@@ -461,6 +466,7 @@ def validate_experiment(e: Experiment, origin: str) -> None:
 def validate_profile(p: Profile, origin: str) -> None:
     _require(p.attention.window >= 0, f"{origin}: attention.window must be >= 0 (0 = none), got {p.attention.window}")
     _require(p.checkpointing.every >= 1, f"{origin}: checkpointing.every must be at least 1, got {p.checkpointing.every}")
+    _require(0.0 <= p.checkpointing.budget <= 1.0, f"{origin}: checkpointing.budget must be in [0, 1] (1 = off), got {p.checkpointing.budget}")
     _require(p.accumulation.steps >= 1, f"{origin}: accumulation.steps must be at least 1, got {p.accumulation.steps}")
     _require(p.loss.chunk_size >= 1, f"{origin}: loss.chunk_size must be at least 1, got {p.loss.chunk_size}")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")

@@ -369,10 +369,13 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
 
 
 def _block_layout(profile: Profile, L: int) -> list[str]:
-    """Per block: plain | full (checkpointed whole) | sel_attn | sel_mlp (one sub-layer checkpointed)."""
+    """Per block: plain | full (checkpointed whole) | sel_attn | sel_mlp (one sub-layer checkpointed) | ops (matmul
+    and attention outputs kept, the rest recomputed) | budget (compiled under checkpointing.budget < 1)."""
     ck = profile.checkpointing
     if ck.mode == "none":
-        return ["plain"] * L
+        return ["budget" if ck.budget < 1 else "plain"] * L
+    if ck.mode == "ops":
+        return ["ops"] * L
     if ck.mode == "full":
         return ["full"] * L
     if ck.mode == "every_n":
@@ -382,13 +385,33 @@ def _block_layout(profile: Profile, L: int) -> list[str]:
     raise ConfigError(f"estimate: unknown checkpointing.mode {ck.mode!r}")
 
 
-def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, block_input: int = 4) -> int:
+def ops_saved(s: _Shape, pr: _Precision, kind: str) -> int:
+    """What mode "ops" keeps of one block besides its input: every matmul's output (qkv 3e BTC, the two
+    projections e BTC each, fc e BTF) and the attention kernel's outputs (fused: its output e BTC and the fp32
+    log-sum-exp 4 bHT; eager: the two bmm outputs, the scores e bHT^2 and the output e BTC). Norms, GELU, casts
+    (the autocast weight copies too) and dropout are recomputed."""
+    attention = pr.e * s.BHTT + pr.e * s.BTC if kind == "materialized" else pr.e * s.BTC + 4 * s.b * s.H * s.T
+    return 3 * pr.e * s.BTC + 2 * pr.e * s.BTC + pr.e * s.BTF + attention
+
+
+def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, block_input: int = 4,
+              budget: float = 1.0) -> int:
     """Bytes one block keeps between its forward and its backward. `block_input`: bytes per element of the
-    block's input (the fp32 residual; bf16 under FSDP2, whose MixedPrecisionPolicy casts every block's inputs)."""
+    block's input (the fp32 residual; bf16 under FSDP2, whose MixedPrecisionPolicy casts every block's inputs).
+    `budget`: checkpointing.budget, for the "budget" layout."""
     if layout == "plain":
         return sum(block_saved(s, pr, kind, dropout).values())
     if layout == "full":
         return block_input * s.BTC  # the non-reentrant checkpoint keeps only the block's input
+    if layout == "ops":
+        return block_input * s.BTC + ops_saved(s, pr, kind)
+    if layout == "budget":
+        # An approximation, to be validated on the H100: the min-cut partitioner keeps at most `budget` of what it
+        # keeps at 1.0 (the compiled no-checkpointing figure, = the eager plain block, see _saved_activations) and
+        # at 0.0 recomputes what it can, which in memory is full checkpointing (the residual stream, one block
+        # input each, stays: every block's recompute starts from it). Linear in between.
+        floor = block_input * s.BTC
+        return floor + round(budget * (sum(block_saved(s, pr, kind, dropout).values()) - floor))
     if layout == "sel_attn":
         # attention recomputed: keep ln_1's input and stats, the attention sub-layer's input (fp32 LN output)
         return 4 * s.BTC + 8 * s.BT + 4 * s.BTC + sum(block_saved(s, pr, kind, dropout, "mlp").values())
@@ -402,7 +425,7 @@ def _weight_copy_bytes(layout: str, s: _Shape, pr: _Precision) -> int:
     if not pr.autocast or not pr.weight_copies or pr.float8:  # Float8Linear casts nothing through autocast's cache
         return 0
     biases = pr.e * (3 * s.C + s.C + s.F + s.C)
-    if layout == "full":
+    if layout in ("full", "ops"):  # ops recomputes the casts too
         return biases + pr.e * (4 * s.C * s.C + 2 * s.C * s.F)
     if layout == "sel_attn":
         return biases + pr.e * 4 * s.C * s.C
@@ -641,7 +664,14 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
     # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
     block_input = pr.e if st.fsdp and pr.autocast else 4
-    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input) for lay in layout]
+    budget = p.checkpointing.budget
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget) for lay in layout]
+    if "budget" in layout:
+        notes.append(f"checkpointing.budget {budget:g}: saved activations interpolated linearly between full recompute (0) "
+                     "and compile's own choice (1); an approximation, not yet checked against a measurement")
+    if "ops" in layout:
+        notes.append("checkpointing.mode ops: keeps matmul and attention outputs, the rest recomputed; counted op by op, "
+                     "not yet checked against a GPU measurement")
     if st.compiled:
         # No scale of its own any more: the 4% gpt2s once seemed to save here was the loss backward's second logit
         # buffer, which Inductor does not keep (see _loss_moments); checked on gpt2s and the held-out seed shape.
@@ -735,14 +765,16 @@ def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved)
     return {"loss forward": forward, "loss backward": static.moment(grads, acts, 12 * c * s.V, loss_tmp)}
 
 
-def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: int) -> int:
+def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: int, kept: int = 0) -> int:
     """Activations alive while one block is differentiated: what is still saved, plus the block's own tensors
-    (recomputed if checkpointed, unpacked back from the host if offloaded)."""
+    (recomputed if checkpointed, unpacked back from the host if offloaded). `kept`: what this block saved."""
     s = st.s
     if st.offload:
         return remaining + st.pr.e * s.BTF
     if layout == "full":
         return remaining - saved.block_input * s.BTC + sum(saved.plain.values())  # its input is counted already
+    if layout in ("ops", "budget"):  # recomputed back to a plain block's saves (what it kept is part of them)
+        return remaining - kept + sum(saved.plain.values())
     if layout in ("sel_attn", "sel_mlp"):
         half = "attn" if layout == "sel_attn" else "mlp"
         return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half).values()) - 4 * s.BTC - 8 * s.BT
@@ -757,7 +789,7 @@ def _block_backward_moment(st: _Step, static: _Static, saved: _Saved, model: _Mo
     best: tuple[int, int, int, int] | None = None  # (total, block, grads, live)
     remaining = saved.total + model.tokens
     for i in reversed(range(s.L)):
-        live = _live_in_block_backward(st, saved, saved.layout[i], remaining)
+        live = _live_in_block_backward(st, saved, saved.layout[i], remaining, saved.per_block[i])
         g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i) + static.block_step
         total = g + live + extra
         if best is None or total > best[0]:
@@ -817,7 +849,7 @@ def allocation_pattern(profile: Profile) -> str:
     """Which FRAGMENTATION_MARGIN applies: how the step's allocations come and go."""
     if profile.checkpointing.offload:
         return "offload"
-    if profile.checkpointing.mode in ("full", "every_n"):
+    if profile.checkpointing.mode in ("full", "every_n", "ops") or profile.checkpointing.budget < 1:
         return "recompute"
     return "plain"
 

@@ -97,6 +97,11 @@ def plot_comparison(table: pl.DataFrame, out: str | os.PathLike, dpi: int = DPI)
         colors = profile_colors(table)
         for sub, (label, g) in zip(subfigs, bands):
             _draw_band(sub, label, g, colors)
+    return _save(fig, out, dpi)
+
+
+def _save(fig, out: Path, dpi: int) -> Path:
+    """Write the figure to `out` atomically (temp file + rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
     try:
@@ -106,6 +111,66 @@ def plot_comparison(table: pl.DataFrame, out: str | os.PathLike, dpi: int = DPI)
         if tmp.exists():
             tmp.unlink()
     return out
+
+
+# ---------------------------------------------------------------------------------------------- frontier
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    label: str  # the run's profile name, e.g. compile_budget@budget=0.5 (sweep --vary)
+    profile: str  # the profile it varies: one colour each
+    step_ms: float
+    peak_bytes: float
+
+
+def base_profile(name: str) -> str:
+    """`compile_budget@budget=0.5` (a sweep --vary run) -> `compile_budget`."""
+    return name.split("@", 1)[0]
+
+
+def frontier_points(rows: list[dict]) -> tuple[list[FrontierPoint], str]:
+    """Finished runs as (step time, peak memory) points, and which peak: the allocator's on a GPU, the process's
+    RSS where no run has one (CPU)."""
+    column = "peak_alloc_bytes" if _has(rows, "peak_alloc_bytes") else "peak_host_rss_bytes"
+    points = [FrontierPoint(str(r["profile"]), base_profile(str(r["profile"])), float(r["step_ms_median"]), float(r[column]))
+              for r in rows if r.get("status") == "finished" and r.get("step_ms_median") is not None and r.get(column) is not None]
+    return points, column
+
+
+def plot_frontier(table: pl.DataFrame, out: str | os.PathLike, dpi: int = DPI) -> Path:
+    """Peak memory against step time, one panel per group, one point per run, labelled, one colour per profile
+    (the budgets of a `sweep --vary` share their profile's colour): the memory-for-time frontier."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    bands = list(groups(table)) if table.height else []
+    fig = Figure(figsize=(8.0 * max(1, len(bands)), 6.0), dpi=dpi)
+    FigureCanvasAgg(fig)
+    if not bands:
+        fig.text(0.5, 0.5, "no runs to plot", ha="center", va="center", fontsize=16, color="0.4")
+    names = sorted({base_profile(str(p)) for p in table["profile"].to_list()}) if table.height else []
+    colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+    for i, (label, g) in enumerate(bands):
+        _draw_frontier(fig.add_subplot(1, len(bands), i + 1), label, g.to_dicts(), colors)
+    fig.tight_layout()
+    return _save(fig, Path(out), dpi)
+
+
+def _draw_frontier(ax, title: str, rows: list[dict], colors: dict[str, str]) -> None:
+    points, column = frontier_points(rows)
+    for p in points:
+        ax.scatter(p.step_ms, p.peak_bytes / GIB, color=colors[p.profile], s=36, zorder=3)
+        short = p.label.split("@", 1)[1] if "@" in p.label else p.label
+        ax.annotate(short, (p.step_ms, p.peak_bytes / GIB), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    for name in sorted({p.profile for p in points}):
+        ax.scatter([], [], color=colors[name], label=name)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step time, median (ms)")
+    ax.set_ylabel(("peak allocated" if column == "peak_alloc_bytes" else "peak host RSS") + " (GiB)")
+    ax.grid(True, alpha=0.3)
+    if points:
+        ax.legend(fontsize=7, loc="best")
 
 
 def _has(rows: list[dict], column: str) -> bool:

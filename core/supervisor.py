@@ -50,6 +50,11 @@ class ChildSpec:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] | None = None  # replaces the whole argv (tests run small fake children through it)
+    label: str = ""  # the run's name in results (memlab run --label); "" = the profile's own
+
+    @property
+    def name(self) -> str:
+        return self.label or self.profile
 
     def argv(self) -> list[str]:
         if self.command is not None:
@@ -58,6 +63,7 @@ class ChildSpec:
                "--device", self.device, "--runs-dir", str(self.runs_dir), "--events", "-"]
         for item in self.overrides:
             cmd += ["--set", item]
+        cmd += ["--label", self.label] if self.label else []
         return cmd + list(self.extra_args)
 
 

@@ -66,6 +66,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     """The checks that depend on the configuration alone, not on what this machine has: for `memlab estimate`,
     which plans for a GPU that may not be here (a run still meets every check on its own device)."""
     accumulation.check(experiment, profile, torch.device("cuda"), world)
+    checkpointing.check(experiment, profile, torch.device("cuda"), world)
     distributed.check(experiment, profile, torch.device("cuda"), world)
     fused_kernels.check_plan(experiment, profile, world)
     optimizer.check_in_backward(experiment, profile)

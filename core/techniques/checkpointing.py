@@ -1,32 +1,68 @@
-"""Activation checkpointing: recompute a block's (or a sub-layer's) activations in backward instead of keeping them.
+"""Activation checkpointing: recompute a block's (or a sub-layer's, or some ops') activations in backward instead of
+keeping them; or, under compile, let the compiler choose what to recompute within a memory budget.
 
 Always `use_reentrant=False` (the implementation PyTorch recommends: it composes with autocast, compile and
 hooks, and gives the same loss and gradients as no checkpointing).
+
+mode = "ops" is per-op selective checkpointing (torchtitan's "op" SAC): in each block the outputs of the matmuls
+and of the attention kernel are kept (the costly ops), and everything else (LayerNorm, GELU, casts, dropout,
+reshapes) is recomputed in backward. `checkpointing.budget` < 1 is not a wrapper at all: it is
+torch._functorch.config.activation_memory_budget, read by AOTAutograd's min-cut partitioner when the compiled graph
+is built, which happens at the first forward (compile is lazy), so the compiled module runs under it (`budgeted`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
+import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from memlab.core.config import CheckpointingConfig
+from memlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    import torch
-
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
+OPS_DESCRIPTION = "save matmul+attention"
 
-def _wrap(module: nn.Module) -> None:
+
+def _saved_ops() -> set:
+    """The ops whose outputs mode "ops" keeps, as they reach the dispatcher (below autograd and autocast): a Linear
+    is an addmm or mm there, eager attention two bmm, SDPA one of its backend ops. Looked up by name, so an op
+    this torch build lacks is simply absent."""
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward")
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+SAVED_OPS = _saved_ops()
+SAVED_NAMESPACES = ("flash_attn",)  # the flash-attn package's own ops (flash_attn::_flash_attn_forward)
+
+
+def ops_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:  # noqa: ARG001
+    """Keep what is costly to recompute (matmuls, attention); recompute the cheap, memory-bound rest."""
+    if op in SAVED_OPS or getattr(op, "namespace", None) in SAVED_NAMESPACES:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _ops_contexts():
+    return create_selective_checkpoint_contexts(ops_policy)
+
+
+def _wrap(module: nn.Module, context_fn: Callable | None = None) -> None:
     inner = module.forward
+    extra = {"context_fn": context_fn} if context_fn is not None else {}
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = forward
 
@@ -35,7 +71,7 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
     """Wrap blocks (or their attention / MLP) per cfg.mode; returns a one-line description for the summary."""
     blocks = list(model.blocks)
     if cfg.mode == "none":
-        return "none"
+        return f"compiler budget {cfg.budget:g}" if cfg.budget < 1 else "none"
     if cfg.mode == "full":
         for block in blocks:
             _wrap(block)
@@ -49,13 +85,45 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
         for block in blocks:
             _wrap(block.attn if cfg.target == "attention" else block.mlp)
         return f"selective:{cfg.target}"
+    if cfg.mode == "ops":
+        for block in blocks:
+            _wrap(block, _ops_contexts)
+        return f"ops ({OPS_DESCRIPTION}, {len(blocks)}/{len(blocks)} blocks)"
     raise ValueError(cfg.mode)
 
 
+def budgeted(compiled: nn.Module, budget: float) -> nn.Module:
+    """Run the compiled module's forward under the activation-memory budget. The partitioner reads the config when
+    a graph is compiled, which is inside the first forward (and any recompile), never at torch.compile(): patching
+    each call keeps it in effect for every compile and leaves the process's config as it was."""
+    import torch._functorch.config as functorch_config
+
+    inner = compiled.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        with functorch_config.patch(activation_memory_budget=budget):
+            return inner(*args, **kwargs)
+
+    compiled.forward = forward
+    return compiled
+
+
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    """Nothing beyond the profile's own validation: every mode runs on every device (offload: act_offload)."""
+    """Every mode runs on every device (offload: act_offload). The compiler's budget needs compile, and is its own
+    way of checkpointing: with a wrapper mode the two would fight over the same activations."""
+    budget, mode = profile.checkpointing.budget, profile.checkpointing.mode
+    if budget >= 1:
+        return
+    if not profile.compile.enabled:
+        raise ConfigError(f"checkpointing.budget = {budget:g} is a torch.compile setting: set compile.enabled = true, "
+                          "or checkpointing.budget = 1 (off)")
+    if mode != "none":
+        raise ConfigError(f"checkpointing.budget = {budget:g} conflicts with checkpointing.mode = {mode!r}: the compiler's "
+                          "budget chooses what to recompute itself; use mode = 'none' with a budget, or budget = 1 with a mode")
 
 
 def apply(step: TrainStep) -> None:
-    """Before compile, so compile sees (and can fuse around) the recompute boundaries."""
+    """Before compile, so compile sees (and can fuse around) the recompute boundaries. The budget is applied by
+    torch_compile, around the module it compiles."""
     step.applied["checkpointing"] = apply_checkpointing(step.model, step.profile.checkpointing)

@@ -41,8 +41,14 @@ def compiled(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
 
 
 def apply(step: TrainStep) -> None:
-    """After checkpointing (compile sees the recompute boundaries), before distributed wrapping."""
+    """After checkpointing (compile sees the recompute boundaries), before distributed wrapping. A
+    checkpointing.budget below 1 is the partitioner's setting: the compiled module runs under it."""
     c = step.profile.compile
     if c.enabled:
         step.train_model = compiled(step.train_model, step.profile)
+        budget = step.profile.checkpointing.budget
+        if budget < 1:
+            from memlab.core.techniques.checkpointing import budgeted
+
+            step.train_model = budgeted(step.train_model, budget)
     step.applied["compile"] = (c.mode + (" +tune_kernels" if c.tune_kernels else "")) if c.enabled else "off"

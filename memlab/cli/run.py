@@ -30,6 +30,7 @@ def run(
     events: Annotated[Optional[str], typer.Option("--events", help="Stream events as JSON lines: '-' for stdout, or a file path.")] = None,
     no_meters: Annotated[bool, typer.Option("--no-meters", help="Turn off per-phase memory resets and the NVML sampler (to measure the meters' cost).")] = False,
     memory_snapshot: Annotated[bool, typer.Option("--memory-snapshot", help="CUDA: record the allocator over the first measured steps; writes memory_snapshot.pickle (pytorch.org/memory_viz) and a breakdown beside the estimate.")] = False,
+    label: Annotated[Optional[str], typer.Option("--label", help="Name the run's profile in results (default: the profile's name), e.g. compile_budget@budget=0.25; sweep --vary sets it.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run N ranks on this host through torchrun (one GPU each on CUDA); the profile picks ddp or fsdp (e.g. ddp_bf16, fsdp_bf16).")] = None,
 ) -> None:
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
@@ -50,9 +51,12 @@ def run(
     dev = distributed.init_from_env(dev)  # under torchrun: the process group, and this rank's device (cuda:LOCAL_RANK)
     max_batch = _apply_batch_size(batch_size, experiment, profile, dev, overrides)
     exp, prof = resolve(experiment, profile, dev.type, overrides)
+    if label is not None:
+        prof.name = checked_label(label)
     if nproc is not None:  # checked here, so a bad combination is one line before any process starts
         args = ["run", "--profile", profile, "--experiment", experiment, "--device", device, "--runs-dir", runs_dir]
         args += [a for item in overrides for a in ("--set", item)] + (["--events", events] if events else [])
+        args += ["--label", label] if label is not None else []
         args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
         _exec_torchrun(nproc, args, exp, prof, dev)
     apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
@@ -60,6 +64,15 @@ def run(
     status = _run_and_report(exp, prof, dev, runs_dir, sinks, snapshot, quiet=events == "-",
                              meters=not no_meters, max_batch=max_batch)
     raise typer.Exit(EXIT_BY_STATUS.get(status, 1))
+
+
+def checked_label(label: str) -> str:
+    """A --label as the profile's name: one line of printable text (run folders replace what a path cannot hold)."""
+    from memlab.core.errors import MemlabError
+
+    if not label.strip() or not label.isprintable() or len(label) > 100:
+        raise MemlabError(f"--label {label!r}: give a short name on one line (at most 100 characters), e.g. compile_budget@budget=0.25")
+    return label.strip()
 
 
 def _apply_batch_size(batch_size: str | None, experiment: str, profile: str, dev, overrides: list[str]) -> int | None:

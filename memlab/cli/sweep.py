@@ -25,6 +25,7 @@ def sweep(
     steps: StepsOpt = None,
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run each profile on N ranks through torchrun (memlab run --nproc); profiles must be ddp or fsdp.")] = None,
+    vary: Annotated[Optional[str], typer.Option("--vary", help="One knob over several values, section.key=v1,v2,...: one run per profile and value, named e.g. compile_budget@budget=0.5.")] = None,
 ) -> None:
     """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on.
 
@@ -45,19 +46,22 @@ def sweep(
     dev = resolve_device(device)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     names = _profile_names(profiles, experiment, dev.type, overrides)
+    items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
+    for name, _, item_overrides in items:  # each value resolved once too: a bad one fails before any run
+        _resolve_one(name, experiment, dev.type, item_overrides, vary)
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
-    specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=overrides, extra_args=extra)
-             for name in names]
-    queue = _make_queue(len(names))
+    specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
+                       extra_args=extra, label=label) for name, label, item_overrides in items]
+    queue = _make_queue(len(specs))
     outcomes, stopped = _run_stoppable(queue, specs)
     done = sum(o.status == "finished" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     tail = f" (stopped early; {skipped} not run)" if stopped else ""
-    typer.echo(f"sweep: {done}/{len(names)} finished{tail}; compare with: memlab table {runs_dir}", err=True)
+    typer.echo(f"sweep: {done}/{len(specs)} finished{tail}; compare with: memlab table {runs_dir}", err=True)
     if stopped:
         raise typer.Exit(130)
-    if done < len(names):
+    if done < len(specs):
         raise typer.Exit(1)
 
 
@@ -75,6 +79,31 @@ def _profile_names(profiles: str, experiment: str, device_type: str, overrides: 
     return names
 
 
+def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
+    """--vary section.key=v1,v2 -> one (label, [--set item]) per value, labelled `name@key=value` so that table and
+    plot tell the runs apart; without --vary, the profile once under its own name."""
+    from memlab.core.errors import MemlabError
+
+    if vary is None:
+        return [("", [])]
+    lhs, _, rhs = vary.partition("=")
+    parts = lhs.strip().split(".")
+    values = [v.strip() for v in rhs.split(",")]
+    if len(parts) != 2 or not all(parts) or not all(values):
+        raise MemlabError(f"--vary {vary!r}: expected section.key=v1,v2,..., e.g. checkpointing.budget=0,0.25,0.5,0.75,1")
+    return [(f"{name}@{parts[1]}={v}", [f"{lhs.strip()}={v}"]) for v in values]
+
+
+def _resolve_one(name: str, experiment: str, device_type: str, overrides: list[str], vary: str | None) -> None:
+    from memlab.cli.options import resolve
+    from memlab.core.errors import MemlabError
+
+    try:
+        resolve(experiment, name, device_type, overrides)
+    except MemlabError as e:
+        raise MemlabError(f"--vary {vary}: {e}" if vary else str(e)) from None
+
+
 def _make_queue(total: int) -> ChildQueue:
     """The queue with sweep's progress: a line when a run starts, its progress while it trains (in place on a
     terminal, a plain line every 10% otherwise), a line when it ends."""
@@ -87,7 +116,7 @@ def _make_queue(total: int) -> ChildQueue:
 
     def on_start(i: int, spec: ChildSpec) -> None:
         progress.reset()
-        typer.echo(f"[{i}/{total}] {spec.profile} ...", err=True)
+        typer.echo(f"[{i}/{total}] {spec.name} ...", err=True)
 
     def on_event(i: int, ev: dict) -> None:
         if ev.get("event") == "step" and isinstance(ev.get("step"), int):
@@ -182,7 +211,7 @@ def _result_line(outcome: QueueOutcome, steps_seen: int) -> str:
     if isinstance(s.get("val_ppl"), (int, float)):
         detail += f" · val ppl {s['val_ppl']:.2f}"
     message = f" · {result.message}" if result.status != "finished" and result.message else ""
-    return f"{outcome.spec.profile}: {result.status} in {outcome.seconds:.1f}s{detail}{message} · {result.run_dir or 'no run folder'}"
+    return f"{outcome.spec.name}: {result.status} in {outcome.seconds:.1f}s{detail}{message} · {result.run_dir or 'no run folder'}"
 
 
 def register(app: typer.Typer) -> None:

@@ -114,23 +114,24 @@ def plot(
     sort: SortOpt = None,
     strict: StrictOpt = False,
     experiment: ExperimentOpt = None,
+    frontier: Annotated[bool, typer.Option("--frontier", help="Instead: peak memory against step time, one labelled point per run (default file: frontier.png).")] = False,
 ) -> None:
     """Draw the comparison as bar charts (PNG): peak memory by phase, step time, tokens/s, val ppl, max batch."""
     from memlab.cli.console import make_console
 
     from memlab.core.errors import MemlabError
-    from memlab.core.plot import plot_comparison
+    from memlab.core.plot import plot_comparison, plot_frontier
 
     err = make_console(stderr=True)
     result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
     if result.height == 0:
         err.print("no readable runs: nothing to plot")
         return
-    target = out if out is not None else paths[0] / "compare.png"
+    target = out if out is not None else paths[0] / ("frontier.png" if frontier else "compare.png")
     if target.suffix.lower() != ".png":
         raise MemlabError(f"{target}: plot writes PNG; give a file name ending in .png")
     try:
-        written = plot_comparison(result, target)
+        written = (plot_frontier if frontier else plot_comparison)(result, target)
     except OSError as e:
         raise MemlabError(f"cannot write {target}: {e.strerror or e}") from None
     n = result["group_index"].n_unique()
