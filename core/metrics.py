@@ -93,6 +93,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("optimizer", STR, "text", "same"),
     Metric("compile", STR, "text", "same"),
     Metric("kernels", STR, "text", "same", 'kernels.fused: "off", "fused (triton <version>)" or "fused (CPU reference)"'),
+    Metric("loss_kernel", STR, "text", "same", 'how the loss ran: "full logits", "chunked (<rows> rows)", or a library and its version, e.g. "liger 0.8.5 fused linear CE"'),
     # how far it got
     Metric("steps", INT, "count", "rank0", "optimizer steps completed", per_rank=True),
     Metric("tokens", INT, "tokens", "rank0", "training tokens processed", per_rank=True),
