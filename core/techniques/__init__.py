@@ -66,6 +66,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     accumulation.check(experiment, profile, torch.device("cuda"), world)
     distributed.check(experiment, profile, torch.device("cuda"), world)
     fused_kernels.check_plan(experiment, profile, world)
+    loss.check_plan(experiment, profile, world)
 
 
 def apply_techniques(step: TrainStep) -> None:

@@ -20,17 +20,23 @@ if TYPE_CHECKING:
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    """chunked with fused is refused by the profile's own validation (memlab.core.config), chunk_size >= 1 too."""
+    check_plan(experiment, profile, world)
     fused = profile.loss.fused
     if fused == "none":
         return
-    if fused not in linear_ce.LIBRARIES:
-        raise ConfigError(f"unknown loss.fused {fused!r}; valid: none, {', '.join(linear_ce.LIBRARIES)}")
     if device.type != "cuda":
         raise DeviceError(f"loss.fused = {fused} runs Triton kernels and needs CUDA; on the CPU backend use loss.chunked = true (profile chunked_ce)")
+    linear_ce.require(fused)
+
+
+def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
+    """What the configuration alone rules out. chunked with fused is refused by the profile's own validation
+    (memlab.core.config), as is chunk_size < 1."""
+    fused = profile.loss.fused
+    if fused not in ("none", *linear_ce.LIBRARIES):
+        raise ConfigError(f"unknown loss.fused {fused!r}; valid: none, {', '.join(linear_ce.LIBRARIES)}")
     if fused == "cce" and profile.precision.dtype not in ("bf16", "fp16"):
         raise ConfigError(f"loss.fused = cce needs 16-bit inputs (its backward takes bf16 or fp16 only): use precision.dtype = bf16 or fp16, not {profile.precision.dtype}")
-    linear_ce.require(fused)
 
 
 def apply(step: TrainStep) -> None:
