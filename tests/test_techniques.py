@@ -114,10 +114,10 @@ def test_offload_refuses_8bit_adamw():
 
 REQUIRED = (
     "baseline tf32 bf16 fp16 flash window gradcp gradcp_bf16 flash_gradcp selective act_offload accum adafactor "
-    "adamw8bit optim_offload compile chunked_ce fastest leanest"
+    "adamw8bit optim_offload compile chunked_ce liger_ce cce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
-NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest"}
+NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest", "liger_ce", "cce"}
 
 
 def test_every_required_profile_is_built_in_with_a_one_line_description():
