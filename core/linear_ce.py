@@ -6,7 +6,7 @@ embedding, without ever holding the B x T x V logits. Both are Triton kernels: C
 liger  Liger Kernel's `liger_fused_linear_cross_entropy`: forward walks the rows in chunks of about B*T*C / V
        (one chunk's logits at a time), computes the loss and, right there, the gradients of h and of W; backward
        only hands them on. Its forward runs under the caller's autocast (torch.amp.custom_fwd), so its matmuls take
-       the bf16 copy of the fp32 weight, and its weight gradient accumulates in the parameter's dtype (fp32).
+       the bf16 copy of the fp32 weight; its weight gradient accumulates in fp32 (accum_dtype).
 cce    Apple's Cut Cross-Entropy `linear_cross_entropy` (impl "cce"): forward computes each row's log-sum-exp
        blockwise in SRAM and the target logit by an indexed dot; backward recomputes the logits block by block and
        skips blocks whose softmax is below bf16 resolution (filter_eps = "high", the library's default). It is an
@@ -84,8 +84,10 @@ def head_loss(name: str, compute_dtype: torch.dtype, kernel: Callable[..., torch
 def _liger(kernel: Callable[..., torch.Tensor], dtype: torch.dtype) -> HeadLoss:
     def loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # h in the compute dtype: its gradient buffer (held from forward to backward) is then 2 bytes an element
-        # under autocast; the fp32 weight as is, cast by autocast inside (see the module's note)
-        return kernel(h.flatten(0, 1).to(dtype), weight, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="mean")
+        # under autocast; the fp32 weight as is, cast by autocast inside (see the module's note). accum_dtype:
+        # the weight gradient summed over the chunks in fp32 even where the weight is bf16 (FSDP2's gathered one)
+        return kernel(h.flatten(0, 1).to(dtype), weight, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="mean",
+                      accum_dtype=torch.float32)
 
     return loss
 

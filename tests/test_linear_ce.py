@@ -5,7 +5,11 @@ signature, since both kernels are Triton and CUDA-only); the estimator ranks the
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,7 +124,7 @@ def test_the_adapter_gives_the_stock_loss_and_gradients(profile_name, fused, aut
     assert call["e"].shape == (3 * CFG.seq_len, CFG.d_model) and call["e"].dtype == dtype  # (B*T, C), compute dtype
     assert call["targets"].shape == (3 * CFG.seq_len,) and call["ignore_index"] == -100 and call["reduction"] == "mean"
     if fused == "liger":  # the parameter itself: Liger casts under autocast and accumulates its gradient in fp32
-        assert call["c"] is step.model.lm_head.weight and "impl" not in call
+        assert call["c"] is step.model.lm_head.weight and call["accum_dtype"] == torch.float32 and "impl" not in call
     else:  # CCE's backward takes 16-bit inputs only: both cast here
         assert call["c"].dtype == dtype and call["c"].shape == (CFG.vocab_size, CFG.d_model) and call["impl"] == "cce"
 
@@ -135,6 +139,33 @@ def test_the_stock_and_chunked_paths_say_what_ran(monkeypatch):
     for name, label in (("bf16", "full logits"), ("chunked_ce", "chunked (4096 rows)")):
         step = _step(name, monkeypatch, [])
         assert step.applied["loss_kernel"] == label and step.model.loss_kernel is None
+
+
+_LIGER_IN_INTERPRETER = """
+import torch, torch.nn.functional as F
+from memlab.core import linear_ce
+torch.manual_seed(0)
+h = torch.randn(2, 9, 16, requires_grad=True)  # 18 rows: Liger cuts them in chunks of 8, 8, 2 (V 40 / C 16)
+w = torch.randn(40, 16, requires_grad=True)
+t = torch.randint(0, 40, (2, 9))
+ref = F.cross_entropy((h.flatten(0, 1) @ w.t()).float(), t.flatten())
+loss = linear_ce.head_loss("liger", torch.float32)(h, w, t)
+for a, b in zip(torch.autograd.grad(loss, (h, w)), torch.autograd.grad(ref, (h, w))):
+    torch.testing.assert_close(a, b)
+torch.testing.assert_close(loss, ref)
+print("liger ok")
+"""
+
+
+def test_liger_itself_gives_the_stock_loss_in_tritons_interpreter():
+    """Liger's own kernel on the CPU (Triton's interpreter, chosen at import: a subprocess), fp32, when the extra is
+    installed. CCE's kernels do not run in the interpreter (triton 3.9), so its adapter is checked above only."""
+    if not (importlib.util.find_spec("liger_kernel") and importlib.util.find_spec("triton")):
+        pytest.skip("liger-kernel is not installed here: pip install 'memlab[liger]' to run its kernel in Triton's CPU interpreter")
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, "-c", _LIGER_IN_INTERPRETER], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert r.returncode == 0 and "liger ok" in r.stdout, r.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------- bigvocab and the estimate
