@@ -9,7 +9,7 @@ step. `apply_techniques` applies them in this order, and why:
  2. precision       matmul flags, the autocast context and (fp16) the GradScaler; the kernel depends on the dtype;
  3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
     -- the model is built here, with that kernel, on the device --
- 4. loss            chunked cross-entropy is a setting of the model's head;
+ 4. loss            chunked cross-entropy or a library's fused kernel is a setting of the model's head;
  5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
  6. checkpointing   wraps blocks, so compile sees (and can fuse around) the recompute boundaries;
  7. compile         over the checkpointed blocks;
