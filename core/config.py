@@ -150,6 +150,9 @@ class KernelsConfig:
 class LossConfig:
     chunked: bool = False  # cross-entropy in chunks of rows: never materializes the B x T x V logits
     chunk_size: int = 4096  # rows (tokens) per chunk
+    # A library's fused linear cross-entropy (Triton, CUDA only): the LM head's matmul and the loss in one kernel,
+    # so the B x T x V logits never exist either (memlab.core.linear_ce). One of two ways with chunked, not both.
+    fused: Literal["none", "liger", "cce"] = "none"
 
 
 @dataclass
@@ -469,6 +472,8 @@ def validate_profile(p: Profile, origin: str) -> None:
     _require(0.0 <= p.checkpointing.budget <= 1.0, f"{origin}: checkpointing.budget must be in [0, 1] (1 = off), got {p.checkpointing.budget}")
     _require(p.accumulation.steps >= 1, f"{origin}: accumulation.steps must be at least 1, got {p.accumulation.steps}")
     _require(p.loss.chunk_size >= 1, f"{origin}: loss.chunk_size must be at least 1, got {p.loss.chunk_size}")
+    _require(not (p.loss.chunked and p.loss.fused != "none"),
+             f"{origin}: loss.chunked = true and loss.fused = {p.loss.fused} are two ways to avoid the logits; choose one (loss.chunked = false, or loss.fused = \"none\")")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
     _require(p.optimizer.rank >= 1, f"{origin}: optimizer.rank must be at least 1, got {p.optimizer.rank}")
     if p.optimizer.fused:

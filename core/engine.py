@@ -133,6 +133,7 @@ class _Run:
             "compile": info.get("compile", "off"),
             "kernels": info.get("kernels", "off"),
             "overrides": describe_overrides(p),
+            "loss_kernel": info.get("loss_kernel", "full logits"),
             "steps": self.steps_done,
             "tokens": self.tokens,
         }

@@ -518,6 +518,10 @@ class _Step:
     def chunked(self) -> bool:
         return self.profile.loss.chunked
 
+    @property
+    def fused_loss(self) -> str:  # loss.fused: none | liger | cce
+        return self.profile.loss.fused
+
 
 def _resolve_step(experiment: Experiment, p: Profile, vocab_size: int, micro_batch: int | None, world_size: int, device: str) -> _Step:
     m = experiment.model
@@ -702,13 +706,15 @@ class _ModelSaved:
 
 def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
     s, pr, dropout, compiled, chunked = st.s, st.pr, st.dropout, st.compiled, st.chunked
-    c = min(st.profile.loss.chunk_size, s.BT) if chunked else s.BT
+    c = min(st.profile.loss.chunk_size, s.BT) if chunked else liger_chunk_rows(s.BT, s.V, s.C) if st.fused_loss == "liger" else s.BT
     tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
     if dropout:
         tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
     final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
     if chunked:
         head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
+    elif st.fused_loss != "none":
+        head_in, head_w = 0, 0  # what the library keeps is counted in _fused_loss_moments
     else:
         head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
         head_w = pr.e * s.V * s.C if pr.autocast and pr.weight_copies else 0  # its bf16 weight, saved for the input gradient
@@ -717,9 +723,9 @@ def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
     # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
     # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
     cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if st.offload else lay, s, pr) for lay in saved.layout)
-    if chunked and pr.autocast and pr.weight_copies and not compiled:
-        cache_extra += pr.e * s.V * s.C
-    h_fp32 = 4 * s.BTC if pr.autocast and not chunked else 0
+    if (chunked or st.fused_loss == "liger") and pr.autocast and pr.weight_copies and not compiled:
+        cache_extra += pr.e * s.V * s.C  # the head's matmul runs under autocast: its bf16 weight is cached too
+    h_fp32 = 4 * s.BTC if (pr.autocast and not chunked) or st.fused_loss != "none" else 0
     return _ModelSaved(c, tokens, tokens + final + head_in + head_w, cache_extra, h_fp32)
 
 
@@ -736,6 +742,8 @@ def _forward_moment(st: _Step, static: _Static, saved: _Saved, model: _ModelSave
 
 def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved) -> dict[str, dict[str, int]]:
     """The loss, forward and backward."""
+    if st.fused_loss != "none":
+        return _fused_loss_moments(st, static, saved, model)
     s, pr, c = st.s, st.pr, model.rows
     acts = saved.total + model.total
     grads = static.grads_fwd
@@ -763,6 +771,46 @@ def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved)
         loss_tmp = max(with_chunk, 8 * s.BTC - 12 * c * s.V)
         grads = grads or 4 * s.V * s.C  # the head's gradient exists after the first chunk
     return {"loss forward": forward, "loss backward": static.moment(grads, acts, 12 * c * s.V, loss_tmp)}
+
+
+def liger_chunk_rows(BT: int, V: int, C: int) -> int:
+    """Rows of logits Liger's fused linear cross-entropy makes at once (liger_kernel 0.8.5,
+    ops/fused_linear_cross_entropy.py, chunk_mem_const = 1): enough rows that a chunk's logits are about as large
+    as its input, B*T x C, rounded up to a power of two, at most B*T."""
+    inc_factor = -(-V // C)
+    return min(1 << max(0, (-(-BT // inc_factor) - 1).bit_length()), BT)
+
+
+def _fused_loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved) -> dict[str, dict[str, int]]:
+    """loss.fused (memlab.core.linear_ce): a library's head + loss, which never holds the B x T x V logits.
+    GPT.forward holds the fp32 h while the call runs (model.h_fp32); the library gets h cast to the compute dtype.
+
+    liger  (liger_kernel 0.8.5, ops/fused_linear_cross_entropy.py) computes the gradients in forward: it allocates
+           grad_input like its input (e BTC) and grad_weight like the fp32 weight (4 VC, zeros_like: the parameter's
+           dtype), then per chunk of model.rows rows makes the chunk's logits (e c V, in place of their gradient).
+           Both gradients are saved for backward, which only hands them on (grad_weight becomes the head's
+           gradient; under autocast the bf16 grad_input is cast back to fp32, 4 BTC).
+    cce    (cut_cross_entropy 25.1.1, cce.py) saves its 16-bit inputs, h (e BTC) and the weight's cast (e VC), the
+           rows' fp32 log-sum-exp (4 BT) and the vocabulary's mean logit (4 V, for the gradient filter); logits
+           exist only in SRAM blocks. Backward (cce_backward.py) makes de (e BTC) and dc (e VC, in e's dtype) while
+           the saves live; once its node has run, autograd frees the saves and the casts back to the fp32 weight
+           and h make 4 VC (the head's gradient) and 4 BTC from de and dc: the larger of the two moments.
+    """
+    s, pr = st.s, st.pr
+    acts = saved.total + model.total
+    cast_h = pr.e * s.BTC if pr.autocast else 0  # the compute-dtype copy of h handed to the library
+    if st.fused_loss == "liger":
+        held = pr.e * s.BTC + 4 * s.BT  # grad_input and the per-row losses
+        grads = static.grads_fwd + 4 * s.V * s.C  # grad_weight, the head's gradient from the forward on
+        forward = static.moment(grads, acts, held + pr.e * model.rows * s.V, model.h_fp32 + cast_h + model.cache_extra)
+        backward = static.moment(grads, acts, pr.e * s.BTC, 4 * s.BTC if pr.autocast else 0)
+        return {"loss forward": forward, "loss backward": backward}
+    kept = pr.e * s.BTC + pr.e * s.V * s.C + 4 * s.BT + 4 * s.V
+    forward = static.moment(static.grads_fwd, acts, kept, model.h_fp32 + model.cache_extra)
+    made = pr.e * s.BTC + pr.e * s.V * s.C
+    in_kernel = static.moment(static.grads_fwd, acts, kept + made, 0)
+    cast_back = static.moment(static.grads_fwd + 4 * s.V * s.C, acts, made, 4 * s.BTC)
+    return {"loss forward": forward, "loss backward": max(in_kernel, cast_back, key=lambda m: sum(m.values()))}
 
 
 def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: int, kept: int = 0) -> int:

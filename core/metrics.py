@@ -94,6 +94,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("compile", STR, "text", "same"),
     Metric("kernels", STR, "text", "same", 'kernels.fused / float8: "off", "fused (triton <version>)", "fused (CPU reference)", "float8 (torchao <version>, ...)"'),
     Metric("overrides", STR, "text", "same", "experiment keys the profile set for itself (its [overrides]), e.g. train.clip=0.0; part of experiment_id too"),
+    Metric("loss_kernel", STR, "text", "same", 'how the loss ran: "full logits", "chunked (<rows> rows)", or a library and its version, e.g. "liger 0.8.5 fused linear CE"'),
     # how far it got
     Metric("steps", INT, "count", "rank0", "optimizer steps completed", per_rank=True),
     Metric("tokens", INT, "tokens", "rank0", "training tokens processed", per_rank=True),

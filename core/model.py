@@ -88,6 +88,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings: one V x C matrix, not two
         self.loss_chunk_size = 0  # rows per cross-entropy chunk; 0 = full logits (set from the profile's [loss])
+        self.loss_kernel = None  # loss.fused: a library's head + loss in one (memlab.core.linear_ce), else None
         self.fused = False  # kernels.fused: hidden() runs through memlab.core.fused (same function, fewer passes)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat with depth.
@@ -126,11 +127,13 @@ class GPT(nn.Module):
         """Token ids (B, T) -> logits (B, T, V); with targets (B, T), the mean next-token loss instead.
 
         The loss is computed here (not by the caller) so that torch.compile sees it whole, and so that chunked
-        cross-entropy (loss_chunk_size > 0) never builds the B x T x V logits.
+        cross-entropy (loss_chunk_size > 0) or a library's fused kernel (loss_kernel) never builds the B x T x V logits.
         """
         h = self.hidden(idx)
         if targets is None:
             return self.lm_head(h)
+        if self.loss_kernel is not None:
+            return self.loss_kernel(h, self.lm_head.weight, targets)
         return loss_from_hidden(h, self.lm_head.weight, targets, self.loss_chunk_size)
 
 

@@ -53,7 +53,7 @@ def test_profile_from_a_file_that_extends_a_builtin(tmp_path):
         (["run", "--profile", "bf16", "--device", "tpu"], "--device 'tpu' is not valid; choose one of: auto, cuda, cpu"),
         (["run", "--profile", "bf16", "--device", "cuda"], "no CUDA GPU is visible"),
         (["run", "--profile", "tf32", "--device", "cpu"], "tf32 needs CUDA"),
-        (["run", "--profile", "bf16", "--experiment", "huge"], "unknown experiment 'huge'; built-in experiments: gpt2s"),
+        (["run", "--profile", "bf16", "--experiment", "huge"], "unknown experiment 'huge'; built-in experiments: bigvocab, gpt2s"),
         (["run", "--profile", "bf16", "--bogus"], "No such option: --bogus"),
         (["run"], "Missing option '--profile'"),
         (["run", "--profile", "bf16", "--batch-size", "lots"], "--batch-size 'lots': expected a positive integer or 'max'"),

@@ -114,10 +114,10 @@ def test_offload_refuses_8bit_adamw():
 
 REQUIRED = (
     "baseline tf32 bf16 fp16 flash window gradcp gradcp_bf16 flash_gradcp selective act_offload accum adafactor "
-    "adamw8bit optim_offload compile chunked_ce fastest leanest"
+    "adamw8bit optim_offload compile chunked_ce liger_ce cce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
-NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit", "float8"}
+NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit", "float8", "liger_ce", "cce"}
 
 
 def _missing_library(profile) -> bool:

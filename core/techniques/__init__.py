@@ -9,7 +9,7 @@ step. `apply_techniques` applies them in this order, and why:
  2. precision       matmul flags, the autocast context and (fp16) the GradScaler; the kernel depends on the dtype;
  3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
     -- the model is built here, with that kernel, on the device --
- 4. loss            chunked cross-entropy is a setting of the model's head;
+ 4. loss            chunked cross-entropy or a library's fused kernel is a setting of the model's head;
  5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
     float8          swap the blocks' Linear modules for torchao's Float8Linear: before the wrappers and compile;
  6. checkpointing   wraps blocks, so compile sees (and can fuse around) the recompute boundaries;
@@ -71,6 +71,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     fused_kernels.check_plan(experiment, profile, world)
     optimizer.check_in_backward(experiment, profile)
     float8.check_plan(experiment, profile)
+    loss.check_plan(experiment, profile, world)
 
 
 def apply_techniques(step: TrainStep) -> None:

@@ -12,6 +12,7 @@ def profiles() -> None:
     """The built-in profiles, one line each, with what they change and whether they need CUDA."""
     from memlab.cli.console import make_console
     from rich.table import Table
+    from rich.text import Text
 
     from memlab.core.config import builtin_names, describe_changes, load_profile
     from memlab.core.requirements import cuda_only
@@ -21,7 +22,7 @@ def profiles() -> None:
         table.add_column(col, overflow="fold")
     for name in builtin_names("profile"):
         p = load_profile(name)
-        table.add_row(name, "CUDA" if cuda_only(p) else "", p.description, describe_changes(p))
+        table.add_row(name, "CUDA" if cuda_only(p) else "", Text(p.description), describe_changes(p))  # Text: "memlab[liger]" is not markup
     console = make_console()
     console.print(table)
     console.print("[dim]needs CUDA: refused on the CPU backend (its technique needs a GPU); every other profile runs on both[/]")
