@@ -102,6 +102,9 @@ class CheckpointingConfig:
     every: int = 2  # every_n: checkpoint one block in `every`
     target: Literal["attention", "mlp"] = "attention"  # selective: which sub-layer to recompute
     offload: bool = False  # save activations on the CPU (torch.autograd.graph.save_on_cpu)
+    # with offload: copy on a side CUDA stream and prefetch one block ahead in backward (memlab.core.offload),
+    # instead of save_on_cpu's synchronous copies
+    offload_overlap: bool = False
 
 
 @dataclass
@@ -413,6 +416,8 @@ def validate_profile(p: Profile, origin: str) -> None:
     _require(p.accumulation.steps >= 1, f"{origin}: accumulation.steps must be at least 1, got {p.accumulation.steps}")
     _require(p.loss.chunk_size >= 1, f"{origin}: loss.chunk_size must be at least 1, got {p.loss.chunk_size}")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
+    if p.checkpointing.offload_overlap:
+        _require(p.checkpointing.offload, f"{origin}: checkpointing.offload_overlap applies with checkpointing.offload = true (it says how the activations go to the CPU)")
     if p.optimizer.fused:
         _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
 
