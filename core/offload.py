@@ -141,7 +141,8 @@ class OverlapOffload:
         self.blocks: dict[int, _Block] = {}
         self.current: int | None = None  # the block whose forward is running
         self.active = False  # inside forward(): eval and no-grad forwards pass through untouched
-        self.packed = self.unpacked = self.moved = 0  # counts, for the tests and the summary
+        self.packed = self.unpacked = self.moved = 0  # counts, for the tests
+        self.late = 0  # moved tensors backward asked for before their prefetch started (copied back on demand)
         self._cleanup_queued = False
         self._handles: list[Any] = []
 
@@ -234,6 +235,7 @@ class OverlapOffload:
             raise RuntimeError("checkpointing.offload_overlap hands each saved tensor back once; backward(retain_graph=True) is not supported")
         b = self.blocks[packed.block]
         if packed.back is None:  # never prefetched: copy it now and wait
+            self.late += 1
             packed.back = self.copier.to_device(packed.host, packed.device)
             self.copier.wait(self.copier.mark())
         else:

@@ -117,7 +117,7 @@ REQUIRED = (
     "adamw8bit optim_offload compile chunked_ce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
-NEEDS_CUDA = {"tf32", "act_offload", "adamw8bit", "optim_offload", "fastest", "leanest"}
+NEEDS_CUDA = {"tf32", "act_offload", "act_offload_overlap", "adamw8bit", "optim_offload", "fastest", "leanest"}
 
 
 def test_every_required_profile_is_built_in_with_a_one_line_description():
