@@ -182,7 +182,7 @@ class OverlapOffload:
     # ---------------------------------------------------------------------------------- forward
 
     def _enter_block(self, i: int) -> None:
-        if not self.active:
+        if not self.active or not torch.is_grad_enabled():
             return
         self.current = i
         self.blocks[i] = _Block()
