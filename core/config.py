@@ -108,6 +108,9 @@ class CheckpointingConfig:
     # compiler's min-cut partitioner may keep; it recomputes the cheapest of the rest. 1.0 = off (PyTorch's default:
     # the partitioner's own runtime-optimal choice), 0.0 = recompute as much as it can.
     budget: float = 1.0
+    # with offload: copy on a side CUDA stream and prefetch one block ahead in backward (memlab.core.offload),
+    # instead of save_on_cpu's synchronous copies
+    offload_overlap: bool = False
 
 
 @dataclass
@@ -476,6 +479,8 @@ def validate_profile(p: Profile, origin: str) -> None:
              f"{origin}: loss.chunked = true and loss.fused = {p.loss.fused} are two ways to avoid the logits; choose one (loss.chunked = false, or loss.fused = \"none\")")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
     _require(p.optimizer.rank >= 1, f"{origin}: optimizer.rank must be at least 1, got {p.optimizer.rank}")
+    if p.checkpointing.offload_overlap:
+        _require(p.checkpointing.offload, f"{origin}: checkpointing.offload_overlap applies with checkpointing.offload = true (it says how the activations go to the CPU)")
     if p.optimizer.fused:
         _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
 

@@ -515,6 +515,14 @@ class _Step:
         return self.profile.checkpointing.offload
 
     @property
+    def overlap(self) -> bool:  # ... by memlab.core.offload: the blocks' large activations only, one block ahead
+        return self.offload and self.profile.checkpointing.offload_overlap
+
+    @property
+    def sync_offload(self) -> bool:  # ... by save_on_cpu: every saved tensor
+        return self.offload and not self.overlap
+
+    @property
     def chunked(self) -> bool:
         return self.profile.loss.chunked
 
@@ -652,6 +660,7 @@ class _Saved:
     plain: dict[str, int]  # an un-checkpointed block's saves, by tensor
     per_block: list[int]  # bytes each block keeps between its forward and its backward
     block_input: int  # bytes per element of a block's input
+    in_flight: int = 0  # offload_overlap: one block's activations on their way to or from the host
 
     @property
     def total(self) -> int:
@@ -686,11 +695,30 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
     if p.kernels.float8:
         notes.append("kernels.float8: a speed technique; memory barely moves (block weights saved as the fp32 masters, or their float8 cast when compiled, instead of bf16 copies; float8 casts are temporaries)")
+    if st.overlap:
+        kept = _overlap_kept(s, plain)
+        notes.append("offload_overlap: a block keeps its weight copies and tensors under 1 MiB; one block's other "
+                     "saves are in flight beside the block computed (forward) or differentiated (backward)")
+        return _Saved(layout, plain, [kept] * s.L, block_input, in_flight=sum(plain.values()) - kept)
     if st.offload:
         # save_on_cpu: every tensor saved for backward goes to pinned host memory; a checkpoint's input stays (it
         # is a reference the checkpoint holds, not a saved tensor).
         saved = [4 * s.BTC if lay == "full" else 0 for lay in layout]
     return _Saved(layout, plain, saved, block_input)
+
+
+def _overlap_kept(s: _Shape, plain: dict[str, int]) -> int:
+    """What an un-checkpointed block keeps on the GPU under offload_overlap (memlab.core.offload): the bf16 weight
+    copies (weights are not moved), and the tensors too small to move: LayerNorm's mean and rstd (4 BT bytes each)
+    and the attention's log-sum-exp (4 bHT), each under MIN_BYTES at ordinary shapes."""
+    from memlab.core.offload import MIN_BYTES
+
+    kept = plain.get("weight_copies", 0)
+    if 4 * s.BT < MIN_BYTES:
+        kept += plain["ln_stats"]
+    if 4 * s.b * s.H * s.T < MIN_BYTES:
+        kept += plain.get("lse", 0)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -718,11 +746,11 @@ def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
     else:
         head_in = pr.e * s.BTC  # the LM head's input: the bf16 cast of h, or h itself in fp32
         head_w = pr.e * s.V * s.C if pr.autocast and pr.weight_copies else 0  # its bf16 weight, saved for the input gradient
-    if st.offload:
+    if st.sync_offload:  # offload_overlap keeps what is saved outside the blocks: backward needs it first
         final = head_in = head_w = 0
     # Forward-only extras: autocast caches the bf16 copy of every weight until the forward's autocast region ends,
     # so checkpointed blocks' (and the biases') copies exist during the forward though nothing saves them.
-    cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if st.offload else lay, s, pr) for lay in saved.layout)
+    cache_extra = 0 if compiled else sum(_weight_copy_bytes("full" if st.sync_offload else lay, s, pr) for lay in saved.layout)
     if (chunked or st.fused_loss == "liger") and pr.autocast and pr.weight_copies and not compiled:
         cache_extra += pr.e * s.V * s.C  # the head's matmul runs under autocast: its bf16 weight is cached too
     h_fp32 = 4 * s.BTC if (pr.autocast and not chunked) or st.fused_loss != "none" else 0
@@ -733,7 +761,9 @@ def _forward_moment(st: _Step, static: _Static, saved: _Saved, model: _ModelSave
     """Forward, in the last block: the blocks below keep their saves; this one adds its temporaries."""
     s, pr, kind = st.s, st.pr, st.kind
     last = saved.per_block[-1]
-    if saved.layout[-1] == "plain" and not st.offload:
+    if st.overlap:  # the block computed holds all its saves until their copies end, the one before is in flight
+        fwd_block = sum(saved.plain.values()) + saved.in_flight + _block_fwd_extra(s, pr, kind)
+    elif saved.layout[-1] == "plain" and not st.offload:
         fwd_block = last + _block_fwd_extra(s, pr, kind)
     else:  # a checkpointed block's internals are temporaries: fc and GELU outputs coexist, or the scores
         fwd_block = last + max(2 * pr.e * s.BTF, _block_fwd_extra(s, pr, kind))
@@ -817,6 +847,8 @@ def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: in
     """Activations alive while one block is differentiated: what is still saved, plus the block's own tensors
     (recomputed if checkpointed, unpacked back from the host if offloaded). `kept`: what this block saved."""
     s = st.s
+    if st.overlap:  # this block's saves brought back, and the block below's arriving (the prefetch window)
+        return remaining + 2 * saved.in_flight
     if st.offload:
         return remaining + st.pr.e * s.BTF
     if layout == "full":

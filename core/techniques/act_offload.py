@@ -1,4 +1,8 @@
-"""checkpointing.offload: tensors saved for backward go to pinned host memory and come back when backward needs them."""
+"""checkpointing.offload: tensors saved for backward go to pinned host memory and come back when backward needs them.
+
+Two ways, one knob each: `offload` alone is PyTorch's save_on_cpu (every saved tensor, copied synchronously);
+with `offload_overlap` the copies run on a side stream beside the compute and come back one block ahead
+(memlab.core.offload), which needs the blocks as they are: called as modules, not recomputed, not compiled."""
 
 from __future__ import annotations
 
@@ -6,19 +10,55 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import DeviceError
+from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.offload import MIN_BYTES, CudaCopies, OverlapOffload
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
+OVERLAP = f"overlapped (side stream, prefetch one block ahead; tensors >= {MIN_BYTES >> 20} MiB, weights stay)"
+SYNC = "synchronous (save_on_cpu, pinned)"
+
+
+def _overlap_conflict(profile: Profile) -> str | None:
+    """Why offload_overlap cannot run with the rest of the profile, or None."""
+    p, fix = profile, "or set checkpointing.offload_overlap = false (save_on_cpu composes with it)"
+    if p.checkpointing.mode != "none":
+        return (f"checkpointing.offload_overlap prefetches the tensors each block saved, and checkpointing.mode = "
+                f"{p.checkpointing.mode!r} recomputes them instead; set checkpointing.mode = 'none', {fix}")
+    if p.compile.enabled:
+        return f"checkpointing.offload_overlap marks each block with module hooks, which break torch.compile's graph at every block; set compile.enabled = false, {fix}"
+    if p.kernels.fused:
+        return f"checkpointing.offload_overlap finds the blocks by their module calls, which kernels.fused bypasses; set kernels.fused = false, {fix}"
+    if p.distributed.mode != "none":
+        return f"checkpointing.offload_overlap is not tested under distributed.mode = {p.distributed.mode!r}; set distributed.mode = 'none', {fix}"
+    return None
+
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    if profile.checkpointing.offload and device.type != "cuda":
+    ck = profile.checkpointing
+    if not ck.offload:
+        return
+    if ck.offload_overlap:
+        conflict = _overlap_conflict(profile)
+        if conflict:
+            raise ConfigError(conflict)
+        if device.type != "cuda":
+            raise DeviceError("checkpointing.offload_overlap copies activations to the CPU on a side CUDA stream and needs CUDA; set checkpointing.offload = false on the CPU backend")
+    elif device.type != "cuda":
         raise DeviceError("checkpointing.offload moves activations from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
 
 
 def apply(step: TrainStep) -> None:
-    """A context the step's forward runs under (save_on_cpu: synchronous copies, no overlap with compute)."""
-    if step.profile.checkpointing.offload:
-        step.offload = lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)
+    """A context the step's forward runs under; the overlapped one also hooks every block (and the final norm)."""
+    ck = step.profile.checkpointing
+    if not ck.offload:
+        return
+    if ck.offload_overlap:
+        offload = OverlapOffload(CudaCopies(step.device))
+        offload.install(list(step.model.blocks), step.model.ln_f)
+        step.offload, how = offload.forward, OVERLAP
+    else:
+        step.offload, how = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)), SYNC
+    step.applied["act_offload"] = how  # run.json: how the activations went to the host
