@@ -69,7 +69,8 @@ def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves():
     from memlab.core.requirements import cuda_only
 
     r = subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=60)
-    rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith("needs")}
+    # a row's first line starts with its name; a long description wraps onto indented lines
+    rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith((" ", "needs"))}
     for name in builtin_names("profile"):
         assert (rows[name] == "CUDA") == (cuda_only(load_profile(name)) is not None), name
     assert rows["tf32"] == "CUDA" and rows["baseline"] != "CUDA"
