@@ -25,9 +25,9 @@ from memlab.core.errors import MemlabError
 
 STEPS = 3  # find-batch's probes run three steps (memlab.core.study.maxbatch.PROBE_STEPS): the cache's history counts
 
-# When the step cannot be replayed: reserved / allocated at the peak, the largest seen on the H100 at the largest
-# batch that fitted (bench/results/estimate-h100, gpt2s, find_batch_*: see bench/README.md "Reserved peak").
-FALLBACK_RESERVED_RATIO = 1.6
+# When the step cannot be replayed: reserved / allocated at the peak, the largest seen on the H100 in a probe that
+# fitted without retries (bench/results/estimate-h100, gpt2s, find_batch_*: act_offload at 112, 1.334; 58 probes).
+FALLBACK_RESERVED_RATIO = 1.34
 
 
 @dataclass
@@ -170,3 +170,77 @@ def _run_recorded(experiment: Experiment, p: Profile, device: Any, vocab_size: i
             step.run(batch())
         events = list(rec.events)
     return events
+
+
+# ---------------------------------------------------------------------------------------------- prediction
+
+
+def simulate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> Reserved:
+    """The reserved peak at `micro_batch`: the analytic allocated peak (memlab.core.estimate, accurate on the H100)
+    times the replayed step's reserved / allocated; the analytic peak times FALLBACK_RESERVED_RATIO where fake
+    tensors cannot run the step as CUDA does."""
+    from memlab.core.estimate import estimate
+
+    analytic = estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
+    why = _no_replay(profile)
+    if why is None:
+        try:
+            events, notes = record_events(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch)
+        except MemlabError as e:
+            why = str(e)
+    if why is not None:
+        note = f"reserved: the allocated peak x {FALLBACK_RESERVED_RATIO} (not replayed: {why})"
+        return Reserved(micro_batch, analytic, int(analytic * FALLBACK_RESERVED_RATIO), False, [note])
+    sim = allocsim.replay(events, expandable=profile.allocator.expandable_segments)
+    ratio = sim.peak_reserved / max(1, sim.peak_allocated)
+    note = f"reserved: the allocated peak x {ratio:.3f}, the replayed step's reserved / allocated (memlab.core.allocsim)"
+    return Reserved(micro_batch, analytic, int(analytic * ratio), True, [*notes, note])
+
+
+def _no_replay(profile: Profile) -> str | None:
+    if profile.compile.enabled:
+        return "torch.compile fuses the step: fake tensors run it uncompiled, another allocation pattern"
+    return None
+
+
+def predict_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget: int, limit: int = 1 << 20) -> tuple[int, Reserved | None]:
+    """The largest micro-batch whose predicted reserved peak fits `budget` bytes (0 if not even 1 fits), and the
+    simulation it rests on. The replay runs at two batches only (seconds each): at the analytic guess, then at the
+    answer; the larger of the two ratios holds."""
+    from memlab.core.estimate import estimate
+
+    def alloc(b: int) -> int:
+        return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b).total_bytes
+
+    guess = _largest(lambda b: alloc(b) <= budget, limit)
+    if guess == 0:
+        return 0, None
+    first = simulate(experiment, profile, vocab_size=vocab_size, micro_batch=guess)
+    b = _largest(lambda b: alloc(b) * first.ratio <= budget, limit)
+    if b == 0 or not first.simulated:
+        return b, first
+    second = simulate(experiment, profile, vocab_size=vocab_size, micro_batch=b)
+    worst = max(first, second, key=lambda r: r.ratio)
+    return _largest(lambda b: alloc(b) * worst.ratio <= budget, limit), worst
+
+
+def _largest(fits: Any, limit: int) -> int:
+    """The largest b in 1..limit with fits(b) (monotone), 0 if none: grow, then bisect."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def budget_bytes(memory_bytes: int, *, capped: bool) -> int:
+    """What the allocator may reserve: a capped process's limit, or a whole card less the CUDA context."""
+    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+
+    return memory_bytes if capped else memory_bytes - CUDA_CONTEXT_BYTES
