@@ -530,26 +530,14 @@ def _read_cache() -> dict:
 
 
 def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, capped: bool) -> int | None:
-    """The estimator's largest micro-batch as a probe runs it (accumulation 1): where the predicted *reserved* peak
-    fits (memlab.core.reserved; a probe that needed allocator retries does not count as fitting), else where the
-    allocated peak fits with the flat margin; None when it cannot tell."""
+    """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell."""
     import dataclasses
 
     from memlab.core import estimate as est
-    from memlab.core import reserved
 
     single = dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
     try:
         vocab, _ = est.vocab_for(experiment)
-    except Exception:  # noqa: BLE001 (a prediction is a hint: the search runs without one)
-        return None
-    try:
-        if single.distributed.mode == "none":
-            budget = reserved.budget_bytes(memory_bytes, capped=capped)
-            return reserved.predict_max_batch(experiment, single, vocab_size=vocab, budget=budget)[0] or None
-    except Exception:  # noqa: BLE001 (fall back to the allocated peak's prediction)
-        pass
-    try:
         return est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, capped=capped) or None
     except Exception:  # noqa: BLE001 (a prediction is a hint: the search runs without one)
         return None

@@ -98,32 +98,14 @@ def estimate(
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
     max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped, world_size=world)
-    res, max_batch = _reserved(exp, prof, vocab, result.micro_batch, memory, capped, world, max_batch)
     notes += result.notes
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
-        out["reserved_bytes"] = res.reserved if res else None
         if method == "fake":
             out["analytic_total_bytes"] = analytic.total_bytes
         typer.echo(json.dumps(out))
         return
     _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from, world, prof.distributed.mode)
-    if res is not None:
-        typer.echo(f"reserved peak (predicted, the budget a run without allocator retries needs): {gib(res.reserved)}; the max micro-batch above is where it fits")
-        for n in res.notes:
-            typer.echo(f"  {n}")
-
-
-def _reserved(exp: Any, prof: Any, vocab: int, micro: int, memory: int, capped: bool, world: int, fallback: int) -> tuple[Any, int]:
-    """The predicted reserved peak at `micro` and the max micro-batch whose reserved peak fits (memlab.core.reserved);
-    one process only (the allocated-peak figure with its flat margin otherwise)."""
-    from memlab.core import reserved
-
-    if world != 1 or prof.distributed.mode != "none" or prof.accumulation.steps != 1:
-        return None, fallback
-    res = reserved.simulate(exp, prof, vocab_size=vocab, micro_batch=micro)
-    best, _ = reserved.predict_max_batch(exp, prof, vocab_size=vocab, budget=reserved.budget_bytes(memory, capped=capped))
-    return res, best
 
 
 def _cuda_visible() -> bool:
