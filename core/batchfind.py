@@ -74,6 +74,27 @@ class MemoryCap:
     card_bytes: int  # the emulated card's total memory
     budget_bytes: int  # the allocator's cap: the card less what this process holds outside the allocator
     outside_bytes: int | None  # CUDA context, cuBLAS workspace...: measured through NVML (None: NVML could not tell)
+    index: int = 0  # the GPU
+    device_before: int | None = None  # NVML's device use before this process's context (the fallback's baseline)
+
+
+class OverTheCard(Exception):
+    """The process already holds more than the emulated card (allocator reserve plus what is outside it)."""
+
+
+def tightened_budget(cap: MemoryCap, nvml_used_bytes: int | None, reserved_bytes: int) -> int:
+    """The allocator's budget after the CUDA context grew: kernels load lazily, and cuDNN / cuBLAS handles and
+    workspaces arrive with the first steps (on the H100, 0.66 GiB outside the allocator after one matmul, 1.2 GiB
+    once a step had run). Never looser than before; raises OverTheCard when what is already reserved, plus what
+    is outside the allocator, no longer fits the card."""
+    if nvml_used_bytes is None:
+        return cap.budget_bytes
+    outside = max(0, nvml_used_bytes - reserved_bytes)
+    budget = min(cap.budget_bytes, cap.card_bytes - outside)
+    if reserved_bytes > budget:
+        raise OverTheCard(f"this process holds {gib(reserved_bytes + outside)} ({gib(reserved_bytes)} reserved by the allocator, "
+                          f"{gib(outside)} outside it): more than the {gib(cap.card_bytes)} card")
+    return budget
 
 
 def allocator_budget(card_bytes: int, nvml_used_bytes: int | None, reserved_bytes: int) -> int:
@@ -96,16 +117,48 @@ def apply_memory_cap(device: Any) -> MemoryCap | None:
     import torch
 
     card, index = request
-    used, reserved = _used_outside_allocator(index)
+    used, reserved, before = _used_outside_allocator(index)
     budget = allocator_budget(card, used, reserved)
     torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(index).total_memory, index)
-    return MemoryCap(card, budget, max(0, used - reserved) if used is not None else None)
+    return MemoryCap(card, budget, max(0, used - reserved) if used is not None else None, index, before)
 
 
-def _used_outside_allocator(index: int) -> tuple[int | None, int]:
-    """(what NVML sees this process use, the allocator's reserved bytes), after CUDA's initialization and a first
-    cuBLAS call (its handle and workspace). NVML's per-process figure; where it does not list this process (a
-    container's own PIDs), the device's growth across this process's context creation; None when neither."""
+def tighten_memory_cap(cap: MemoryCap) -> MemoryCap:
+    """After a training step, in the process that trains: measure again what is outside the allocator and lower the
+    allocator's cap to match (a torch.OutOfMemoryError, as the allocator's own, when the card is already exceeded)."""
+    import torch
+
+    used = process_use(_nvml_process_used(_nvml_handle(_nvml_index(cap.index))), lambda: _device_growth(cap))
+    reserved = torch.cuda.memory_reserved(cap.index)
+    try:
+        budget = tightened_budget(cap, used, reserved)
+    except OverTheCard as e:
+        raise torch.OutOfMemoryError(f"out of memory on the emulated card: {e}") from None
+    if budget < cap.budget_bytes:
+        total = torch.cuda.get_device_properties(cap.index).total_memory
+        torch.cuda.set_per_process_memory_fraction(budget / total, cap.index)
+        cap = dataclasses.replace(cap, budget_bytes=budget, outside_bytes=used - reserved)
+    return cap
+
+
+def _nvml_index(index: int) -> int:
+    import torch
+
+    from memlab.core.meters import nvml_index
+
+    return nvml_index(torch.device("cuda", index))
+
+
+def _device_growth(cap: MemoryCap) -> int | None:
+    now = _nvml_device_used(_nvml_handle(_nvml_index(cap.index)))
+    return now - cap.device_before if now is not None and cap.device_before is not None else None
+
+
+def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
+    """(what NVML sees this process use, the allocator's reserved bytes, the device's use before this process's
+    context), after CUDA's initialization and a first cuBLAS call (its handle and workspace). NVML's per-process
+    figure; where it does not list this process (a container's own PIDs), the device's growth across this
+    process's context creation; None when neither."""
     import torch
 
     from memlab.core.meters import nvml_index
@@ -125,7 +178,7 @@ def _used_outside_allocator(index: int) -> tuple[int | None, int]:
         return after - before if after is not None and before is not None else None
 
     used = process_use(_nvml_process_used(nvml), growth)
-    return used, reserved
+    return used, reserved, before
 
 
 def process_use(per_process: int | None, device_growth: Callable[[], int | None]) -> int | None:
@@ -529,7 +582,7 @@ def _read_cache() -> dict:
         return {"entries": {}}
 
 
-def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, capped: bool) -> int | None:
+def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int) -> int | None:
     """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell."""
     import dataclasses
 
@@ -538,7 +591,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, capped
     single = dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
     try:
         vocab, _ = est.vocab_for(experiment)
-        return est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, capped=capped) or None
+        return est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes) or None
     except Exception:  # noqa: BLE001 (a prediction is a hint: the search runs without one)
         return None
 

@@ -434,6 +434,7 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
         run.skipped += result.skipped
         done = meter.finish_step(run.dist.reduce_loss(result.loss_sum), result.grad_norm)  # read one step late
         _count_step(run, i)
+        _after_step(run, step, i)
         if done is not None:
             publisher.publish(done)
         run.wall.lap(i)
@@ -442,6 +443,15 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
             _eval(run, prepared, step, sink, i + 1)
             run.wall.restart()  # evaluating is not training
     publisher.publish(meter.flush())
+
+
+def _after_step(run: _Run, step: TrainStep, i: int) -> None:
+    """The techniques' checks after a step (the memory cap measures the grown CUDA context again); what they
+    revise in their summary lines reaches the run's record."""
+    for check in step.after_step:
+        check(i)
+    if step.after_step:
+        run.info.update(step.applied)
 
 
 def _count_step(run: _Run, i: int) -> None:

@@ -77,13 +77,13 @@ def test_search_over_the_estimator_finds_what_it_predicts():
     from memlab.core import estimate as E
 
     e, p = load_experiment("gpt2s"), load_profile("gradcp_bf16")
-    budget = E.usable_bytes(40 * 2**30, capped=True, profile=p)
+    budget = E.usable_bytes(40 * 2**30, profile=p)
 
     def probe(b):
         return bf.ProbeResult(b, E.estimate(e, p, vocab_size=8192, micro_batch=b).total_bytes <= budget)
 
     r = bf.search_max_batch(probe)
-    assert r.max_batch == E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=40 * 2**30, capped=True)
+    assert r.max_batch == E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=40 * 2**30)
     assert len(r.probes) <= 2 * math.ceil(math.log2(r.max_batch + 1)) + 1
 
 
@@ -400,3 +400,42 @@ def test_find_batch_prints_the_card_and_the_allocator_budget_and_what_expandable
     got = json.loads(out)
     assert (got["device_total_bytes"], got["allocator_budget_bytes"]) == (24 * 2**30, 23 * 2**30)
     assert got["expandable_segments"]["setting"] is True and got["expandable_segments"]["probe"]["peak_reserved_bytes"] == 10 * 2**30
+
+
+def test_the_budget_tightens_when_the_context_grows_and_a_process_over_the_card_is_out_of_memory():
+    """Measured on the H100 (bench/results/study-so-posts-h100): 0.66 GiB outside the allocator after one matmul,
+    1.20-1.23 GiB at every run's peak; the cap is measured again after the first steps, never loosened."""
+    GiB = 2**30
+    cap = bf.MemoryCap(card_bytes=24 * GiB, budget_bytes=24 * GiB - 676 * 2**20, outside_bytes=676 * 2**20)
+    grown = bf.tightened_budget(cap, nvml_used_bytes=10 * GiB + 1260 * 2**20, reserved_bytes=10 * GiB)
+    assert grown == 24 * GiB - 1260 * 2**20
+    assert bf.tightened_budget(cap, nvml_used_bytes=10 * GiB + 100 * 2**20, reserved_bytes=10 * GiB) == cap.budget_bytes
+    assert bf.tightened_budget(cap, None, 10 * GiB) == cap.budget_bytes  # NVML cannot tell: as before
+    with pytest.raises(bf.OverTheCard, match=r"this process holds 24\.13 GiB \(22\.90 GiB reserved by the allocator, 1\.23 GiB outside it\): more than the 24\.00 GiB card"):
+        bf.tightened_budget(cap, nvml_used_bytes=int(24.13 * GiB), reserved_bytes=int(22.9 * GiB))
+
+
+def test_the_memory_cap_is_measured_again_after_the_first_steps_only(monkeypatch):
+    """The technique registers an after-step check for the first RECHECK_STEPS steps (warm-up steps, never
+    measured ones); what it tightens reaches the summary's allocator_budget_bytes."""
+    from types import SimpleNamespace
+
+    from memlab.core.techniques import memory_cap
+
+    GiB = 2**30
+    first = bf.MemoryCap(24 * GiB, 23 * GiB, GiB)
+    monkeypatch.setattr(memory_cap, "apply_memory_cap", lambda device: first)
+    seen = []
+
+    def tighten(cap):
+        seen.append(cap.budget_bytes)
+        return bf.MemoryCap(cap.card_bytes, cap.budget_bytes - GiB // 4, cap.outside_bytes + GiB // 4)
+
+    monkeypatch.setattr(memory_cap, "tighten_memory_cap", tighten)
+    step = SimpleNamespace(device=torch.device("cpu"), applied={}, after_step=[])
+    memory_cap.apply(step)
+    for i in range(6):
+        for check in step.after_step:
+            check(i)
+    assert len(seen) == memory_cap.RECHECK_STEPS
+    assert step.applied == {"gpu_memory_cap_bytes": 24 * GiB, "allocator_budget_bytes": 23 * GiB - memory_cap.RECHECK_STEPS * GiB // 4}

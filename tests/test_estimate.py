@@ -185,11 +185,11 @@ def test_peak_grows_with_the_batch_and_max_batch_is_the_boundary():
     totals = [E.estimate(e, p, vocab_size=8192, micro_batch=b).total_bytes for b in (1, 2, 8, 32, 64)]
     assert totals == sorted(totals)
     mem = 24 * 2**30
-    mb = E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=mem, capped=True)
-    budget = E.usable_bytes(mem, capped=True, profile=p)
+    mb = E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=mem)
+    budget = E.usable_bytes(mem, profile=p)
     assert E.estimate(e, p, vocab_size=8192, micro_batch=mb).total_bytes <= budget
     assert E.estimate(e, p, vocab_size=8192, micro_batch=mb + 1).total_bytes > budget
-    assert E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=2**20, capped=True) == 0
+    assert E.predict_max_batch(e, p, vocab_size=8192, memory_bytes=2**20) == 0
 
 
 def test_vocabulary_comes_from_the_config_the_cache_or_the_bpe_size():
@@ -426,11 +426,11 @@ def test_cli_estimate_nproc():
 def test_recomputing_and_offloading_profiles_keep_a_larger_fragmentation_margin():
     """The largest batch is bounded by reserved memory: a checkpointed or offloaded step fragments more (measured)."""
     cap = 24 * 2**30
-    plain, recompute, offload = (E.usable_bytes(cap, capped=True, profile=load_profile(n)) for n in ("bf16", "gradcp_bf16", "act_offload"))
+    plain, recompute, offload = (E.usable_bytes(cap, profile=load_profile(n)) for n in ("bf16", "gradcp_bf16", "act_offload"))
     assert offload < recompute < plain < cap
-    assert plain == int(cap * (1 - E.FRAGMENTATION_MARGIN["plain"]))
-    # a whole card loses the CUDA context first
-    assert E.usable_bytes(cap, capped=False) == int((cap - E.CUDA_CONTEXT_BYTES) * (1 - E.FRAGMENTATION_MARGIN["plain"]))
+    # a card, real or emulated (--gpu-memory), loses the CUDA context first
+    assert plain == int((cap - E.CUDA_CONTEXT_BYTES) * (1 - E.FRAGMENTATION_MARGIN["plain"]))
+    assert E.usable_bytes(cap) == plain
 
 
 def test_fsdp_checkpoints_keep_the_block_input_in_bf16():

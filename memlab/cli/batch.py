@@ -83,13 +83,13 @@ def estimate(
         raise ConfigError("--method fake measures one process; with --nproc use --method analytic")
     notes: list[str] = []
     if gpu_memory is not None:
-        memory, capped, where = parse_size(gpu_memory), True, f"--gpu-memory {gpu_memory}"
+        memory, where = parse_size(gpu_memory), f"--gpu-memory {gpu_memory}"
     else:
         info = gpu_info() if _cuda_visible() else None
         if info is not None:
-            memory, capped, where = info.total_bytes, False, info.name
+            memory, where = info.total_bytes, info.name
         else:
-            memory, capped, where = parse_size(DEFAULT_CARD), False, "no GPU here: an 80 GB H100 assumed"
+            memory, where = parse_size(DEFAULT_CARD), "no GPU here: an 80 GB H100 assumed"
     vocab, vocab_from = est_mod.vocab_for(exp)
     analytic = est_mod.estimate(exp, prof, vocab_size=vocab, world_size=world)
     result = analytic
@@ -97,7 +97,7 @@ def estimate(
         from memlab.core.memsnapshot import fake_estimate
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
-    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, capped=capped, world_size=world)
+    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, world_size=world)
     notes += result.notes
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
@@ -204,11 +204,11 @@ def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: boo
     return None
 
 
-def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, capped: bool) -> tuple[int, int | None]:
+def _start_from_estimate(exp: Experiment, prof: Profile, memory: int) -> tuple[int, int | None]:
     """Where the doubling starts, and the estimator's prediction it starts from."""
     from memlab.core import batchfind as bf
 
-    pred = bf.predicted_max_batch(exp, prof, memory, capped)
+    pred = bf.predicted_max_batch(exp, prof, memory)
     return bf.start_below(pred), pred
 
 
@@ -234,7 +234,7 @@ def find_batch(
     memory = cap or (gpu.total_bytes if gpu else 0)
     key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
     fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
-    hint, predicted = _start_from_estimate(exp, prof, memory, cap is not None) if memory else (1, None)
+    hint, predicted = _start_from_estimate(exp, prof, memory) if memory else (1, None)
     start = start or hint
     err = _err_console()
     exp_ref = "gpt2s" if experiment == "auto" else experiment
