@@ -324,15 +324,20 @@ def _dropout_mask_bytes(experiment: Experiment, pr: _Precision, device: str) -> 
     return 1 if device == "cuda" else pr.e
 
 
-def _window_mask_bytes(experiment: Experiment, profile: Profile, pr: _Precision, device: str) -> int:
-    """A window with dropout on CUDA runs SDPA's efficient backend with an explicit mask (memlab.core.attention: flex
-    has no dropout, nor has FA4; flash windows without the mask only where FA2 is installed, which this plan does not
-    assume). Each call turns the cached boolean (T, T) mask into an additive one in q's dtype (ATen's
-    convert_boolean_attn_mask: a new tensor per call) and _scaled_dot_product_efficient_attention saves it as
-    attn_bias for its backward: e T^2 bytes per block, freed with the block's other saves. 0 = no such mask."""
+def _block_mask_bytes(experiment: Experiment, profile: Profile, pr: _Precision, device: str) -> int:
+    """Bytes per element of the (T, T) mask each block's attention makes and keeps for backward (0 = none); the
+    kernel's cached boolean mask itself (T^2 bytes, one for all blocks) is counted once, in _model_saved.
+    eager (memlab.core.attention.eager): masked_fill(~mask) makes the inverted boolean mask per call and autograd
+      saves it for masked_fill's backward: 1 byte.
+    a window with dropout on CUDA runs SDPA's efficient backend with an explicit mask (flex has no dropout, nor has
+      FA4; flash windows without the mask only where FA2 is installed, which this plan does not assume). Each call
+      turns the boolean mask into an additive one in q's dtype (ATen's convert_boolean_attn_mask: a new tensor per
+      call) and _scaled_dot_product_efficient_attention saves it as attn_bias for its backward: e bytes."""
     from memlab.core.attention import effective_window
 
     m = experiment.model
+    if profile.attention.kernel == "eager":
+        return 1
     if device != "cuda" or m.dropout <= 0 or not effective_window(profile.attention.window, m.seq_len):
         return 0
     return pr.e if profile.attention.kernel in ("flash", "flex") else 0
@@ -351,7 +356,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
     Under autocast the bf16 copies of the four weight matrices are saved too (for the input gradients).
     Dropout (p > 0; `dropout` = mask bytes per element): a mask per residual dropout; eager attention dropout
     keeps its mask and its fp32 output (the softmax output stays saved by the softmax).
-    `mask` (bytes per element, 0 = none): the additive T x T mask of the masked SDPA window stand-in (_window_mask_bytes).
+    `mask` (bytes per element, 0 = none): the (T, T) mask the attention keeps for backward (_block_mask_bytes).
     """
     e, amp = pr.e, pr.autocast
     out: dict[str, int] = {}
@@ -525,7 +530,7 @@ class _Step:
     k: int  # accumulation steps
     world_size: int
     device: str
-    window_mask: int = 0  # bytes per element of the masked SDPA window stand-in's additive T x T mask, 0 = none
+    mask: int = 0  # bytes per element of the (T, T) mask each block keeps (_block_mask_bytes), 0 = none
 
     @property
     def fsdp(self) -> bool:
@@ -578,7 +583,7 @@ def _resolve_step(experiment: Experiment, p: Profile, vocab_size: int, micro_bat
         # and gathered again for its backward: counted once, in the all-gather term (_static_memory), not per block.
         pr = _Precision(pr.autocast, pr.e, weight_copies=False)
     dropout = _dropout_mask_bytes(experiment, pr, device)
-    return _Step(p, s, pr, _attention_kind(p), dropout, k, world_size, device, _window_mask_bytes(experiment, p, pr, device))
+    return _Step(p, s, pr, _attention_kind(p), dropout, k, world_size, device, _block_mask_bytes(experiment, p, pr, device))
 
 
 @dataclass(frozen=True)
@@ -706,12 +711,12 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     # Compiled blocks save what eager ones do: AOTAutograd's min-cut partitioner (with Inductor's decompositions)
     # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
     # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
-    plain = block_saved(s, pr, kind, dropout, mask=st.window_mask)
+    plain = block_saved(s, pr, kind, dropout, mask=st.mask)
     # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
     # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
     block_input = pr.e if st.fsdp and pr.autocast else 4
     budget = p.checkpointing.budget
-    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget, st.window_mask) for lay in layout]
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget, st.mask) for lay in layout]
     if "budget" in layout:
         notes.append(f"checkpointing.budget {budget:g}: saved activations interpolated linearly between full recompute (0) "
                      "and compile's own choice (1); an approximation, not yet checked against a measurement")
@@ -771,8 +776,8 @@ def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
     tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
     if dropout:
         tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
-    if st.window_mask:
-        tokens += s.T * s.T  # the kernel's cached boolean (T, T) window mask, one for all blocks, kept between steps
+    if st.mask:
+        tokens += s.T * s.T  # the kernel's cached boolean (T, T) mask, one for all blocks, kept between steps
     final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
     if chunked:
         head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
@@ -892,7 +897,7 @@ def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: in
         return remaining - kept + sum(saved.plain.values())
     if layout in ("sel_attn", "sel_mlp"):
         half = "attn" if layout == "sel_attn" else "mlp"
-        return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half, st.window_mask).values()) - 4 * s.BTC - 8 * s.BT
+        return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half, st.mask).values()) - 4 * s.BTC - 8 * s.BT
     return remaining
 
 
