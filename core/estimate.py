@@ -478,8 +478,8 @@ def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int]
     (4 + e BTC); eager: the gradients of the probabilities, of the masked and of the scaled scores while the
     fp32 softmax output lives (12 bHT^2 in fp32: the H100's allocator history of gradcp shows three fp32 T x T
     gradients alive at the peak besides the recomputed probabilities, one more than the CPU's fake tensors
-    count; 6 under autocast, where the bf16 probabilities are freed first; 4 with dropout, whose saved output
-    and mask are freed as its gradient is made); fused kernels: dq, dk, dv and the concatenated d(qkv) (6e BTC)
+    count: CUDA's softmax backward makes tmp = grad * output, see _eager_scores_bwd; 6 under autocast, where the
+    bf16 probabilities are freed first; with dropout, _eager_scores_bwd); fused kernels: dq, dk, dv and the concatenated d(qkv) (6e BTC)
     plus flash's fp32 dq accumulator (4 BTC).
     """
     e = pr.e
