@@ -324,7 +324,26 @@ def _dropout_mask_bytes(experiment: Experiment, pr: _Precision, device: str) -> 
     return 1 if device == "cuda" else pr.e
 
 
-def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str = "all") -> dict[str, int]:
+def _block_mask_bytes(experiment: Experiment, profile: Profile, pr: _Precision, device: str) -> int:
+    """Bytes per element of the (T, T) mask each block's attention makes and keeps for backward (0 = none); the
+    kernel's cached boolean mask itself (T^2 bytes, one for all blocks) is counted once, in _model_saved.
+    eager (memlab.core.attention.eager): masked_fill(~mask) makes the inverted boolean mask per call and autograd
+      saves it for masked_fill's backward: 1 byte.
+    a window with dropout on CUDA runs SDPA's efficient backend with an explicit mask (flex has no dropout, nor has
+      FA4; flash windows without the mask only where FA2 is installed, which this plan does not assume). Each call
+      turns the boolean mask into an additive one in q's dtype (ATen's convert_boolean_attn_mask: a new tensor per
+      call) and _scaled_dot_product_efficient_attention saves it as attn_bias for its backward: e bytes."""
+    from memlab.core.attention import effective_window
+
+    m = experiment.model
+    if profile.attention.kernel == "eager":
+        return 1
+    if device != "cuda" or m.dropout <= 0 or not effective_window(profile.attention.window, m.seq_len):
+        return 0
+    return pr.e if profile.attention.kernel in ("flash", "flex") else 0
+
+
+def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str = "all", mask: int = 0) -> dict[str, int]:
     """Bytes autograd keeps for backward from one un-checkpointed block (or only its "attn" / "mlp" half).
 
     attention half: ln_1 input (fp32 residual) and its mean/rstd; the qkv Linear's input (its bf16 cast under
@@ -337,6 +356,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
     Under autocast the bf16 copies of the four weight matrices are saved too (for the input gradients).
     Dropout (p > 0; `dropout` = mask bytes per element): a mask per residual dropout; eager attention dropout
     keeps its mask and its fp32 output (the softmax output stays saved by the softmax).
+    `mask` (bytes per element, 0 = none): the (T, T) mask the attention keeps for backward (_block_mask_bytes).
     """
     e, amp = pr.e, pr.autocast
     out: dict[str, int] = {}
@@ -356,6 +376,8 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
             out["weight_copies"] = pr.w * 4 * s.C * s.C
         if dropout:
             out["dropout_masks"] = dropout * s.BTC
+        if mask:
+            out["attn_mask"] = mask * s.T * s.T
     if parts in ("all", "mlp"):
         out["residual"] = out.get("residual", 0) + 4 * s.BTC
         out["ln_stats"] = out.get("ln_stats", 0) + 8 * s.BT
@@ -395,12 +417,12 @@ def ops_saved(s: _Shape, pr: _Precision, kind: str) -> int:
 
 
 def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, block_input: int = 4,
-              budget: float = 1.0) -> int:
+              budget: float = 1.0, mask: int = 0) -> int:
     """Bytes one block keeps between its forward and its backward. `block_input`: bytes per element of the
     block's input (the fp32 residual; bf16 under FSDP2, whose MixedPrecisionPolicy casts every block's inputs).
     `budget`: checkpointing.budget, for the "budget" layout."""
     if layout == "plain":
-        return sum(block_saved(s, pr, kind, dropout).values())
+        return sum(block_saved(s, pr, kind, dropout, mask=mask).values())
     if layout == "full":
         return block_input * s.BTC  # the non-reentrant checkpoint keeps only the block's input
     if layout == "ops":
@@ -411,12 +433,12 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
         # at 0.0 recomputes what it can, which in memory is full checkpointing (the residual stream, one block
         # input each, stays: every block's recompute starts from it). Linear in between.
         floor = block_input * s.BTC
-        return floor + round(budget * (sum(block_saved(s, pr, kind, dropout).values()) - floor))
+        return floor + round(budget * (sum(block_saved(s, pr, kind, dropout, mask=mask).values()) - floor))
     if layout == "sel_attn":
         # attention recomputed: keep ln_1's input and stats, the attention sub-layer's input (fp32 LN output)
-        return 4 * s.BTC + 8 * s.BT + 4 * s.BTC + sum(block_saved(s, pr, kind, dropout, "mlp").values())
+        return 4 * s.BTC + 8 * s.BT + 4 * s.BTC + sum(block_saved(s, pr, kind, dropout, "mlp", mask).values())
     if layout == "sel_mlp":
-        return sum(block_saved(s, pr, kind, dropout, "attn").values()) + 4 * s.BTC + 8 * s.BT + 4 * s.BTC
+        return sum(block_saved(s, pr, kind, dropout, "attn", mask).values()) + 4 * s.BTC + 8 * s.BT + 4 * s.BTC
     raise AssertionError(layout)
 
 
@@ -456,8 +478,8 @@ def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int]
     (4 + e BTC); eager: the gradients of the probabilities, of the masked and of the scaled scores while the
     fp32 softmax output lives (12 bHT^2 in fp32: the H100's allocator history of gradcp shows three fp32 T x T
     gradients alive at the peak besides the recomputed probabilities, one more than the CPU's fake tensors
-    count; 6 under autocast, where the bf16 probabilities are freed first; 4 with dropout, whose saved output
-    and mask are freed as its gradient is made); fused kernels: dq, dk, dv and the concatenated d(qkv) (6e BTC)
+    count: CUDA's softmax backward makes tmp = grad * output, see _eager_scores_bwd; 6 under autocast, where the
+    bf16 probabilities are freed first; with dropout, _eager_scores_bwd); fused kernels: dq, dk, dv and the concatenated d(qkv) (6e BTC)
     plus flash's fp32 dq accumulator (4 BTC).
     """
     e = pr.e
@@ -465,10 +487,25 @@ def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int]
     freed = saved.get("mlp_hidden", 0) + saved.get("mlp_in", 0) + 4 * s.BTC + 2 * e * s.BTC
     grads_made = 4 * (2 * s.C * s.F + s.C * s.C)  # by then: the MLP's and attention proj's fp32 weight gradients
     if kind == "materialized":
-        attn = 4 * s.BTC + e * s.BTC + (4 if dropout else 6 if pr.autocast else 12) * s.BHTT
+        attn = 4 * s.BTC + e * s.BTC + _eager_scores_bwd(pr, dropout) * s.BHTT
     else:
         attn = 4 * s.BTC + 4 * s.BTC + 6 * e * s.BTC
     return max(mlp, attn - freed + grads_made)
+
+
+def _eager_scores_bwd(pr: _Precision, dropout: int) -> int:
+    """Bytes per T x T element eager attention's backward holds beyond the block's saves (see _block_bwd_extra).
+    fp32 with CUDA's fused dropout (a 1-byte mask): the peak is softmax's backward, where CUDA (SoftMax.cu,
+    softmax_backward_cuda_out) makes tmp = grad * output besides grad_input while the softmax output and its
+    incoming gradient live: four fp32 T x T (16). By then the dropout's saved mask and output (1 + 4) are freed,
+    so 16 less the block's T x T saves (4 + 1 + 4) = 7 beyond them; the dropout backward before it holds
+    4 + 1 + 4 + 4 (the matmul's gradient, its masked copy) = 4 beyond. The same tmp is the third gradient of the
+    no-dropout figure (12 = 16 - the softmax output); fake tensors (meta kernels) do not allocate it."""
+    if not dropout:
+        return 6 if pr.autocast else 12
+    if dropout == 1 and not pr.autocast:
+        return max(4, 4 * 4 - (4 + dropout + 4))
+    return 4
 
 
 # ---------------------------------------------------------------------------------------------- the estimate
@@ -493,6 +530,7 @@ class _Step:
     k: int  # accumulation steps
     world_size: int
     device: str
+    mask: int = 0  # bytes per element of the (T, T) mask each block keeps (_block_mask_bytes), 0 = none
 
     @property
     def fsdp(self) -> bool:
@@ -545,7 +583,7 @@ def _resolve_step(experiment: Experiment, p: Profile, vocab_size: int, micro_bat
         # and gathered again for its backward: counted once, in the all-gather term (_static_memory), not per block.
         pr = _Precision(pr.autocast, pr.e, weight_copies=False)
     dropout = _dropout_mask_bytes(experiment, pr, device)
-    return _Step(p, s, pr, _attention_kind(p), dropout, k, world_size, device)
+    return _Step(p, s, pr, _attention_kind(p), dropout, k, world_size, device, _block_mask_bytes(experiment, p, pr, device))
 
 
 @dataclass(frozen=True)
@@ -673,12 +711,12 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     # Compiled blocks save what eager ones do: AOTAutograd's min-cut partitioner (with Inductor's decompositions)
     # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
     # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
-    plain = block_saved(s, pr, kind, dropout)
+    plain = block_saved(s, pr, kind, dropout, mask=st.mask)
     # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
     # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
     block_input = pr.e if st.fsdp and pr.autocast else 4
     budget = p.checkpointing.budget
-    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget) for lay in layout]
+    saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget, st.mask) for lay in layout]
     if "budget" in layout:
         notes.append(f"checkpointing.budget {budget:g}: saved activations interpolated linearly between full recompute (0) "
                      "and compile's own choice (1); an approximation, not yet checked against a measurement")
@@ -738,6 +776,8 @@ def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
     tokens = 16 * s.BT  # x and y, int64 (the embedding saves x itself)
     if dropout:
         tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
+    if st.mask:
+        tokens += s.T * s.T  # the kernel's cached boolean (T, T) mask, one for all blocks, kept between steps
     final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
     if chunked:
         head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
@@ -857,7 +897,7 @@ def _live_in_block_backward(st: _Step, saved: _Saved, layout: str, remaining: in
         return remaining - kept + sum(saved.plain.values())
     if layout in ("sel_attn", "sel_mlp"):
         half = "attn" if layout == "sel_attn" else "mlp"
-        return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half).values()) - 4 * s.BTC - 8 * s.BT
+        return remaining + sum(block_saved(s, st.pr, st.kind, st.dropout, half, st.mask).values()) - 4 * s.BTC - 8 * s.BT
     return remaining
 
 
