@@ -43,7 +43,9 @@ def _estimator():
         return E.estimate(exp, load(profile, accumulation), vocab_size=vocab, micro_batch=batch).total_bytes
 
     def max_batch(profile: str, cap: int) -> int:
-        return E.predict_max_batch(exp, load(profile, 1), vocab_size=vocab, memory_bytes=cap, capped=True)
+        # these searches capped the allocator itself at `cap` (before --gpu-memory meant a whole card): the card
+        # that leaves the allocator `cap` is `cap` plus the CUDA context
+        return E.predict_max_batch(exp, load(profile, 1), vocab_size=vocab, memory_bytes=cap + E.CUDA_CONTEXT_BYTES)
 
     return total, max_batch
 

@@ -128,7 +128,7 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
     exp, prof = load_experiment(EXPERIMENT), load_profile(name)
     prof.accumulation.steps = 1  # the probes train without accumulation (ChildProbe's default): predict the same
     vocab, _ = E.vocab_for(exp)
-    predicted = E.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=cap, capped=True)
+    predicted = E.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=cap)  # cap: the card's total (--gpu-memory)
     start = 1
     while start * 2 <= max(1, int(predicted * 0.9)):
         start *= 2
