@@ -335,3 +335,12 @@ def test_a_shared_card_without_per_process_nvml_is_refused_not_guessed(monkeypat
     assert bf.process_use(5, lambda: 7) == 5
     with pytest.raises(DeviceError, match="other processes share the card"):
         bf.process_use(None, lambda: 7)
+
+
+def test_a_profile_with_its_own_overrides_is_said_to_be_another_experiment():
+    from memlab.core.study.report import _own_overrides
+
+    frame = pl.DataFrame({"profile": ["baseline", "optim_in_bwd", "optim_in_bwd"], "overrides": [None, "train.clip=0.0", "train.clip=0.0"]})
+    assert _own_overrides(frame) == ["optim_in_bwd ran with its own experiment overrides (train.clip=0.0): another experiment than "
+                                     "the baseline's, so it has no relative columns and its perplexity is not comparable."]
+    assert _own_overrides(frame.drop("overrides")) == []

@@ -62,6 +62,7 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
         Block("p", f"{AT_MAX_MARK} at the profile's own max micro-batch: a different optimisation (another batch), so its perplexity is "
                    "not comparable and it has no relative columns; throughput is shown against the baseline's common run."
                    if o.at_max else "Relative columns are against the baseline's run at the same batch."),
+        *[Block("p", line) for line in _own_overrides(frame)],
         Block("h2", "Memory by phase"), Block("table", items=_memory_table(frame)),
         Block("h2", "Where the predicted peak goes (the estimator)"), Block("table", items=_breakdown_table(breakdown)),
         Block("h2", "Findings"), Block("list", items=findings(frame, breakdown, baseline)),
@@ -70,6 +71,16 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
         Block("p", "Files: comparison.parquet (these rows, every column), commands.txt (the exact commands), runs/ (every run folder)."),
     ]
     return blocks
+
+
+def _own_overrides(frame: pl.DataFrame) -> list[str]:
+    """A profile that changes the experiment for itself (its [overrides], e.g. optim_in_bwd's train.clip = 0) ran
+    another experiment: say so, where its missing relative columns would otherwise go unexplained."""
+    if "overrides" not in frame.columns:
+        return []
+    rows = frame.filter(pl.col("overrides").is_not_null()).select("profile", "overrides").unique(maintain_order=True).rows()
+    return [f"{name} ran with its own experiment overrides ({what}): another experiment than the baseline's, so it has "
+            "no relative columns and its perplexity is not comparable." for name, what in rows]
 
 
 def _batch_text(mode: str, frame: pl.DataFrame) -> str:
