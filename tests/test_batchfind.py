@@ -439,3 +439,39 @@ def test_the_memory_cap_is_measured_again_after_the_first_steps_only(monkeypatch
             check(i)
     assert len(seen) == memory_cap.RECHECK_STEPS
     assert step.applied == {"gpu_memory_cap_bytes": 24 * GiB, "allocator_budget_bytes": 23 * GiB - memory_cap.RECHECK_STEPS * GiB // 4}
+
+
+def _reserved_probe(fixed: int, per_sequence: float, budget: int, calls: list[int]):
+    """A probe whose reserved peak is affine in the batch, rounded up to the allocator's 20 MiB segments."""
+    seg = 20 * 2**20
+
+    def probe(b: int) -> bf.ProbeResult:
+        calls.append(b)
+        reserved = -(-int(fixed + per_sequence * b) // seg) * seg
+        fits = reserved <= budget
+        return bf.ProbeResult(b, fits, peak_reserved_bytes=reserved if fits else None, allocator_budget_bytes=budget)
+
+    return probe
+
+
+@pytest.mark.parametrize("fixed_gib, per_sequence_gib, start", [(2, 0.225, 64), (0.5, 0.0112, 1024), (3, 0.01, 1), (1, 0.2, 300)])
+def test_measured_reserved_peaks_guide_the_search_to_the_exact_max_in_fewer_probes(fixed_gib, per_sequence_gib, start):
+    GiB, budget = 2**30, int(23.34 * 2**30)
+    fixed, per = int(fixed_gib * GiB), per_sequence_gib * GiB
+    truth = max(b for b in range(1, 1 << 16) if -(-int(fixed + per * b) // (20 * 2**20)) * (20 * 2**20) <= budget)
+    guided: list[int] = []
+    r = bf.search_max_batch(_reserved_probe(fixed, per, budget, guided), start=start)
+    plain: list[int] = []
+    bf.search_max_batch(predicate_probe(truth, plain), start=start)
+    assert (r.max_batch, r.min_oom) == (truth, truth + 1)
+    assert len(guided) < len(plain)
+
+
+def test_the_extrapolation_is_affine_through_two_fits_and_proportional_through_one():
+    GiB = 2**30
+    one = [bf.ProbeResult(10, True, peak_reserved_bytes=2 * GiB, allocator_budget_bytes=20 * GiB)]
+    assert bf.extrapolated_max(one) == 100  # the safe side: the fixed part counted as growing
+    two = one + [bf.ProbeResult(20, True, peak_reserved_bytes=3 * GiB, allocator_budget_bytes=20 * GiB)]
+    assert bf.extrapolated_max(two) == 190  # 1 GiB fixed + 0.1 GiB a sequence
+    assert bf.extrapolated_max([bf.ProbeResult(10, False, allocator_budget_bytes=20 * GiB)]) is None
+    assert bf.extrapolated_max([bf.ProbeResult(10, True, peak_reserved_bytes=GiB)]) is None  # no budget: no guide
