@@ -216,3 +216,21 @@ def test_profiles_lists_the_optimizer_profiles():
     assert r.returncode == 0
     for name in ("adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore"):
         assert name in r.stdout
+
+
+def test_adafactor_follows_the_schedule_at_its_own_relative_step_size():
+    """torch's Adafactor step is lr x the weights' RMS: at AdamW's lr it barely trained (val ppl 31,782 in the H100
+    study). The schedule's shape is kept, its peak mapped onto Adafactor's own 1e-2; AdamW's groups are untouched."""
+    import torch
+
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.optim import ADAFACTOR_LR, build_optimizer, set_lr
+
+    e = load_experiment("tiny")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    ada = build_optimizer(model, load_profile("adafactor").optimizer, e.train, torch.device("cpu"))
+    adamw = build_optimizer(model, load_profile("bf16").optimizer, e.train, torch.device("cpu"))
+    for opt in (ada, adamw):
+        set_lr(opt, e.train.lr / 2)
+    assert [g["lr"] for g in ada.param_groups] == pytest.approx([ADAFACTOR_LR / 2] * len(ada.param_groups))
+    assert [g["lr"] for g in adamw.param_groups] == pytest.approx([e.train.lr / 2] * len(adamw.param_groups))

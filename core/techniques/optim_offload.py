@@ -84,7 +84,7 @@ class CPUOffloadOptimizer(torch.optim.Optimizer):
 
 
 def build_offloaded(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    from memlab.core.optim import param_groups
+    from memlab.core.optim import ADAFACTOR_LR, adafactor_groups, param_groups
 
     groups = param_groups(model, train.weight_decay)
     betas = (train.beta1, train.beta2)
@@ -100,9 +100,10 @@ def build_offloaded(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainCo
             raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__})")
 
         def make_inner(cpu_groups):
-            return torch.optim.Adafactor(cpu_groups, lr=train.lr)
+            return torch.optim.Adafactor(cpu_groups, lr=ADAFACTOR_LR)
 
-        defaults = {"lr": train.lr, "weight_decay": train.weight_decay}
+        groups = adafactor_groups(groups, train)  # set_lr scales the outer groups' lr; the step copies it inward
+        defaults = {"lr": ADAFACTOR_LR, "weight_decay": train.weight_decay}
     else:
         raise ConfigError(f"optimizer.offload works with adamw or adafactor, not {cfg.name} (its 8-bit state lives on the GPU)")
     return CPUOffloadOptimizer(groups, make_inner, defaults=defaults, pin_memory=device.type == "cuda")
