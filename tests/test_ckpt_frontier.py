@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_compare import GIB, write_run
 from test_estimate import small
-from test_model import batch, grads, make_model
+from test_model import assert_same_loss_and_grads, make_model
 from test_plot import png_size, table_of
 
 from memlab.core import estimate as E
@@ -63,13 +63,7 @@ def test_a_bad_label_is_refused_in_one_line(tmp_path, capsys):
 def test_ops_mode_gives_the_same_loss_and_gradients_and_says_what_it_keeps():
     ref, ck = make_model(), make_model()
     assert apply_checkpointing(ck, CheckpointingConfig(mode="ops")) == "ops (save matmul+attention, 2/2 blocks)"
-    x, y = batch()
-    l1, l2 = ref(x, y), ck(x, y)
-    l1.backward()
-    l2.backward()
-    torch.testing.assert_close(l1, l2)
-    for (n, a), b in zip(grads(ref).items(), grads(ck).values()):
-        torch.testing.assert_close(a, b, msg=n)
+    assert_same_loss_and_grads(ref, ck)
 
 
 def test_ops_policy_keeps_matmuls_and_attention_and_recomputes_the_rest():
@@ -144,13 +138,7 @@ def test_inductor_compiles_under_a_budget_and_changes_nothing():
     p.precision.dtype = "fp32"
     step = TrainStep(Experiment(), p, CPU, 64, model=model, train_model=model)
     torch_compile.apply(step)
-    x, y = batch()
-    l1, l2 = ref(x, y), step.train_model(x, y)
-    l1.backward()
-    l2.backward()
-    torch.testing.assert_close(l1, l2)
-    for (n, a), b in zip(grads(ref).items(), grads(model).values()):
-        torch.testing.assert_close(a, b, msg=n, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_grads(ref, model, step.train_model, atol=1e-5, rtol=1e-4)
 
 
 def test_the_estimate_grows_with_the_budget_from_full_recompute_to_plain_compile():
@@ -251,10 +239,4 @@ def test_ops_mode_compiles_and_changes_nothing():
 
     checkpointing.apply(step)
     torch_compile.apply(step)
-    x, y = batch()
-    l1, l2 = ref(x, y), step.train_model(x, y)
-    l1.backward()
-    l2.backward()
-    torch.testing.assert_close(l1, l2)
-    for (n, a), b in zip(grads(ref).items(), grads(model).values()):
-        torch.testing.assert_close(a, b, msg=n, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_grads(ref, model, step.train_model, atol=1e-5, rtol=1e-4)

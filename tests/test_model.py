@@ -37,6 +37,18 @@ def grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def assert_same_loss_and_grads(ref, model, run=None, **tol):
+    """One batch through `ref` and through `model` (or `run`, what trains it: e.g. its compiled wrapper); the same
+    loss, and the same gradient for every parameter (`tol`: assert_close's atol / rtol for the gradients)."""
+    x, y = batch()
+    l1, l2 = ref(x, y), (model if run is None else run)(x, y)
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l1, l2)
+    for (n, a), b in zip(grads(ref).items(), grads(model).values()):
+        torch.testing.assert_close(a, b, msg=n, **tol)
+
+
 def test_shapes_and_tied_embeddings():
     m = make_model()
     x, _ = batch()
@@ -89,13 +101,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients(mode, extra):
     ref, ck = make_model(), make_model()
     desc = apply_checkpointing(ck, CheckpointingConfig(mode=mode, **extra))
     assert desc.startswith(mode)
-    x, y = batch()
-    l1, l2 = ref(x, y), ck(x, y)
-    l1.backward()
-    l2.backward()
-    torch.testing.assert_close(l1, l2)
-    for (n, a), b in zip(grads(ref).items(), grads(ck).values()):
-        torch.testing.assert_close(a, b, msg=n)
+    assert_same_loss_and_grads(ref, ck)
 
 
 def test_chunked_cross_entropy_equals_full():
