@@ -268,15 +268,13 @@ def _apply_document(target: Any, doc: dict, sections: dict[str, type], origin: s
             raise ConfigError(f"{origin}: unknown key {key!r}; valid: {', '.join(valid)}")
 
 
-def _experiment_field(section: str, key: str, where: str) -> tuple[str, Any]:
-    """The type of experiment key section.key, or a ConfigError naming the valid sections / keys."""
-    if section not in EXPERIMENT_SECTIONS:
-        raise ConfigError(f"{where}: unknown experiment section {section!r}; valid: {', '.join(EXPERIMENT_SECTIONS)}")
-    hints = typing.get_type_hints(EXPERIMENT_SECTIONS[section])
+def _field_type(cls: type, section: str, key: str, where: str) -> Any:
+    """The type of key `key` of section class `cls`, or a ConfigError naming the keys of [section]."""
+    hints = typing.get_type_hints(cls)
     if key not in hints:
-        valid = ", ".join(f.name for f in dataclasses.fields(EXPERIMENT_SECTIONS[section]))
+        valid = ", ".join(f.name for f in dataclasses.fields(cls))
         raise ConfigError(f"{where}: unknown key {section}.{key}; valid keys in [{section}]: {valid}")
-    return section, hints[key]
+    return hints[key]
 
 
 def _profile_overrides(table: Any, origin: str) -> dict[str, Any]:
@@ -289,8 +287,9 @@ def _profile_overrides(table: Any, origin: str) -> dict[str, Any]:
         parts = name.split(".")
         if len(parts) != 2 or not all(parts):
             raise ConfigError(f"{where}: expected an experiment key as \"section.key\", e.g. \"train.clip\" = 0")
-        _, tp = _experiment_field(parts[0], parts[1], where)
-        out[name] = coerce(value, tp, where)
+        if parts[0] not in EXPERIMENT_SECTIONS:
+            raise ConfigError(f"{where}: unknown experiment section {parts[0]!r}; valid: {', '.join(EXPERIMENT_SECTIONS)}")
+        out[name] = coerce(value, _field_type(EXPERIMENT_SECTIONS[parts[0]], *parts, where), where)
     return out
 
 
@@ -419,11 +418,7 @@ def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) 
         else:
             valid = ", ".join(list(EXPERIMENT_SECTIONS) + list(PROFILE_SECTIONS))
             raise ConfigError(f"--set {item!r}: unknown section {section!r}; valid sections: {valid}")
-        hints = typing.get_type_hints(type(target))
-        if key not in hints:
-            valid = ", ".join(f.name for f in dataclasses.fields(target))
-            raise ConfigError(f"--set {item!r}: unknown key {section}.{key}; valid keys in [{section}]: {valid}")
-        tp = hints[key]
+        tp = _field_type(type(target), section, key, f"--set {item!r}")
         if tp is str and not isinstance(value, str):
             value = str(value)
         setattr(target, key, coerce(value, tp, f"--set {section}.{key}"))
