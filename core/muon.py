@@ -30,11 +30,16 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     return list(out.values())
 
 
-def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(Muon's parameters, AdamW's parameters); refuses a model with no hidden matrix for Muon."""
+NO_MATRIX = ("optimizer.name = muon found no 2-D hidden weight (Linear layers inside the model, not the embedding or LM "
+             "head) to orthogonalize; use adamw")
+
+
+def split_params(model: nn.Module, refusal: str = NO_MATRIX) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(the hidden matrices, every other trainable parameter) for the optimizers that treat the matrices apart
+    (Muon, GaLore); `refusal` for a model without one."""
     matrices = hidden_matrices(model)
     if not matrices:
-        raise ConfigError("optimizer.name = muon found no 2-D hidden weight (Linear layers inside the model, not the embedding or LM head) to orthogonalize; use adamw")
+        raise ConfigError(refusal)
     chosen = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
     return matrices, rest
@@ -74,12 +79,11 @@ class MuonWithAdamW:
 
 
 def build_muon(model: nn.Module, train: TrainConfig) -> MuonWithAdamW:
-    if not hasattr(torch.optim, "Muon"):
-        raise ConfigError(f"optimizer.name = muon needs torch >= 2.9 (torch.optim.Muon; this is {torch.__version__}); use adamw")
+    """torch.optim.Muon's presence is checked at the door (memlab.core.techniques.optimizer)."""
+    from memlab.core.optim import decay_groups
+
     matrices, rest = split_params(model)
     muon = torch.optim.Muon(matrices, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
-    decay = [p for p in rest if p.dim() >= 2]  # the embedding; biases and gains are not decayed (as param_groups)
-    no_decay = [p for p in rest if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = decay_groups(rest, train.weight_decay)  # the embedding decays; biases and gains do not
     adamw = torch.optim.AdamW([g for g in groups if g["params"]], lr=train.lr, betas=(train.beta1, train.beta2), foreach=True)
     return MuonWithAdamW(muon, adamw)

@@ -7,14 +7,17 @@ import math
 import torch
 
 from memlab.core.config import OptimizerConfig, TrainConfig
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
 
 ADAFACTOR_LR = 1e-2  # torch.optim.Adafactor's default: a relative step (times the weights' RMS), not AdamW's lr
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    return decay_groups([p for p in model.parameters() if p.requires_grad], weight_decay)
+
+
+def decay_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict]:
     # Decay matrices (linear weights, embeddings); never biases or LayerNorm gains (nanoGPT's split).
-    params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -42,11 +45,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainCo
         from memlab.core.muon import build_muon
 
         return build_muon(model, train)  # type: ignore[return-value]  (a pair stepped as one)
-    from memlab.core.optim_library import CUDA_ONLY, PACKAGES, build_library_optimizer
+    from memlab.core.optim_library import PACKAGES, build_library_optimizer
 
-    if cfg.name in CUDA_ONLY and device.type != "cuda":
-        raise DeviceError(f"optimizer.name = {cfg.name} needs CUDA ({CUDA_ONLY[cfg.name]}); use adamw on CPU")
-    if cfg.name in PACKAGES:
+    if cfg.name in PACKAGES:  # its device and package: checked at the door (memlab.core.techniques.optimizer)
         return build_library_optimizer(model, groups, cfg, train)
     from memlab.core.techniques.optimizer import NAMES
 

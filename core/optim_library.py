@@ -56,7 +56,6 @@ def library_version(name: str) -> str:
 
 
 def build_library_optimizer(model: nn.Module, groups: list[dict], cfg: OptimizerConfig, train: TrainConfig) -> torch.optim.Optimizer:
-    require_package(cfg.name)
     betas = (train.beta1, train.beta2)
     if cfg.name == "adamw4bit":
         from torchao.optim import AdamW4bit
@@ -80,17 +79,13 @@ def _build_galore(model: nn.Module, cfg: OptimizerConfig, train: TrainConfig) ->
     is plain AdamW inside the same optimizer."""
     from galore_torch import GaLoreAdamW
 
-    from memlab.core.muon import hidden_matrices
+    from memlab.core.muon import split_params
+    from memlab.core.optim import decay_groups
 
-    matrices = hidden_matrices(model)
-    if not matrices:
-        raise ConfigError("optimizer.name = galore found no 2-D hidden weight to project; use adamw")
-    chosen = {id(p) for p in matrices}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
+    matrices, rest = split_params(model, "optimizer.name = galore found no 2-D hidden weight to project; use adamw")
     groups = [
         {"params": matrices, "weight_decay": train.weight_decay, "rank": cfg.rank, "update_proj_gap": GALORE_UPDATE_PROJ_GAP,
          "scale": GALORE_SCALE, "proj_type": GALORE_PROJ_TYPE},
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": train.weight_decay},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        *decay_groups(rest, train.weight_decay),
     ]
     return GaLoreAdamW([g for g in groups if g["params"]], lr=train.lr, betas=(train.beta1, train.beta2), no_deprecation_warning=True)

@@ -71,11 +71,12 @@ def _check_pairing(profile: Profile) -> None:
 
 def describe(profile: Profile) -> str:
     cfg = profile.optimizer
-    if cfg.in_backward:
+    text = cfg.name + (":fused" if cfg.fused else "")
+    if cfg.in_backward:  # adamw only, never offloaded (check_in_backward)
         from memlab.core.techniques.optim_in_backward import LABEL
 
-        return cfg.name + (":fused" if cfg.fused else "") + ":" + LABEL
-    text = cfg.name + (":fused" if cfg.fused else "") + (":offload" if cfg.offload else "")
+        return f"{text}:{LABEL}"
+    text += ":offload" if cfg.offload else ""
     if cfg.name in PACKAGES or cfg.name == "muon":
         text += f" ({library_version(cfg.name)})"  # e.g. adamw4bit (torchao 0.18.0)
     if cfg.name == "paged_adamw8bit":  # the summary's peak (the allocator's) does not include it: say so
