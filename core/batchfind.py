@@ -84,14 +84,20 @@ class OverTheCard(Exception):
     """The process already holds more than the emulated card (allocator reserve plus what is outside it)."""
 
 
+def outside_allocator(nvml_used_bytes: int | None, reserved_bytes: int) -> int | None:
+    """What this process holds beyond the allocator's reserve (CUDA context, library handles, workspaces); None
+    when NVML could not tell."""
+    return max(0, nvml_used_bytes - reserved_bytes) if nvml_used_bytes is not None else None
+
+
 def tightened_budget(cap: MemoryCap, nvml_used_bytes: int | None, reserved_bytes: int) -> int:
     """The allocator's budget after the CUDA context grew: kernels load lazily, and cuDNN / cuBLAS handles and
     workspaces arrive with the first steps (on the H100, 0.66 GiB outside the allocator after one matmul, 1.2 GiB
     once a step had run). Never looser than before; raises OverTheCard when what is already reserved, plus what
     is outside the allocator, no longer fits the card."""
-    if nvml_used_bytes is None:
+    outside = outside_allocator(nvml_used_bytes, reserved_bytes)
+    if outside is None:
         return cap.budget_bytes
-    outside = max(0, nvml_used_bytes - reserved_bytes)
     budget = min(cap.budget_bytes, cap.card_bytes - outside)
     if reserved_bytes > budget:
         raise OverTheCard(f"this process holds {gib(reserved_bytes + outside)} ({gib(reserved_bytes)} reserved by the allocator, "
@@ -103,7 +109,7 @@ def allocator_budget(card_bytes: int, nvml_used_bytes: int | None, reserved_byte
     """What the caching allocator may reserve so that this process fits a card of `card_bytes` in total: the card
     less what NVML sees this process hold beyond the allocator's reserved memory (the CUDA context, library
     handles and workspaces). NVML unable to tell (None): the whole card, as before. Raises when nothing is left."""
-    outside = max(0, nvml_used_bytes - reserved_bytes) if nvml_used_bytes is not None else 0
+    outside = outside_allocator(nvml_used_bytes, reserved_bytes) or 0
     if card_bytes <= outside:
         raise DeviceError(f"a card of {gib(card_bytes)} is less than what this process holds outside the allocator "
                           f"({gib(outside)}: the CUDA context and workspaces, measured through NVML); give more")
@@ -122,7 +128,7 @@ def apply_memory_cap(device: Any) -> MemoryCap | None:
     used, reserved, before = _used_outside_allocator(index)
     budget = allocator_budget(card, used, reserved)
     torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(index).total_memory, index)
-    return MemoryCap(card, budget, max(0, used - reserved) if used is not None else None, index, before)
+    return MemoryCap(card, budget, outside_allocator(used, reserved), index, before)
 
 
 def tighten_memory_cap(cap: MemoryCap) -> MemoryCap:
@@ -130,7 +136,7 @@ def tighten_memory_cap(cap: MemoryCap) -> MemoryCap:
     allocator's cap to match (a torch.OutOfMemoryError, as the allocator's own, when the card is already exceeded)."""
     import torch
 
-    used = process_use(_nvml_process_used(_nvml_handle(_nvml_index(cap.index))), lambda: _device_growth(cap))
+    used = _process_used(_nvml_handle(_nvml_index(cap.index)), cap.device_before)
     reserved = torch.cuda.memory_reserved(cap.index)
     try:
         budget = tightened_budget(cap, used, reserved)
@@ -139,7 +145,7 @@ def tighten_memory_cap(cap: MemoryCap) -> MemoryCap:
     if budget < cap.budget_bytes:
         total = torch.cuda.get_device_properties(cap.index).total_memory
         torch.cuda.set_per_process_memory_fraction(budget / total, cap.index)
-        cap = dataclasses.replace(cap, budget_bytes=budget, outside_bytes=used - reserved)
+        cap = dataclasses.replace(cap, budget_bytes=budget, outside_bytes=outside_allocator(used, reserved))
     return cap
 
 
@@ -151,9 +157,14 @@ def _nvml_index(index: int) -> int:
     return nvml_index(torch.device("cuda", index))
 
 
-def _device_growth(cap: MemoryCap) -> int | None:
-    now = _nvml_device_used(_nvml_handle(_nvml_index(cap.index)))
-    return now - cap.device_before if now is not None and cap.device_before is not None else None
+def _process_used(nvml: Any, before: int | None) -> int | None:
+    """NVML's figure for this process; else the device's growth since `before` (its use before this process's
+    context), through process_use."""
+    def growth() -> int | None:
+        now = _nvml_device_used(nvml)
+        return now - before if now is not None and before is not None else None
+
+    return process_use(_nvml_process_used(nvml), growth)
 
 
 def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
@@ -163,10 +174,8 @@ def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
     process's context creation; None when neither."""
     import torch
 
-    from memlab.core.meters import nvml_index
-
     dev = torch.device("cuda", index)
-    nvml = _nvml_handle(nvml_index(dev))
+    nvml = _nvml_handle(_nvml_index(index))
     fresh = not torch._C._cuda_hasPrimaryContext(index)  # no context yet: the device's growth is this process's
     before = _nvml_device_used(nvml) if fresh else None
     a = torch.ones(256, 256, device=dev)
@@ -174,13 +183,7 @@ def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
     del a
     torch.cuda.synchronize(dev)
     reserved = torch.cuda.memory_reserved(dev)
-
-    def growth() -> int | None:
-        after = _nvml_device_used(nvml) if before is not None else None
-        return after - before if after is not None and before is not None else None
-
-    used = process_use(_nvml_process_used(nvml), growth)
-    return used, reserved, before
+    return _process_used(nvml, before), reserved, before
 
 
 def process_use(per_process: int | None, device_growth: Callable[[], int | None]) -> int | None:
