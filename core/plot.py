@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 
@@ -73,9 +74,10 @@ def figure_size_px(n_groups: int, dpi: int = DPI) -> tuple[int, int]:
     return round(BAND_W_IN * dpi * cols), round(BAND_H_IN * dpi * rows)
 
 
-def profile_colors(table: pl.DataFrame) -> dict[str, str]:
-    """One colour per profile name for the whole plot: the same bar colour in every band and panel."""
-    names = sorted({str(p) for p in table["profile"].to_list()}) if table.height else []
+def profile_colors(table: pl.DataFrame, name_of: Callable[[str], str] = str) -> dict[str, str]:
+    """One colour per profile name (`name_of` the run's profile) for the whole plot: the same colour in every band
+    and panel."""
+    names = sorted({name_of(str(p)) for p in table["profile"].to_list()}) if table.height else []
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
@@ -149,8 +151,7 @@ def plot_frontier(table: pl.DataFrame, out: str | os.PathLike, dpi: int = DPI) -
     FigureCanvasAgg(fig)
     if not bands:
         fig.text(0.5, 0.5, "no runs to plot", ha="center", va="center", fontsize=16, color="0.4")
-    names = sorted({base_profile(str(p)) for p in table["profile"].to_list()}) if table.height else []
-    colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+    colors = profile_colors(table, base_profile)
     for i, (label, g) in enumerate(bands):
         _draw_frontier(fig.add_subplot(1, len(bands), i + 1), label, g.to_dicts(), colors)
     fig.tight_layout()
