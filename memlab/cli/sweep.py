@@ -45,9 +45,11 @@ def sweep(
 
     dev = resolve_device(device)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
-    names = _profile_names(profiles, experiment, dev.type, overrides)
+    names = _profile_names(profiles)
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
-    for name, _, item_overrides in items:  # each value resolved once too: a bad one fails before any run
+    # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
+    # the first hour of runs (exit 2) and before the runs folder is made
+    for name, _, item_overrides in items:
         _resolve_one(name, experiment, dev.type, item_overrides, vary)
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
@@ -65,17 +67,12 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _profile_names(profiles: str, experiment: str, device_type: str, overrides: list[str]) -> list[str]:
-    """The names, each resolved once with the experiment and --set, so a typo or a bad value fails before the first
-    hour of runs (exit 2) and before the runs folder is made."""
-    from memlab.cli.options import resolve
+def _profile_names(profiles: str) -> list[str]:
     from memlab.core.errors import MemlabError
 
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     if not names:
         raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
-    for name in names:
-        resolve(experiment, name, device_type, overrides)
     return names
 
 
