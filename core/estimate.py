@@ -504,7 +504,7 @@ def _eager_scores_bwd(pr: _Precision, dropout: int) -> int:
     if not dropout:
         return 6 if pr.autocast else 12
     if dropout == 1 and not pr.autocast:
-        return max(4, 4 * 4 - (4 + dropout + 4))
+        return 4 * 4 - (4 + dropout + 4)  # 7
     return 4
 
 
