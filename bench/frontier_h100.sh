@@ -1,22 +1,51 @@
 #!/usr/bin/env bash
-# Issue 19 on one GPU: every new technique profile once, short runs (20 steps), on the GPU default experiment
-# (gpt2s) and the fused losses on the large-vocabulary one (bigvocab), each beside its baseline at the same batch.
-# Cheap runs first, compiled ones last; each run is capped at 60 s and the whole at $2 seconds (what ran is kept).
-# usage: bash bench/frontier_h100.sh OUT_DIR [SECONDS]
+# Issue 19 on one GPU, in parts that fit one device call each (every part runs its own bf16 beside the rest, so each
+# comparison is on one machine, one clock). Short runs (20 steps) on the GPU default experiment (gpt2s) and the fused
+# losses on the large-vocabulary one (bigvocab); part `optim` trains the optimizers for one token budget.
+#   a:     new gpt2s profiles needing at most torchao, then the compiled ones (Inductor's cache warmed first, in
+#          parallel, by throwaway runs: compile time is not step time) and the compiler-budget sweep
+#   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
+#   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile
+# Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
+# usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS]
 set -u
-out=${1:?output folder}; runs="$out/runs"; mkdir -p "$runs"
-deadline=$(( $(date +%s) + ${2:-600} ))
-run() {  # experiment profile [--set ...]
-  local left=$(( deadline - $(date +%s) )); [ "$left" -le 5 ] && return
+out=${1:?output folder}; part=${2:?a, b or optim}; runs="$out/runs"; mkdir -p "$runs"
+deadline=$(( $(date +%s) + ${3:-560} ))
+left() { echo $(( deadline - $(date +%s) )); }
+run() {  # experiment profile [memlab run options ...]
+  local l; l=$(left); [ "$l" -le 10 ] && { echo "== skipped (time): $*"; return; }
   local e=$1 p=$2; shift 2
   echo "== $e $p $* ($(date -u +%T))"
-  timeout -s INT $(( left < 60 ? left : 60 )) python3 -m memlab run --profile "$p" --experiment "$e" --device cuda \
-    --steps 20 --runs-dir "$runs" "$@" 2>&1 | tail -4
+  timeout -s INT $(( l < 240 ? l : 240 )) python3 -m memlab run --profile "$p" --experiment "$e" --device cuda \
+    --steps 20 --runs-dir "$runs" "$@" 2>&1 | tail -3
 }
-run gpt2s bf16
-for p in adamw4bit bf16_sr muon paged_adamw8bit galore optim_in_bwd; do run gpt2s $p; done
-run gpt2s bf16 --set train.clip=0
-run gpt2s act_offload_overlap; run gpt2s act_offload; run gpt2s sac_ops
-for p in bf16 chunked_ce liger_ce cce; do run bigvocab $p; done
-for p in compile float8 compile_budget; do run gpt2s $p; done
-python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -60
+warm() {  # compile each case once in parallel, in throwaway folders, so the timed runs find Inductor's cache warm
+  echo "== warming Inductor's cache: $* ($(date -u +%T))"
+  local i=0 pids=()
+  for case in "$@"; do
+    IFS=: read -r p extra <<< "$case"
+    timeout 300 python3 -m memlab run --profile "$p" --experiment gpt2s --device cuda --steps 8 \
+      --runs-dir /tmp/warm-runs ${extra:+--set $extra} > "/tmp/warm-$i.log" 2>&1 & pids+=($!); i=$((i+1))
+  done
+  wait "${pids[@]}"; echo "== warm done ($(date -u +%T))"; tail -n1 /tmp/warm-*.log
+}
+case $part in
+  a)
+    warm compile float8 adamw4bit compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
+      compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
+    run gpt2s bf16; run gpt2s bf16 --set train.clip=0
+    for p in bf16_sr muon optim_in_bwd adamw4bit act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile float8; do
+      run gpt2s $p
+    done
+    l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
+      --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+  b)
+    run gpt2s bf16
+    for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
+    for p in bf16 chunked_ce liger_ce cce; do run bigvocab $p; done ;;
+  optim)
+    l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore \
+      --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
+  *) echo "unknown part $part: a, b or optim"; exit 2 ;;
+esac
+python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40
