@@ -62,6 +62,22 @@ def test_loss_and_gradients_equal_those_without_offload_and_every_buffer_is_rele
     assert off.host_buffers() == 0 and not off.blocks
 
 
+def test_device_tensors_are_held_until_their_copy_is_waited_for_then_dropped():
+    """No record_stream (it grows reserved memory): block i-2's device tensors are dropped when block i starts,
+    after the compute stream waited for their copies, and the last blocks' when the forward ends."""
+    model = _model()
+    off = _offloaded(model)
+    held: list[list[int]] = []
+    model.blocks[2].register_forward_pre_hook(lambda m, a: held.append(
+        [sum(mv.source is not None for mv in off.blocks[i].moved) for i in (0, 1)]))
+    x, y = _batch()
+    with off.forward():
+        model(x, y)
+    zero_dropped, one_held = held[0]
+    assert zero_dropped == 0 and one_held > 0  # entering block 2: block 0's copies waited for and freed
+    assert all(mv.source is None for b in off.blocks.values() for mv in b.moved)
+
+
 def test_small_tensors_weights_and_tensors_saved_outside_the_blocks_stay_on_the_device():
     model = _model()
     off = _offloaded(model)
