@@ -44,7 +44,7 @@ case $part in
       --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
   a2)
     python3 bench/saved_tensors.py --profiles compile,float8 --experiment gpt2s --layers 2 --batch 16 > "$out/saved_tensors.txt" 2>&1 &
-    warm float8 compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
+    warm compile float8 compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
       compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
     wait
     for p in bf16 act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile float8; do run gpt2s $p; done
