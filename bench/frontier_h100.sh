@@ -6,13 +6,17 @@
 #          parallel, by throwaway runs: compile time is not step time) and the compiler-budget sweep
 #   a2:    the rerun after part a (the overlapped offload without record_stream, float8 to the end, the compiler-budget
 #          sweep beside the points it is plotted with), and what float8 and compile save for backward
+#   c:     the frontier plot's points on one machine: bf16, the two offloads (overlap: the device tensors held until
+#          their copies are waited for, no record_stream), gradcp_bf16, selective, sac_ops, compile and the whole
+#          compiler-budget sweep, Inductor's cache warmed first
+#   d:     cce beside bf16 on bigvocab (part b's time ran out before it)
 #   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
 #   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile ($4: a
 #          comma-separated subset, to finish a sweep a call's time cut short)
 # Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
 # usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS] [PROFILES]
 set -u
-out=${1:?output folder}; part=${2:?a, a2, b or optim}; runs="$out/runs"; mkdir -p "$runs"
+out=${1:?output folder}; part=${2:?a, a2, b, c, d or optim}; runs="$out/runs"; mkdir -p "$runs"
 deadline=$(( $(date +%s) + ${3:-560} ))
 left() { echo $(( deadline - $(date +%s) )); }
 run() {  # experiment profile [memlab run options ...]
@@ -50,6 +54,14 @@ case $part in
     for p in bf16 act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile float8; do run gpt2s $p; done
     l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
       --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+  c)
+    warm compile compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
+      compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
+    for p in bf16 act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile; do run gpt2s $p; done
+    l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
+      --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+  d)
+    for p in bf16 cce; do run bigvocab $p; done ;;
   b)
     run gpt2s bf16
     for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
@@ -57,6 +69,6 @@ case $part in
   optim)
     l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles "${4:-bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore}" \
       --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
-  *) echo "unknown part $part: a, a2, b or optim"; exit 2 ;;
+  *) echo "unknown part $part: a, a2, b, c, d or optim"; exit 2 ;;
 esac
 python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40

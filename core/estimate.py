@@ -303,11 +303,10 @@ def _precision(profile: Profile) -> _Precision:
     amp = profile.precision.dtype in ("bf16", "fp16")
     e = 2 if amp or profile.precision.dtype == "bf16_pure" else 4
     if profile.kernels.float8:
-        # torchao's Float8Linear (memlab.core.techniques.float8) saves its input in the autocast dtype (what a stock
-        # Linear saves) and the fp32 weight parameter itself, not autocast's bf16 copy; its float8 casts are
-        # temporaries, remade in backward. Compiled, the partitioner keeps the float8 cast of the weight instead
-        # (1 byte an element; torchao's force_recompute_fp8_weight_in_bwd exists to drop it under FSDP).
-        return _Precision(amp, e, block_weight=1 if profile.compile.enabled else 0, float8=True)
+        # torchao's Float8Linear (memlab.core.techniques.float8) saves the fp32 weight parameter itself, not
+        # autocast's bf16 copy; its float8 casts are temporaries, remade in backward. Compiled too: the H100 list of
+        # saved tensors (bench/results/frontier-h100/saved_tensors.txt) holds the fp32 masters and no float8 tensor.
+        return _Precision(amp, e, block_weight=0, float8=True)
     return _Precision(amp, e)
 
 
@@ -712,6 +711,8 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     # keeps the normalized LayerNorm output instead of its input (same bytes), the bf16 casts, q/k/v, the kernel's
     # output, fc and GELU outputs, and the bf16 weights (checked on the CPU with torch 2.13, bench/README).
     plain = block_saved(s, pr, kind, dropout, mask=st.mask)
+    if p.kernels.float8 and st.compiled:
+        plain = _float8_compiled_saved(plain)
     # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
     # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
     block_input = pr.e if st.fsdp and pr.autocast else 4
@@ -732,7 +733,8 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
         notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
     if p.kernels.float8:
-        notes.append("kernels.float8: a speed technique; memory barely moves (block weights saved as the fp32 masters, or their float8 cast when compiled, instead of bf16 copies; float8 casts are temporaries)")
+        notes.append("kernels.float8: block weights saved as the fp32 masters (no bf16 copies), float8 casts are "
+                      "temporaries; compiled, the LayerNorm and GELU outputs are recomputed in backward, not saved")
     if st.overlap:
         kept = _overlap_kept(s, plain)
         notes.append("offload_overlap: a block keeps its weight copies and tensors under 1 MiB; one block's other "
@@ -743,6 +745,17 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         # is a reference the checkpoint holds, not a saved tensor).
         saved = [4 * s.BTC if lay == "full" else 0 for lay in layout]
     return _Saved(layout, plain, saved, block_input)
+
+
+def _float8_compiled_saved(plain: dict[str, int]) -> dict[str, int]:
+    """A plain block under compiled float8, as listed on the H100 (bench/saved_tensors.py, gpt2s with 2 layers,
+    bench/results/frontier-h100/saved_tensors.txt): the partitioner recomputes both LayerNorm outputs (the qkv and
+    fc Linears' inputs: backward casts them to float8 again anyway) from the saved fp32 residual, and GELU from the
+    fc output, so neither norm output nor the GELU output is kept; q, k, v, the attention output and the fc output
+    are."""
+    out = {k: v for k, v in plain.items() if k not in ("attn_in", "mlp_in")}
+    out["mlp_hidden"] = plain["mlp_hidden"] // 2
+    return out
 
 
 def _overlap_kept(s: _Shape, plain: dict[str, int]) -> int:

@@ -9,7 +9,8 @@ that needs them, so the copies run beside the compute instead of between it (sav
   reserved 7.6 GiB for a 2.9 GiB allocated peak). Everything else (small tensors, parameters,
   views of them, autocast's copies of them, whatever is saved outside the blocks: the embedding, the final norm, the
   head and the loss, needed first in backward) stays where it is.
-- Forward throttle: before block i runs, the compute stream waits for block i-2's copies, so at most one finished
+- Forward throttle: before block i (or the head after the last) runs, the compute stream waits for block i-2's
+  copies and drops its device tensors, so at most one finished
   block's activations are in flight beside the block being computed (a forward faster than the link would
   otherwise keep them all on the GPU).
 - Prefetch (backward): when backward reaches block i, block i-1's tensors start back on the side stream; reaching
@@ -159,7 +160,11 @@ class OverlapOffload:
             ]
         if head is not None:
             last = len(blocks) - 1
-            self._handles.append(head.register_full_backward_pre_hook(lambda m, g: self._backward_reaches(last + 1)))
+            self._handles += [
+                # the head throttles as a block would: the loss (the forward's peak) runs with one block in flight
+                head.register_forward_pre_hook(lambda m, a: self._throttle(last + 1)),
+                head.register_full_backward_pre_hook(lambda m, g: self._backward_reaches(last + 1)),
+            ]
 
     def remove(self) -> None:
         for h in self._handles:
@@ -201,9 +206,13 @@ class OverlapOffload:
             return
         self.current = i
         self.blocks[i] = _Block()
+        self._throttle(i)
+
+    def _throttle(self, i: int) -> None:
+        """Before block i (or the head, i = number of blocks) runs: at most one finished block in flight beside it."""
         earlier = self.blocks.get(i - 2)
-        if earlier is not None:
-            self._drop_sources(earlier)  # at most one finished block in flight beside this one
+        if self.active and earlier is not None:
+            self._drop_sources(earlier)
 
     def _leave_block(self, i: int) -> None:
         if self.active and i in self.blocks:

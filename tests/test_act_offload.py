@@ -70,11 +70,15 @@ def test_device_tensors_are_held_until_their_copy_is_waited_for_then_dropped():
     held: list[list[int]] = []
     model.blocks[2].register_forward_pre_hook(lambda m, a: held.append(
         [sum(mv.source is not None for mv in off.blocks[i].moved) for i in (0, 1)]))
+    at_head: list[list[int]] = []
+    model.ln_f.register_forward_pre_hook(lambda m, a: at_head.append(
+        [sum(mv.source is not None for mv in off.blocks[i].moved) for i in (1, 2)]))
     x, y = _batch()
     with off.forward():
         model(x, y)
     zero_dropped, one_held = held[0]
     assert zero_dropped == 0 and one_held > 0  # entering block 2: block 0's copies waited for and freed
+    assert at_head[0][0] == 0 and at_head[0][1] > 0  # the head (the loss: the forward's peak) beside one block only
     assert all(mv.source is None for b in off.blocks.values() for mv in b.moved)
 
 
