@@ -10,13 +10,15 @@
 #          their copies are waited for, no record_stream), gradcp_bf16, selective, sac_ops, compile and the whole
 #          compiler-budget sweep, Inductor's cache warmed first
 #   d:     cce beside bf16 on bigvocab (part b's time ran out before it)
+#   e:     the fused losses again after cce was made exact (filter_eps=None): bf16, liger_ce, cce on bigvocab and
+#          bf16, cce on gpt2s
 #   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
 #   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile ($4: a
 #          comma-separated subset, to finish a sweep a call's time cut short)
 # Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
 # usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS] [PROFILES]
 set -u
-out=${1:?output folder}; part=${2:?a, a2, b, c, d or optim}; runs="$out/runs"; mkdir -p "$runs"
+out=${1:?output folder}; part=${2:?a, a2, b, c, d, e or optim}; runs="$out/runs"; mkdir -p "$runs"
 deadline=$(( $(date +%s) + ${3:-560} ))
 left() { echo $(( deadline - $(date +%s) )); }
 run() {  # experiment profile [memlab run options ...]
@@ -62,6 +64,9 @@ case $part in
       --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
   d)
     for p in bf16 cce; do run bigvocab $p; done ;;
+  e)
+    for p in bf16 liger_ce cce; do run bigvocab $p; done
+    for p in bf16 cce; do run gpt2s $p; done ;;
   b)
     run gpt2s bf16
     for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
@@ -69,6 +74,6 @@ case $part in
   optim)
     l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles "${4:-bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore}" \
       --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
-  *) echo "unknown part $part: a, a2, b, c, d or optim"; exit 2 ;;
+  *) echo "unknown part $part: a, a2, b, c, d, e or optim"; exit 2 ;;
 esac
 python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40

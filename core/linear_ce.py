@@ -8,9 +8,12 @@ liger  Liger Kernel's `liger_fused_linear_cross_entropy`: forward walks the rows
        only hands them on. Its forward runs under the caller's autocast (torch.amp.custom_fwd), so its matmuls take
        the bf16 copy of the fp32 weight; its weight gradient accumulates in fp32 (accum_dtype).
 cce    Apple's Cut Cross-Entropy `linear_cross_entropy` (impl "cce"): forward computes each row's log-sum-exp
-       blockwise in SRAM and the target logit by an indexed dot; backward recomputes the logits block by block and
-       skips blocks whose softmax is below bf16 resolution (filter_eps = "high", the library's default). It is an
-       autograd.Function outside autocast whose backward takes 16-bit inputs only, so h and W are cast explicitly.
+       blockwise in SRAM and the target logit by an indexed dot; backward recomputes the logits block by block. Run
+       exact (filter_eps=None): the library's default ("high") skips gradient blocks whose softmax is below bf16
+       resolution, which in training from scratch is every logit at first (1/V < 2^-12 once V > 4096), so only the
+       targets' logits move: on the H100 (bigvocab, V 128,256, 20 steps) val ppl was 793 against 530 for bf16 and
+       liger_ce. It is an autograd.Function outside autocast whose backward takes 16-bit inputs only, so h and W
+       are cast explicitly.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ LIBRARIES = {
     "liger": Library("liger-kernel", "liger_kernel", "liger_kernel.transformers.functional:liger_fused_linear_cross_entropy",
                      "liger", "fused linear CE"),
     "cce": Library("cut-cross-entropy", "cut_cross_entropy", "cut_cross_entropy:linear_cross_entropy",
-                   "cce", "(cce kernel, filter_eps=high)"),
+                   "cce", "(cce kernel, exact: filter_eps=None)"),
 }
 
 
@@ -95,6 +98,7 @@ def _liger(kernel: Callable[..., torch.Tensor], dtype: torch.dtype) -> HeadLoss:
 def _cce(kernel: Callable[..., torch.Tensor], dtype: torch.dtype) -> HeadLoss:
     def loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         e, c = h.flatten(0, 1).to(dtype), weight.to(dtype)  # (B*T, C), (V, C): the 16-bit inputs CCE's backward asserts
-        return kernel(e, c, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="mean", impl="cce")
+        return kernel(e, c, targets.flatten(), ignore_index=IGNORE_INDEX, reduction="mean", impl="cce",
+                      filter_eps=None)
 
     return loss

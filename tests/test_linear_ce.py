@@ -127,9 +127,10 @@ def test_the_adapter_gives_the_stock_loss_and_gradients(profile_name, fused, aut
         assert call["c"] is step.model.lm_head.weight and call["accum_dtype"] == torch.float32 and "impl" not in call
     else:  # CCE's backward takes 16-bit inputs only: both cast here
         assert call["c"].dtype == dtype and call["c"].shape == (CFG.vocab_size, CFG.d_model) and call["impl"] == "cce"
+        assert "filter_eps" in call and call["filter_eps"] is None  # exact gradients, not the library's filtered default
 
 
-@pytest.mark.parametrize("profile_name, label", [("liger_ce", "liger 0.8.5 fused linear CE"), ("cce", "cce 25.1.1 (cce kernel, filter_eps=high)")])
+@pytest.mark.parametrize("profile_name, label", [("liger_ce", "liger 0.8.5 fused linear CE"), ("cce", "cce 25.1.1 (cce kernel, exact: filter_eps=None)")])
 def test_the_summary_names_the_library_and_its_version(profile_name, label, monkeypatch):
     step = _step(profile_name, monkeypatch, [])
     assert step.applied["loss_kernel"] == label and step.model.loss_kernel is not None

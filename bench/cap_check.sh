@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 17 on one GPU: does the batch find-batch finds under --gpu-memory 24GiB keep the whole process (NVML's
+# per-process figure: context, workspaces, allocator) under 24 GiB? find-batch (with its expandable_segments probe),
+# then a training run at that batch under the same cap. The seed-so-posts shape on the built-in corpus.
+# usage: bash bench/cap_check.sh OUT_DIR [PROFILE]
+set -u
+out=${1:?output folder}; p=${2:-bf16}; mkdir -p "$out"
+sets=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
+memlab find-batch --profile "$p" --experiment seed-so-posts --gpu-memory 24GiB "${sets[@]}" 2>&1 | tee "$out/find_batch_$p.txt" | tail -25
+memlab find-batch --profile "$p" --experiment seed-so-posts --gpu-memory 24GiB "${sets[@]}" --json > "$out/find_batch_$p.json"
+b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_batch'])" "$out/find_batch_$p.json")
+echo "== training at the found batch $b under the 24 GiB cap"
+MEMLAB_GPU_MEMORY_BYTES=$((24 * 1024**3)) MEMLAB_NVML_PER_PROCESS=1 memlab run --profile "$p" --experiment seed-so-posts \
+  --device cuda --runs-dir "$out/runs" "${sets[@]}" --set train.batch_size="$b" 2>&1 | tail -6
+python3 - "$out" <<'PY'
+import glob, sys
+import polars as pl
+for f in glob.glob(sys.argv[1] + "/runs/*/summary.parquet"):
+    d = pl.read_parquet(f).to_dicts()[0]
+    cap = 24 * 2**30
+    print(f"{d['profile']} batch {d['batch_size']}: NVML per-process peak {d['peak_nvml_bytes'] / 2**30:.2f} GiB, "
+          f"reserved {d['peak_reserved_bytes'] / 2**30:.2f} GiB, allocator budget {(d['allocator_budget_bytes'] or 0) / 2**30:.2f} GiB, "
+          f"cap 24 GiB: {'under' if d['peak_nvml_bytes'] <= cap else 'OVER'} by {(cap - d['peak_nvml_bytes']) / 2**30:+.2f} GiB, status {d['status']}")
+PY
