@@ -1,0 +1,80 @@
+"""Issue 19 on a CPU: the estimator of this checkout against the H100 runs of bench/results/frontier-h100/.
+
+Every finished run there is re-estimated from its own run.json (profile and experiment as they ran, its micro-batch)
+and set beside its measured peak allocated memory. Runs whose technique's code changed after they ran are listed
+as superseded and not checked (the run made after the change is).
+
+    python bench/frontier_check.py              # prints the table, writes results/frontier-h100/check.md
+    python bench/frontier_check.py --out -      # print only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "frontier-h100"
+# (part, profile): run before a change to that technique's code; the part named in the reason ran after it
+SUPERSEDED = {
+    ("a", "act_offload_overlap"): "ran with record_stream (part c runs the current offload)",
+    ("a2", "act_offload_overlap"): "ran before the head throttled (part c runs the current offload)",
+    ("b", "cce"): "ran with CCE's filtered backward (part e runs it exact)",
+    ("d", "cce"): "ran with CCE's filtered backward (part e runs it exact)",
+}
+
+
+def rows(results: Path = RESULTS) -> list[dict]:
+    import polars as pl
+
+    from memlab.core import estimate as E
+    from memlab.core.config import experiment_from_dict, profile_from_dict
+
+    out = []
+    for run in sorted(results.glob("*/runs/*/run.json")):
+        part = run.parent.parent.parent.name
+        meta = json.loads(run.read_text())
+        summary = pl.read_parquet(run.parent / "summary.parquet").to_dicts()[0]
+        row = {"part": part, "run": run.parent.name, "experiment": meta["experiment"]["name"], "profile": summary["profile"],
+               "status": summary["status"], "batch": summary["micro_batch"], "measured": summary["peak_alloc_bytes"],
+               "superseded": SUPERSEDED.get((part, summary["profile"]))}
+        if row["status"] == "finished":
+            exp, prof = experiment_from_dict(meta["experiment"]), profile_from_dict(meta["profile"])
+            vocab, _ = E.vocab_for(exp)
+            row["predicted"] = E.estimate(exp, prof, vocab_size=vocab, micro_batch=row["batch"], device="cuda").total_bytes
+            row["error_pct"] = 100 * (row["predicted"] - row["measured"]) / row["measured"]
+        out.append(row)
+    return out
+
+
+def checked(all_rows: list[dict]) -> list[dict]:
+    """The runs the bar applies to: finished, and not superseded."""
+    return [r for r in all_rows if r["status"] == "finished" and not r["superseded"]]
+
+
+def markdown(all_rows: list[dict]) -> str:
+    gib = 2**30
+    lines = ["| part | experiment | profile | batch | measured GiB | predicted GiB | error | note |", "|:--|:--|:--|--:|--:|--:|--:|:--|"]
+    for r in all_rows:
+        pred = f"{r['predicted'] / gib:.2f}" if "predicted" in r else "—"
+        err = f"{r['error_pct']:+.1f}%" if "error_pct" in r else "—"
+        note = r["superseded"] or ("" if r["status"] == "finished" else f"{r['status']}: not checked")
+        lines.append(f"| {r['part']} | {r['experiment']} | {r['profile']} | {r['batch']} | {r['measured'] / gib:.2f} | {pred} | {err} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(RESULTS / "check.md"), help="where to write the table; - prints only")
+    a = ap.parse_args()
+    all_rows = rows()
+    text = markdown(all_rows)
+    print(text)
+    worst = max((abs(r["error_pct"]) for r in checked(all_rows)), default=0.0)
+    print(f"{len(checked(all_rows))} runs checked; largest error {worst:.1f}%")
+    if a.out != "-":
+        Path(a.out).write_text("# The estimator against the H100 runs (python bench/frontier_check.py)\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
