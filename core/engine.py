@@ -156,6 +156,7 @@ class _Run:
             "peak_alloc_bytes": max(known) if known else None,
             "peak_reserved_bytes": max(reserved) if reserved else None,
             "peak_nvml_bytes": self.nvml.peak_used_bytes if self.nvml and self.nvml.available else None,
+            "peak_nvml_process_bytes": self.nvml.peak_process_bytes if self.nvml and self.nvml.available else None,
             "peak_host_rss_bytes": host_peak_rss_bytes(),
             "alloc_retries": stats.get("num_alloc_retries") if cuda else None,
             "ooms": stats.get("num_ooms") if cuda else None,

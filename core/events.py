@@ -80,6 +80,7 @@ class GpuSampleEvent(Event):
     """One NVML sample (a row of gpu.parquet); its "t" is seconds since the run started."""
 
     used_bytes: int
+    process_bytes: NotRequired[int | None]  # this process's (NVML per-process), where NVML lists it
     util_pct: float
     power_w: float | None
 

@@ -10,6 +10,7 @@ the start of training (reset_host_peak), not from the process's start.
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
 import time
@@ -181,7 +182,8 @@ class WallClock:
 
 
 class NvmlSampler:
-    """Samples device-wide memory, utilization and power every ~50 ms in a thread (includes the CUDA context).
+    """Samples device-wide memory, this process's memory (NVML's per-process figure: what a card of its own would
+    have to hold), utilization and power every ~50 ms in a thread (includes the CUDA context).
 
     Degrades cleanly: without nvidia-ml-py or an NVIDIA driver, `available` is False and nothing is sampled.
     """
@@ -191,6 +193,7 @@ class NvmlSampler:
         self.on_sample = on_sample
         self.samples: list[dict[str, float]] = []
         self.peak_used_bytes: int | None = None
+        self.peak_process_bytes: int | None = None  # None: NVML never listed this process (a container's PIDs)
         self.available = False
         self.reason = ""
         self._stop = threading.Event()
@@ -217,15 +220,30 @@ class NvmlSampler:
                 power = None
         except Exception:  # noqa: BLE001 (a sample lost is not worth a crashed run)
             return None
-        return {"t": time.time() - self._t0, "used_bytes": int(used), "util_pct": float(util), "power_w": power}
+        return {"t": time.time() - self._t0, "used_bytes": int(used), "process_bytes": self._process_used(),
+                "util_pct": float(util), "power_w": power}
+
+    def _process_used(self) -> int | None:
+        try:
+            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory)
+        except Exception:  # noqa: BLE001 (not every driver lists processes)
+            pass
+        return None
+
+    def _record(self, s: dict) -> None:
+        self.samples.append(s)
+        self.peak_used_bytes = max(self.peak_used_bytes or 0, s["used_bytes"])
+        if s["process_bytes"] is not None:
+            self.peak_process_bytes = max(self.peak_process_bytes or 0, s["process_bytes"])
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             s = self._sample()
             if s is None:
                 continue
-            self.samples.append(s)
-            self.peak_used_bytes = max(self.peak_used_bytes or 0, s["used_bytes"])
+            self._record(s)
             if self.on_sample:
                 try:
                     self.on_sample(s)

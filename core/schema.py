@@ -59,6 +59,7 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 GPU_SCHEMA: dict[str, pl.DataType] = {
     "t": pl.Float64,  # seconds since the run started
     "used_bytes": pl.Int64,
+    "process_bytes": pl.Int64,  # this process, NVML's per-process figure (null where NVML does not list it)
     "util_pct": pl.Float64,
     "power_w": pl.Float64,
 }
