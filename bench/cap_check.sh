@@ -15,10 +15,27 @@ MEMLAB_GPU_MEMORY_BYTES=$((24 * 1024**3)) MEMLAB_NVML_PER_PROCESS=1 memlab run -
 python3 - "$out" <<'PY'
 import glob, sys
 import polars as pl
+cap = 24 * 2**30
 for f in glob.glob(sys.argv[1] + "/runs/*/summary.parquet"):
     d = pl.read_parquet(f).to_dicts()[0]
-    cap = 24 * 2**30
-    print(f"{d['profile']} batch {d['batch_size']}: NVML per-process peak {d['peak_nvml_bytes'] / 2**30:.2f} GiB, "
-          f"reserved {d['peak_reserved_bytes'] / 2**30:.2f} GiB, allocator budget {(d['allocator_budget_bytes'] or 0) / 2**30:.2f} GiB, "
-          f"cap 24 GiB: {'under' if d['peak_nvml_bytes'] <= cap else 'OVER'} by {(cap - d['peak_nvml_bytes']) / 2**30:+.2f} GiB, status {d['status']}")
+    for label, key in (("this process (NVML per-process)", "peak_nvml_process_bytes"), ("the device (NVML used)", "peak_nvml_bytes")):
+        v = d.get(key)
+        if v is None:
+            print(f"{label}: not listed by NVML")
+            continue
+        print(f"{d['profile']} batch {d['batch_size']}: {label} peak {v / 2**30:.2f} GiB against the 24 GiB card: "
+              f"{'under' if v <= cap else 'OVER'} by {abs(cap - v) / 2**30:.2f} GiB")
+    print(f"reserved peak {d['peak_reserved_bytes'] / 2**30:.2f} GiB, allocator budget {(d['allocator_budget_bytes'] or 0) / 2**30:.2f} GiB, status {d['status']}")
+PY
+python3 - <<'PY' 2>&1  # what NVML's device figure holds besides processes (the driver's reserve), for the record
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+print(f"NVML v1 (idle, no process): total {v1.total / 2**30:.3f} used {v1.used / 2**30:.3f} GiB")
+try:
+    v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    print(f"NVML v2: total {v2.total / 2**30:.3f} reserved {v2.reserved / 2**30:.3f} used {v2.used / 2**30:.3f} GiB")
+except Exception as e:
+    print(f"NVML v2 not available: {e}")
 PY
