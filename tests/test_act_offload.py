@@ -7,14 +7,13 @@ import json
 
 import pytest
 import torch
-
 from memlab.core import estimate as E
 from memlab.core.attention import build_attention
 from memlab.core.config import AttentionConfig, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError
 from memlab.core.model import GPT, GPTConfig
 from memlab.core.offload import HostCopies, OverlapOffload, is_weight
-from memlab.core.techniques import act_offload
+from memlab.core.techniques import act_offload, check_plan
 
 CPU = torch.device("cpu")
 CFG = GPTConfig(n_layer=3, n_head=2, d_model=32, d_ff=64, vocab_size=96, seq_len=16)
@@ -198,6 +197,8 @@ def test_combinations_the_hooks_cannot_follow_are_refused_on_any_device(setting,
     with pytest.raises(ConfigError, match=expect) as err:
         act_offload.check(e, p, torch.device("cuda"), 1)
     assert "\n" not in str(err.value) and "offload_overlap = false" in str(err.value)
+    with pytest.raises(ConfigError, match=expect):  # memlab estimate's checks, for a GPU that need not be here
+        check_plan(e, p)
 
 
 def test_the_sync_offload_still_combines_with_checkpointing():

@@ -72,6 +72,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     optimizer.check_in_backward(experiment, profile)
     float8.check_plan(experiment, profile)
     loss.check_plan(experiment, profile, world)
+    act_offload.check_plan(experiment, profile)
 
 
 def apply_techniques(step: TrainStep) -> None:

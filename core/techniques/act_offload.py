@@ -40,14 +40,20 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     ck = profile.checkpointing
     if not ck.offload:
         return
+    check_plan(experiment, profile)
     if ck.offload_overlap:
-        conflict = _overlap_conflict(profile)
-        if conflict:
-            raise ConfigError(conflict)
         if device.type != "cuda":
             raise DeviceError("checkpointing.offload_overlap copies activations to the CPU on a side CUDA stream and needs CUDA; set checkpointing.offload = false on the CPU backend")
     elif device.type != "cuda":
         raise DeviceError("checkpointing.offload moves activations from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
+
+
+def check_plan(experiment: Experiment, profile: Profile) -> None:
+    """What the configuration alone rules out, wherever it would run (`memlab estimate` too)."""
+    if profile.checkpointing.offload and profile.checkpointing.offload_overlap:
+        conflict = _overlap_conflict(profile)
+        if conflict:
+            raise ConfigError(conflict)
 
 
 def apply(step: TrainStep) -> None:
