@@ -12,13 +12,15 @@
 #   d:     cce beside bf16 on bigvocab (part b's time ran out before it)
 #   e:     the fused losses again after cce was made exact (filter_eps=None): bf16, liger_ce, cce on bigvocab and
 #          bf16, cce on gpt2s
+#   f1/f2: every new profile on bigvocab beside its bf16 (issue 19's table on the large-vocabulary experiment too):
+#          f1 the eager ones, f2 the compiled ones (each compiling in its own run) and the fused losses
 #   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
 #   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile ($4: a
 #          comma-separated subset, to finish a sweep a call's time cut short)
 # Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
 # usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS] [PROFILES]
 set -u
-out=${1:?output folder}; part=${2:?a, a2, b, c, d, e or optim}; runs="$out/runs"; mkdir -p "$runs"
+out=${1:?output folder}; part=${2:?a, a2, b, c, d, e, f1, f2 or optim}; runs="$out/runs"; mkdir -p "$runs"
 deadline=$(( $(date +%s) + ${3:-560} ))
 left() { echo $(( deadline - $(date +%s) )); }
 run() {  # experiment profile [memlab run options ...]
@@ -28,12 +30,14 @@ run() {  # experiment profile [memlab run options ...]
   timeout -s INT $(( l < 240 ? l : 240 )) python3 -m memlab run --profile "$p" --experiment "$e" --device cuda \
     --steps 20 --runs-dir "$runs" "$@" 2>&1 | tail -3
 }
-warm() {  # compile each case once in parallel, in throwaway folders, so the timed runs find Inductor's cache warm
-  echo "== warming Inductor's cache: $* ($(date -u +%T))"
+warm() { warm_on gpt2s "$@"; }
+warm_on() {  # compile each case once in parallel, in throwaway folders, so the timed runs find Inductor's cache warm
+  local e=$1; shift
+  echo "== warming Inductor's cache on $e: $* ($(date -u +%T))"
   local i=0 pids=()
   for case in "$@"; do
     IFS=: read -r p extra <<< "$case"
-    timeout 300 python3 -m memlab run --profile "$p" --experiment gpt2s --device cuda --steps 8 \
+    timeout 300 python3 -m memlab run --profile "$p" --experiment "$e" --device cuda --steps 8 \
       --runs-dir /tmp/warm-runs ${extra:+--set $extra} > "/tmp/warm-$i.log" 2>&1 & pids+=($!); i=$((i+1))
   done
   wait "${pids[@]}"; echo "== warm done ($(date -u +%T))"; tail -n1 /tmp/warm-*.log
@@ -67,6 +71,12 @@ case $part in
   e)
     for p in bf16 liger_ce cce; do run bigvocab $p; done
     for p in bf16 cce; do run gpt2s $p; done ;;
+  f1)
+    for p in bf16 bf16_sr muon adamw4bit paged_adamw8bit galore act_offload act_offload_overlap sac_ops; do run bigvocab $p; done
+    run bigvocab bf16 --set train.clip=0; run bigvocab optim_in_bwd ;;
+  f2)
+    # no warming here: three compiled bigvocab runs at once would not fit one 80 GB card
+    for p in bf16 compile float8 compile_budget liger_ce cce; do run bigvocab $p; done ;;
   b)
     run gpt2s bf16
     for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
@@ -74,6 +84,6 @@ case $part in
   optim)
     l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles "${4:-bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore}" \
       --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
-  *) echo "unknown part $part: a, a2, b, c, d, e or optim"; exit 2 ;;
+  *) echo "unknown part $part: a, a2, b, c, d, e, f1, f2 or optim"; exit 2 ;;
 esac
 python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40
