@@ -315,9 +315,22 @@ def _read_toml(text: str, origin: str) -> dict:
         raise ConfigError(f"{origin}: not valid TOML ({e})") from None
 
 
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith(".toml") or "/" in ref or "\\" in ref
+
+
+def _parent_ref(parent: str, ref: str) -> str:
+    """`extends` in a file names its parent relative to that file's folder (where the two usually sit together);
+    the working directory still answers where the file's folder has no such parent (as before this rule)."""
+    if not _looks_like_path(parent) or not _looks_like_path(ref) or Path(parent).expanduser().is_absolute():
+        return parent
+    beside = Path(ref).expanduser().parent / parent
+    return str(beside) if beside.is_file() or not Path(parent).is_file() else parent
+
+
 def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, str, str]:
     """A built-in name or a path to a TOML file -> (document, origin for messages, default name)."""
-    looks_like_path = ref.endswith(".toml") or "/" in ref or "\\" in ref
+    looks_like_path = _looks_like_path(ref)
     if looks_like_path or (ref not in builtin_names(kind) and Path(ref).is_dir()):
         path = Path(ref).expanduser()
         if path.is_dir():
@@ -346,7 +359,7 @@ def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections:
         if not isinstance(parent, str):
             raise ConfigError(f"{origin}: extends must be the name of a built-in {kind} or a path, got {parent!r}")
         try:
-            obj, _ = _load(parent, kind, cls, sections, seen + (ref,))
+            obj, _ = _load(_parent_ref(parent, ref), kind, cls, sections, seen + (ref,))
         except ConfigError as e:
             if str(e).startswith(f"{origin}:"):
                 raise

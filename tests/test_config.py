@@ -38,6 +38,34 @@ def test_user_profile_file_extends_builtin(tmp_path):
     assert (p.name, p.precision.dtype, p.checkpointing.mode, p.attention.kernel) == ("mine", "bf16", "full", "eager")
 
 
+def test_a_files_extends_path_is_read_beside_it_from_any_working_directory(tmp_path, monkeypatch):
+    lab = tmp_path / "lab"
+    (lab / "sub").mkdir(parents=True)
+    (lab / "base.toml").write_text('description = "base"\nextends = "bf16"\n[checkpointing]\nmode = "full"\n')
+    (lab / "sub" / "mine.toml").write_text('description = "mine"\nextends = "../base.toml"\n[attention]\nkernel = "eager"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    p = C.load_profile(str(lab / "sub" / "mine.toml"))
+    assert (p.precision.dtype, p.checkpointing.mode, p.attention.kernel) == ("bf16", "full", "eager")
+
+
+def test_an_extends_path_still_resolves_from_the_working_directory_where_not_beside_the_file(tmp_path, monkeypatch):
+    (tmp_path / "base.toml").write_text('description = "base"\nextends = "bf16"\n[checkpointing]\nmode = "full"\n')
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text('description = "mine"\nextends = "base.toml"\n')
+    monkeypatch.chdir(tmp_path)
+    assert C.load_profile("profiles/mine.toml").checkpointing.mode == "full"
+
+
+def test_an_extends_cycle_between_files_is_one_line(tmp_path):
+    (tmp_path / "a.toml").write_text('description = "a"\nextends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('description = "b"\nextends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="forms a cycle") as err:
+        C.load_profile(str(tmp_path / "a.toml"))
+    assert "\n" not in str(err.value)
+
+
 def test_builtin_experiments():
     tiny, gpu = C.load_experiment("tiny"), C.load_experiment("gpt2s")
     assert (gpu.model.n_layer, gpu.model.d_model, gpu.model.n_head, gpu.model.seq_len) == (12, 768, 12, 1024)
