@@ -20,13 +20,24 @@ def _version(dist: str) -> str | None:
 
 
 def git_sha() -> str | None:
-    """The commit of memlab's own source tree, when it is a git checkout (editable installs)."""
+    """The commit of memlab's own source tree, when it is a git checkout (editable installs), with "+dirty" when
+    its tracked files differ from that commit (a copy of a working tree, e.g. on a remote GPU machine, names a
+    commit its code is not)."""
     here = Path(__file__).resolve().parent
+    sha = _git(here, "rev-parse", "--short=12", "HEAD")
+    if not sha:
+        return None
+    changes = _git(here, "status", "--porcelain", "--untracked-files=no")
+    return sha + ("+dirty" if changes else "") if changes is not None else sha
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    """git's output (stripped), or None when git is missing, fails or times out."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def nvml_info() -> dict[str, Any]:
