@@ -7,30 +7,18 @@ within 10%.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_helpers import ISSUE_19_PROFILES, bench_module
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "estimate_check.py"
-# Built-in profiles added since these measurements (issue 19): their peaks are checked against the H100 runs of
-# bench/results/frontier-h100/ (tests/test_frontier_vs_h100.py); this file's sets (micro-batch 16 runs and
-# find-batch searches under 12 and 16 GiB) do not hold them yet. Each leaves this set when
-# bench/estimate_vs_measured.py has measured it.
-AWAITING_H100 = {
-    "optim_in_bwd", "float8", "compile_budget", "sac_ops", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore",
-    "liger_ce", "cce", "act_offload_overlap",
-}
+# The profiles issue 19 added: their peaks are checked against the H100 runs of bench/results/frontier-h100/
+# (tests/test_frontier_vs_h100.py); this file's sets (micro-batch 16 runs and find-batch searches under 12 and
+# 16 GiB) do not hold them yet. Each leaves this set when bench/estimate_vs_measured.py has measured it.
+AWAITING_H100 = ISSUE_19_PROFILES
 
 
 @pytest.fixture(scope="module")
 def comparison():
-    if not BENCH.is_file():
-        pytest.skip("bench/ is not beside tests/ (an installed copy)")
-    spec = importlib.util.spec_from_file_location("estimate_check", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.compare()
+    return bench_module("estimate_check").compare()
 
 
 def test_every_profile_was_measured_at_micro_batch_16(comparison):

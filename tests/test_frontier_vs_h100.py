@@ -7,16 +7,9 @@ technique's estimate within 10% of the measured peak.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_helpers import ISSUE_19_PROFILES, bench_module
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "frontier_check.py"
-NEW_PROFILES = {
-    "compile_budget", "sac_ops", "liger_ce", "cce", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore",
-    "optim_in_bwd", "float8", "act_offload_overlap",
-}
 # The compiler's activation-memory budget below 0.75: the estimator interpolates the saved activations linearly
 # between full recompute and compile's own choice, but the H100's peak is the backward's, where Inductor recomputes
 # much of the forward at once (budget 0 peaked at 6.54 GiB, 98% of no budget at all). Not modelled yet.
@@ -25,16 +18,12 @@ KNOWN_MISSES = {"compile_budget@budget=0", "compile_budget@budget=0.25", "compil
 
 @pytest.fixture(scope="module")
 def checked():
-    if not BENCH.is_file():
-        pytest.skip("bench/ is not beside tests/ (an installed copy)")
-    spec = importlib.util.spec_from_file_location("frontier_check", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_module("frontier_check")
     return mod.checked(mod.rows())
 
 
 def test_every_new_technique_has_a_finished_h100_run_to_check(checked):
-    assert {r["profile"].split("@")[0] for r in checked} >= NEW_PROFILES
+    assert {r["profile"].split("@")[0] for r in checked} >= ISSUE_19_PROFILES
 
 
 def test_predicted_peaks_are_within_ten_percent_of_the_h100(checked):

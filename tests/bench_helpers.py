@@ -1,0 +1,27 @@
+"""Helpers for the tests that check memlab against committed GPU measurements (bench/results/): loading a bench/
+script as a module, and the profiles issue 19 added (measured in bench/results/frontier-h100/, not in the older sets)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+ISSUE_19_PROFILES = frozenset({
+    "compile_budget", "sac_ops", "liger_ce", "cce", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore",
+    "optim_in_bwd", "float8", "act_offload_overlap",
+})
+
+
+def bench_module(stem: str) -> ModuleType:
+    """bench/<stem>.py as a module; the test is skipped where bench/ is not beside tests/ (an installed copy)."""
+    path = BENCH / f"{stem}.py"
+    if not path.is_file():
+        pytest.skip("bench/ is not beside tests/ (an installed copy)")
+    spec = importlib.util.spec_from_file_location(stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
