@@ -160,11 +160,13 @@ def _nvml_index(index: int) -> int:
 def _process_used(nvml: Any, before: int | None) -> int | None:
     """NVML's figure for this process; else the device's growth since `before` (its use before this process's
     context), through process_use."""
+    from memlab.core.meters import nvml_process_used
+
     def growth() -> int | None:
         now = _nvml_device_used(nvml)
         return now - before if now is not None and before is not None else None
 
-    return process_use(_nvml_process_used(nvml), growth)
+    return process_use(nvml_process_used(nvml), growth)
 
 
 def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
@@ -216,20 +218,6 @@ def _nvml_device_used(handle: Any) -> int | None:
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
     except Exception:  # noqa: BLE001
         return None
-
-
-def _nvml_process_used(handle: Any) -> int | None:
-    if handle is None:
-        return None
-    import pynvml
-
-    try:
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                return int(proc.usedGpuMemory)
-    except Exception:  # noqa: BLE001
-        pass
-    return None
 
 
 @dataclass(frozen=True)

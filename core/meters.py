@@ -220,17 +220,8 @@ class NvmlSampler:
                 power = None
         except Exception:  # noqa: BLE001 (a sample lost is not worth a crashed run)
             return None
-        return {"t": time.time() - self._t0, "used_bytes": int(used), "process_bytes": self._process_used(),
+        return {"t": time.time() - self._t0, "used_bytes": int(used), "process_bytes": nvml_process_used(self._handle),
                 "util_pct": float(util), "power_w": power}
-
-    def _process_used(self) -> int | None:
-        try:
-            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                    return int(proc.usedGpuMemory)
-        except Exception:  # noqa: BLE001 (not every driver lists processes)
-            pass
-        return None
 
     def _record(self, s: dict) -> None:
         self.samples.append(s)
@@ -261,6 +252,22 @@ class NvmlSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+
+
+def nvml_process_used(handle: Any) -> int | None:
+    """This process's GPU memory by NVML's per-process list; None where NVML does not list it (a container's own
+    PIDs, a driver that lists no processes) or there is no handle."""
+    if handle is None:
+        return None
+    try:
+        import pynvml
+
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+    except Exception:  # noqa: BLE001 (no NVML, or not every driver lists processes)
+        pass
+    return None
 
 
 def nvml_index(device: torch.device) -> int:
