@@ -42,30 +42,32 @@ warm_on() {  # compile each case once in parallel, in throwaway folders, so the 
   done
   wait "${pids[@]}"; echo "== warm done ($(date -u +%T))"; tail -n1 /tmp/warm-*.log
 }
+BUDGETS=(0 0.25 0.5 0.75 1)  # the compiler's activation-memory budgets swept
+BUDGET_CASES=("${BUDGETS[@]/#/compile_budget:checkpointing.budget=}")  # warm()'s cases for them
+budget_sweep() {  # the sweep, with what is left of the part's time
+  local l; l=$(left); [ "$l" -gt 30 ] || return
+  local IFS=,
+  timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget --vary "checkpointing.budget=${BUDGETS[*]}" \
+    --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8
+}
 case $part in
   a)
-    warm compile float8 adamw4bit compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
-      compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
+    warm compile float8 adamw4bit "${BUDGET_CASES[@]}"
     run gpt2s bf16; run gpt2s bf16 --set train.clip=0
     for p in bf16_sr muon optim_in_bwd adamw4bit act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile float8; do
       run gpt2s $p
     done
-    l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
-      --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+    budget_sweep ;;
   a2)
     python3 bench/saved_tensors.py --profiles compile,float8 --experiment gpt2s --layers 2 --batch 16 > "$out/saved_tensors.txt" 2>&1 &
-    warm compile float8 compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
-      compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
+    warm compile float8 "${BUDGET_CASES[@]}"
     wait
     for p in bf16 act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile float8; do run gpt2s $p; done
-    l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
-      --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+    budget_sweep ;;
   c)
-    warm compile compile_budget:checkpointing.budget=0 compile_budget:checkpointing.budget=0.25 \
-      compile_budget:checkpointing.budget=0.5 compile_budget:checkpointing.budget=0.75 compile_budget:checkpointing.budget=1
+    warm compile "${BUDGET_CASES[@]}"
     for p in bf16 act_offload act_offload_overlap gradcp_bf16 selective sac_ops compile; do run gpt2s $p; done
-    l=$(left); [ "$l" -gt 30 ] && timeout -s INT "$l" python3 -m memlab sweep --profiles compile_budget \
-      --vary checkpointing.budget=0,0.25,0.5,0.75,1 --experiment gpt2s --device cuda --steps 20 --runs-dir "$runs" 2>&1 | tail -8 ;;
+    budget_sweep ;;
   d)
     for p in bf16 cce; do run bigvocab $p; done ;;
   e)

@@ -35,7 +35,8 @@ def saved_by_profile(profile_name: str, experiment_name: str, layers: int, batch
         return t
 
     for i in range(3):  # the first compiles; the last is counted
-        seen.clear(), sizes.clear()
+        seen.clear()
+        sizes.clear()
         with step.autocast(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = step.train_model(x, x)
         loss.backward()
