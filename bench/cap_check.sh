@@ -7,8 +7,9 @@ set -u
 out=${1:?output folder}; p=${2:-bf16}; mkdir -p "$out"
 sets=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
 memlab find-batch --profile "$p" --experiment seed-so-posts --gpu-memory 24GiB "${sets[@]}" 2>&1 | tee "$out/find_batch_$p.txt" | tail -25
-memlab find-batch --profile "$p" --experiment seed-so-posts --gpu-memory 24GiB "${sets[@]}" --json > "$out/find_batch_$p.json"
-b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_batch'])" "$out/find_batch_$p.json")
+# one search (a second, for --json, would repeat its expandable_segments probe): the batch from its report's line
+b=$(sed -n 's/^max micro-batch: \([0-9]*\).*/\1/p' "$out/find_batch_$p.txt")
+[ -n "$b" ] || { echo "find-batch found no batch (see $out/find_batch_$p.txt)"; exit 1; }
 echo "== training at the found batch $b under the 24 GiB cap"
 MEMLAB_GPU_MEMORY_BYTES=$((24 * 1024**3)) MEMLAB_NVML_PER_PROCESS=1 memlab run --profile "$p" --experiment seed-so-posts \
   --device cuda --runs-dir "$out/runs" "${sets[@]}" --set train.batch_size="$b" 2>&1 | tail -6
