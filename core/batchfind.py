@@ -486,6 +486,9 @@ def divisors(n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------- the real probe
 
 
+CANCEL_GRACE_S = 10.0  # a cancelled probe: SIGINT, SIGTERM after this, SIGKILL after twice this
+
+
 class ChildProbe:
     """probe(b): train `steps` full steps at micro-batch b (times `accumulation` micro-batches per step) in a
     fresh `memlab run` child, capped at `cap_bytes`; a short validation slice keeps the final eval cheap.
@@ -514,6 +517,9 @@ class ChildProbe:
         self.env = dict(env or {})  # e.g. the allocator's settings (expandable_probe_env)
         self._own_dir = runs_dir is None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="memlab-probes-"))
+        self._child: Any = None  # the supervisor.ChildRun in flight, for cancel()
+        self._cancelled = False
+        self._lock = threading.Lock()
 
     def spec(self, b: int):
         from memlab.core.supervisor import ChildSpec
@@ -531,14 +537,27 @@ class ChildProbe:
         return ChildSpec(profile=self.profile_ref, experiment=self.experiment_ref, device=self.device, runs_dir=str(self.runs_dir), overrides=items, env=env)
 
     def __call__(self, b: int) -> ProbeResult:
-        from memlab.core.supervisor import run_child
+        from memlab.core.supervisor import ChildRun
 
         t0 = time.monotonic()
-        result = run_child(self.spec(b))  # never raises: a crashed, refusing or babbling child is an outcome
+        with self._lock:
+            self._child = ChildRun(self.spec(b))
+            if self._cancelled:  # a stop that came while this probe was being set up
+                self._child.cancel(CANCEL_GRACE_S)
+        result = self._child.wait()  # never raises: a crashed, refusing or babbling child is an outcome
         seconds = time.monotonic() - t0
         if result.run_dir:
             shutil.rmtree(result.run_dir, ignore_errors=True)
         return probe_result(b, result, seconds, self.profile_ref)
+
+    def cancel(self) -> None:
+        """Stop the probe in flight now (SIGINT, then insisting: supervisor.ChildRun.cancel) and any later one: a
+        compiled probe takes minutes, and a stopped study must not wait for it. The probe then ends as `interrupted`,
+        a ProbeError, never a fit or an out-of-memory."""
+        with self._lock:
+            self._cancelled = True
+            if self._child is not None:
+                self._child.cancel(CANCEL_GRACE_S)
 
     def close(self) -> None:
         if self._own_dir:

@@ -13,7 +13,7 @@ import math
 import sys
 import threading
 import time
-from typing import IO, Any, NotRequired, Protocol, TypedDict
+from typing import IO, Any, Callable, NotRequired, Protocol, TypedDict
 
 FAIL_REASONS = ("oom", "nan", "interrupted", "error")
 
@@ -148,16 +148,28 @@ def dumps(event: dict[str, Any]) -> str:
 class JsonLinesSink:
     """One JSON object per line to a stream (stdout for `--events -`) or a file opened for append."""
 
-    def __init__(self, stream: IO[str] | None = None, path: str | None = None):
+    def __init__(self, stream: IO[str] | None = None, path: str | None = None, on_reader_gone: Callable[[], None] | None = None):
         self._own = stream is None
         self._stream = stream if stream is not None else open(path, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()  # the NVML sampler thread emits too
+        # a pipe whose reader died (the supervisor): drop what follows and call this once, instead of failing the run
+        self.on_reader_gone = on_reader_gone
+        self.reader_gone = False
 
     def emit(self, event: dict[str, Any]) -> None:
         line = dumps(event) + "\n"
         with self._lock:
-            self._stream.write(line)
-            self._stream.flush()
+            if self.reader_gone:
+                return
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except BrokenPipeError:
+                if self.on_reader_gone is None:
+                    raise
+                self.reader_gone = True
+        if self.reader_gone:
+            self.on_reader_gone()
 
     def close(self) -> None:
         if self._own:

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,3 +297,28 @@ class ChildRun:
 
 def run_child(spec: ChildSpec, on_event: Callable[[dict], None] | None = None) -> ChildResult:
     return ChildRun(spec, on_event).wait()
+
+
+def interrupt_self() -> None:
+    """As a Ctrl-C: the run ends as `interrupted` with its folder kept (a supervised child whose supervisor is gone)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def stop_when_orphaned(poll_s: float = 1.0, getppid: Callable[[], int] = os.getppid,
+                       interrupt: Callable[[], None] | None = None) -> threading.Thread:
+    """In a supervised child (`memlab run --events -`): when its supervisor dies (SIGKILL, a timeout that killed
+    it), the child is re-parented and no one reads its events or can stop it; children run in a session of their
+    own, so the terminal's signals miss them too. It then interrupts itself (SIGINT: it ends as `interrupted`, its
+    folder kept) rather than holding the GPU until it finishes."""
+    parent = getppid()
+    stop = interrupt or interrupt_self
+
+    def watch() -> None:
+        while getppid() == parent:
+            time.sleep(poll_s)
+        stop()
+
+    thread = threading.Thread(target=watch, daemon=True, name="orphan-watch")
+    thread.start()
+    return thread
+

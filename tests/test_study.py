@@ -344,3 +344,68 @@ def test_a_profile_with_its_own_overrides_is_said_to_be_another_experiment():
     assert _own_overrides(frame) == ["optim_in_bwd ran with its own experiment overrides (train.clip=0.0): another experiment than "
                                      "the baseline's, so it has no relative columns and its perplexity is not comparable."]
     assert _own_overrides(frame.drop("overrides")) == []
+
+
+def test_a_stop_cancels_the_probes_in_flight_instead_of_waiting_for_them(tmp_path, monkeypatch):
+    """--lanes 3 and a stop (Ctrl-C, or `timeout`'s SIGINT): each search's probe in flight is cancelled at once (a
+    compiled probe runs for minutes), its profile recorded as interrupted, and nothing new starts."""
+    import threading
+
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study.plan import Plan
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    names = ["baseline", "bf16", "gradcp_bf16", "chunked_ce"]
+    started, calls = threading.Semaphore(0), []
+
+    class SlowProbe:
+        def __init__(self, profile_ref, experiment_ref, overrides, **kw):
+            self.cancelled = threading.Event()
+
+        def __call__(self, b):
+            calls.append(b)
+            started.release()
+            if not self.cancelled.wait(timeout=30):
+                return bf.ProbeResult(b, True)
+            raise bf.ProbeError(f"probe at micro-batch {b} ended with 'interrupted', not out of memory")
+
+        def cancel(self):
+            self.cancelled.set()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bf, "ChildProbe", SlowProbe)
+    options = Options(profiles=names, experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", 24 * 2**30, "NVIDIA Fake",
+                80 * 2**30, lanes=3)
+    study = Study(plan, StudyState(options, {}), tmp_path, lambda line: None)
+    phase = threading.Thread(target=study._max_phase)
+    phase.start()
+    for _ in range(3):
+        assert started.acquire(timeout=10)  # three lanes, each in a probe
+    t0 = time.monotonic()
+    study.stop()
+    phase.join(timeout=10)
+    assert not phase.is_alive() and time.monotonic() - t0 < 5
+    statuses = {n: study.state.item("max", n).status for n in names}
+    assert sorted(statuses.values()) == ["interrupted"] * 3 + ["pending"], statuses
+    assert len(calls) == 3  # the fourth profile never started a probe
+
+
+def test_a_cancelled_probe_child_ends_as_interrupted_not_as_a_fit(tmp_path):
+    """The real probe: a `memlab run` child cancelled mid-run is a ProbeError (interrupted), never a fit or an OOM."""
+    import threading
+
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment
+
+    probe = bf.ChildProbe("baseline", "tiny", [], seq_len=load_experiment("tiny").model.seq_len, steps=100000, device="cpu",
+                          runs_dir=tmp_path)
+    threading.Timer(4.0, probe.cancel).start()
+    t0 = time.monotonic()
+    with pytest.raises(bf.ProbeError) as e:
+        probe(2)
+    assert "'interrupted'" in str(e.value) and time.monotonic() - t0 < 30

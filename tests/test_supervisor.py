@@ -193,3 +193,51 @@ def test_parse_event_skips_everything_that_is_not_an_event():
         assert parse_event(line) is None, line[:40]
     failed = parse_event('{"event": "failed", "reason": 5, "message": null, "summary": [1]}')
     assert failed == {"event": "failed", "reason": "error", "message": ""}
+
+
+def test_a_child_whose_supervisor_is_killed_stops_itself_and_keeps_its_folder(tmp_path):
+    """A supervisor SIGKILLed (e.g. by a timeout) leaves its child in a session of its own: the child notices it was
+    re-parented and interrupts itself, rather than holding the GPU until it ends."""
+    import subprocess
+    import sys
+    import time
+
+    supervisor = f"""
+import sys, time
+from memlab.core.supervisor import ChildRun, ChildSpec
+child = ChildRun(ChildSpec(profile="baseline", experiment="tiny", device="cpu", runs_dir={str(tmp_path)!r},
+                           overrides=["train.steps=100000", "train.measure_after=1"]))
+for line in child.proc.stdout:  # until it trains
+    if '"step"' in line:
+        print(child.proc.pid, flush=True)
+        break
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid), "the orphaned child still runs"
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+
+
+def _alive(pid: int) -> bool:
+    """Running, neither gone nor a zombie (an orphan's zombie waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_orphan_watch_interrupts_once_the_parent_changes():
+    from memlab.core.supervisor import stop_when_orphaned
+
+    parents = iter([41, 41, 41, 1])
+    stopped = []
+    stop_when_orphaned(poll_s=0.001, getppid=lambda: next(parents), interrupt=lambda: stopped.append(True)).join(timeout=5)
+    assert stopped == [True]

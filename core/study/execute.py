@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 from memlab.core.batchfind import MEMORY_ENV
 from memlab.core.queue import ChildQueue, QueueOutcome
-from memlab.core.study.maxbatch import find_max
+from memlab.core.study.maxbatch import LiveProbes, find_max
 from memlab.core.study.plan import Plan
 from memlab.core.study.state import Item, StudyState
 from memlab.core.supervisor import ChildSpec
@@ -31,11 +31,13 @@ class Study:
         self.plan, self.state, self.out, self.say = plan, state, out, say
         self.stopping = False
         self.queue: ChildQueue | None = None
+        self.live = LiveProbes()  # the max-batch probes in flight: a stop cancels them
         self.progress = Progress(self._pending_counts, say, lanes=plan.lanes)
         self._lock = threading.Lock()  # lanes: one state file, one progress line at a time
 
     def stop(self) -> None:
         self.stopping = True
+        self.live.cancel_all()
         if self.queue is not None:
             self.queue.stop()
 
@@ -66,7 +68,7 @@ class Study:
         with self._lock:
             self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)"))
         t0 = time.monotonic()
-        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping)
+        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live)
         item.seconds = time.monotonic() - t0
         with self._lock:
             self.progress.end(item, _max_line(item))

@@ -4,7 +4,8 @@ the --gpu-memory cap, cached bounds), predicted by the estimator everywhere (on 
 
 from __future__ import annotations
 
-from typing import Callable
+import threading
+from typing import Any, Callable
 
 from memlab.core import batchfind as bf
 from memlab.core.study.plan import CPU_MEMORY, Plan
@@ -18,6 +19,32 @@ class Stopped(Exception):
     """The study was asked to stop between two probes."""
 
 
+class LiveProbes:
+    """The probes in flight (one per lane), so that a stop cancels them at once rather than waiting for each to
+    end: a compiled probe takes minutes. A probe added after the stop is cancelled as it comes."""
+
+    def __init__(self) -> None:
+        self._probes: set[Any] = set()
+        self._cancelled = False
+        self._lock = threading.RLock()  # reentrant: the stop comes from a signal handler, maybe mid-add
+
+    def add(self, probe: Any) -> None:
+        with self._lock:
+            self._probes.add(probe)
+            if self._cancelled:
+                probe.cancel()
+
+    def discard(self, probe: Any) -> None:
+        with self._lock:
+            self._probes.discard(probe)
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for probe in list(self._probes):
+                probe.cancel()
+
+
 def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
     """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
@@ -25,7 +52,8 @@ def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
     return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory), where
 
 
-def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool]) -> None:
+def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
+             live: LiveProbes | None = None) -> None:
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status."""
     item.predicted_max_batch, where = predicted_max(plan, item.profile)
     if not plan.on_cuda:
@@ -34,7 +62,7 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
         return
     item.command = _find_batch_command(plan, item.profile)
     try:
-        result = _search(plan, item.profile, item.predicted_max_batch, on_probe, stopping)
+        result = _search(plan, item.profile, item.predicted_max_batch, on_probe, stopping, live or LiveProbes())
     except Stopped:
         item.status, item.message = "interrupted", "stopped before the search ended"
     except bf.ProbeRejected as e:
@@ -48,7 +76,8 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
         item.message = "" if result.exact else f"the limit {result.max_batch} fits: the true maximum may be larger"
 
 
-def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[str], None], stopping: Callable[[], bool]) -> bf.SearchResult:
+def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[str], None], stopping: Callable[[], bool],
+            live: LiveProbes) -> bf.SearchResult:
     prof = plan.profiles[name]
     gpu = plan.gpu_name or "unknown GPU"
     key = bf.cache_key(plan.experiment, prof, gpu, plan.cap_bytes, steps=PROBE_STEPS)
@@ -67,9 +96,11 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
         on_probe(f"micro-batch {r.batch} {'fits' if r.fits else 'out of memory'} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
 
     meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}
+    live.add(probe)
     try:  # what was learned stays in the cache, even when stopped
         return bf.search_recorded(guarded, key, meta, known=(fit, oom), on_probe=noted, start=start)
     finally:
+        live.discard(probe)
         probe.close()
 
 

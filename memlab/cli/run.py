@@ -60,6 +60,10 @@ def run(
         args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
         _exec_torchrun(nproc, args, exp, prof, dev)
     apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
+    if events == "-":  # a supervisor's child: if the supervisor dies, stop rather than run on unwatched
+        from memlab.core.supervisor import stop_when_orphaned
+
+        stop_when_orphaned()
     sinks, snapshot = _sinks(events, memory_snapshot, dev)
     status = _run_and_report(exp, prof, dev, runs_dir, sinks, snapshot, quiet=events == "-",
                              meters=not no_meters, max_batch=max_batch)
@@ -108,8 +112,10 @@ def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object
     sinks: list = []
     if not rank0:
         sinks.append(_RankFailures(distributed.env_rank()))  # other ranks: no progress, no events; a failure is one line
-    elif events == "-":
-        sinks.append(JsonLinesSink(stream=sys.stdout))
+    elif events == "-":  # a supervisor reads it: if it goes away, stop as interrupted (keeping the folder)
+        from memlab.core.supervisor import interrupt_self
+
+        sinks.append(JsonLinesSink(stream=sys.stdout, on_reader_gone=interrupt_self))
     else:
         if events:
             sinks.append(_events_file(events))
