@@ -1,6 +1,7 @@
 """Issue 19 on a CPU: the estimator of this checkout against the H100 runs of bench/results/frontier-h100/.
 
-Every finished run there is re-estimated from its own run.json (profile and experiment as they ran, its micro-batch)
+Every finished run there (or one stopped after all its training steps, in its final evaluation: its peak is the
+training's) is re-estimated from its own run.json (profile and experiment as they ran, its micro-batch)
 and set beside its measured peak allocated memory. Runs whose technique's code changed after they ran are listed
 as superseded and not checked (the run made after the change is).
 
@@ -37,8 +38,9 @@ def rows(results: Path = RESULTS) -> list[dict]:
         summary = pl.read_parquet(run.parent / "summary.parquet").to_dicts()[0]
         row = {"part": part, "run": run.parent.name, "experiment": meta["experiment"]["name"], "profile": summary["profile"],
                "status": summary["status"], "batch": summary["micro_batch"], "measured": summary["peak_alloc_bytes"],
-               "superseded": SUPERSEDED.get((part, summary["profile"]))}
-        if row["status"] == "finished":
+               "superseded": SUPERSEDED.get((part, summary["profile"])),
+               "all_steps": summary["steps"] == meta["experiment"]["train"]["steps"]}
+        if _counts(row):
             exp, prof = experiment_from_dict(meta["experiment"]), profile_from_dict(meta["profile"])
             vocab, _ = E.vocab_for(exp)
             row["predicted"] = E.estimate(exp, prof, vocab_size=vocab, micro_batch=row["batch"], device="cuda").total_bytes
@@ -47,9 +49,14 @@ def rows(results: Path = RESULTS) -> list[dict]:
     return out
 
 
+def _counts(row: dict) -> bool:
+    """Finished, or interrupted only after its last training step (in the final evaluation)."""
+    return row["status"] == "finished" or (row["status"] == "interrupted" and row["all_steps"])
+
+
 def checked(all_rows: list[dict]) -> list[dict]:
-    """The runs the bar applies to: finished, and not superseded."""
-    return [r for r in all_rows if r["status"] == "finished" and not r["superseded"]]
+    """The runs the bar applies to: every training step ran, and not superseded."""
+    return [r for r in all_rows if _counts(r) and not r["superseded"]]
 
 
 def markdown(all_rows: list[dict]) -> str:
@@ -58,7 +65,8 @@ def markdown(all_rows: list[dict]) -> str:
     for r in all_rows:
         pred = f"{r['predicted'] / gib:.2f}" if "predicted" in r else "—"
         err = f"{r['error_pct']:+.1f}%" if "error_pct" in r else "—"
-        note = r["superseded"] or ("" if r["status"] == "finished" else f"{r['status']}: not checked")
+        note = r["superseded"] or ("" if r["status"] == "finished" else
+                                   "stopped in its final evaluation, after every training step" if _counts(r) else f"{r['status']}: not checked")
         lines.append(f"| {r['part']} | {r['experiment']} | {r['profile']} | {r['batch']} | {r['measured'] / gib:.2f} | {pred} | {err} | {note} |")
     return "\n".join(lines) + "\n"
 
