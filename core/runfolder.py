@@ -10,13 +10,14 @@ open-run list, and memlab.core.runstore.mark_status. File names are in memlab.co
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import polars as pl
 
@@ -90,6 +91,16 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------- reading
+
+
+def open_events(d: Path) -> IO[str]:
+    """A run's events.jsonl for reading, or the gzipped copy an archived run folder keeps (bench/results/ gzips
+    them to fit a device call's carry); OSError when it has neither."""
+    plain = Path(d) / schema.EVENTS
+    packed = plain.with_name(schema.EVENTS + ".gz")
+    if not plain.exists() and packed.exists():
+        return gzip.open(packed, "rt", encoding="utf-8")
+    return open(plain, encoding="utf-8")  # noqa: SIM115 (the caller's with-block closes it)
 
 
 def read_info(d: Path) -> dict:

@@ -409,3 +409,27 @@ def test_a_cancelled_probe_child_ends_as_interrupted_not_as_a_fit(tmp_path):
     with pytest.raises(bf.ProbeError) as e:
         probe(2)
     assert "'interrupted'" in str(e.value) and time.monotonic() - t0 < 30
+
+
+def test_a_partial_study_says_what_is_left_and_mixed_versions_are_named(done, tmp_path):
+    """A stopped (or resumed-after-an-upgrade) study's report: the profiles not done yet at the top, and runs from
+    different memlab commits or torch versions named with the profiles each ran."""
+    import shutil
+
+    from memlab.core.study import load_state, write_report
+
+    out = tmp_path / "s"
+    shutil.copytree(done[0], out)
+    state = load_state(out)
+    state.items["common/bf16"].status = "interrupted"
+    base_run = out / state.items["common/baseline"].run_dir / "run.json"
+    info = json.loads(base_run.read_text())
+    info["environment"]["git_sha"] = "0123abc"
+    base_run.write_text(json.dumps(info))
+    write_report(state, out, "baseline")
+    md = (out / "report.md").read_text()
+    assert "Not done yet: 1 of 3 profiles; the same command resumes. bf16 (max batch" not in md  # CPU: predicted, not measured
+    assert "Not done yet: 1 of 3 profiles; the same command resumes. bf16 (to do: run at the common batch)." in md
+    assert "NOTE: these runs come from 2 different versions (memlab commit, torch): memlab 0123abc · torch " in md
+    note = next(line for line in md.splitlines() if "NOTE: these runs come from" in line)
+    assert "0123abc · torch " in note and note.split("0123abc")[1].split(";")[0].endswith(": baseline")  # only its common run

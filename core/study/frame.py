@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from memlab.core.compare import FRAME_SCHEMA, comparison, read_runs
-from memlab.core import schema
+from memlab.core.runfolder import open_events
 from memlab.core.study.state import StudyState
 
 KIND_ORDER = ("common", "at_max")
@@ -73,9 +73,10 @@ def _with_relative(runs: pl.DataFrame, baseline: str) -> pl.DataFrame:
 
 
 def started_event(run_dir: Path) -> dict:
-    """The run's `started` event (events.jsonl): what run.json does not keep (vocabulary, corpus size, micro-batch)."""
+    """The run's `started` event (events.jsonl, or its .gz in an archived folder): what run.json does not keep
+    (vocabulary, corpus size, micro-batch)."""
     try:
-        with open(run_dir / schema.EVENTS, encoding="utf-8") as f:
+        with open_events(run_dir) as f:
             for line in f:
                 if '"started"' in line:
                     event = json.loads(line)

@@ -18,7 +18,7 @@ from memlab.core.runfolder import atomic_write_bytes, atomic_write_parquet, read
 from memlab.core.study.figures import write_figures
 from memlab.core.study.findings import estimates, findings, share_of_peak
 from memlab.core.study.frame import common, finished, peak_column, study_frame
-from memlab.core.study.state import StudyState
+from memlab.core.study.state import FINAL, StudyState
 from memlab.core.units import MISSING
 
 AT_MAX_MARK = "†"
@@ -56,6 +56,7 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
         Block("h1", f"memlab study: {o.recipe or Path(o.experiment).stem}"),
         Block("p", f"{len(o.profiles)} profiles on {where}; common effective batch: {_batch_text(o.batch, frame)}; baseline: "
                    f"{baseline}. Written {datetime.now(timezone.utc).isoformat(timespec='seconds')}."),
+        *[Block("p", line) for line in _unfinished(state)],
         Block("h2", "Environment"), Block("list", items=_environment(frame)),
         Block("h2", "Table 1: methods at the common batch" + (" and at their own max" if o.at_max else "")),
         Block("table", items=_table1(frame, label, col)),
@@ -71,6 +72,39 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
         Block("p", "Files: comparison.parquet (these rows, every column), commands.txt (the exact commands), runs/ (every run folder)."),
     ]
     return blocks
+
+
+def _unfinished(state: StudyState) -> list[str]:
+    """The profiles whose work is not done (a stopped study, or a failure to be retried), said at the top so that a
+    partial report is not read as the whole study."""
+    kinds = ("max", "common", "at_max") if state.options.at_max else ("max", "common")
+    left = []
+    for name in state.options.profiles:
+        todo = [k for k in kinds if state.items.get(f"{k}/{name}") is None or state.items[f"{k}/{name}"].status not in FINAL]
+        if todo:
+            found = state.items.get(f"max/{name}")
+            known = f"max batch {found.max_batch:,} measured; " if found and found.max_batch and "max" not in todo else ""
+            left.append(f"{name} ({known}to do: {', '.join(_KIND_WORDS[k] for k in todo)})")
+    if not left:
+        return []
+    return [f"Not done yet: {len(left)} of {len(state.options.profiles)} profiles; the same command resumes. " + "; ".join(left) + "."]
+
+
+_KIND_WORDS = {"max": "max-batch search", "common": "run at the common batch", "at_max": "run at its own max"}
+
+
+def _versions(frame: pl.DataFrame) -> list[str]:
+    """Runs made by different memlab commits or torch versions (a study resumed after an upgrade): said, with
+    which profile ran under which, since their figures may differ for that reason alone."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for r in finished(frame).iter_rows(named=True):
+        env = read_info(Path(r["path"])).get("environment") or {}
+        version = (str(env.get("git_sha") or env.get("memlab") or MISSING), str(env.get("torch") or MISSING))
+        seen.setdefault(version, []).append(_method(r))
+    if len(seen) < 2:
+        return []
+    groups = "; ".join(f"memlab {m} · torch {t}: {', '.join(names)}" for (m, t), names in seen.items())
+    return [f"NOTE: these runs come from {len(seen)} different versions (memlab commit, torch): {groups}"]
 
 
 def _own_overrides(frame: pl.DataFrame) -> list[str]:
@@ -96,7 +130,8 @@ def _environment(frame: pl.DataFrame) -> list[str]:
     env = read_info(Path(run["path"])).get("environment") or {}
     lines = [f"device: {run['gpu_name'] or run['device']}" + (f" ({env.get('gpu_memory_bytes', 0) / 2**30:.0f} GiB)" if env.get("gpu_memory_bytes") else ""),
              f"driver: {env.get('driver') or MISSING} · torch {env.get('torch') or MISSING} · CUDA {env.get('cuda') or MISSING} · "
-             f"flash-attn {env.get('flash_attn_4') or env.get('flash_attn') or MISSING} · memlab {env.get('git_sha') or env.get('memlab') or MISSING}"]
+             f"flash-attn {env.get('flash_attn_4') or env.get('flash_attn') or MISSING} · memlab {env.get('git_sha') or env.get('memlab') or MISSING}",
+             *_versions(frame)]
     for r in finished(frame).iter_rows(named=True):
         mark = f" {AT_MAX_MARK}" if r["study_kind"] == "at_max" else ""
         lines.append(f"kernels that ran, {r['profile']}{mark}: attention {r['attention_kernel'] or MISSING} · {r['precision']} · "
