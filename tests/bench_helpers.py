@@ -4,6 +4,7 @@ script as a module, and the profiles issue 19 added (measured in bench/results/f
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +22,10 @@ def bench_module(stem: str) -> ModuleType:
     path = BENCH / f"{stem}.py"
     if not path.is_file():
         pytest.skip("bench/ is not beside tests/ (an installed copy)")
+    if stem in sys.modules:
+        return sys.modules[stem]
     spec = importlib.util.spec_from_file_location(stem, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = mod  # dataclasses look their module up there; a bench script importing it gets this one
     spec.loader.exec_module(mod)
     return mod

@@ -1,0 +1,185 @@
+"""Replay an allocation trace through bench/allocator_model.py: the memory the CUDA caching allocator would reserve.
+
+Two traces:
+- a real one, from `memlab run --memory-snapshot` on a GPU (the run folder's memory_snapshot.pickle): the model's
+  reserved peak is set beside the allocator's own (its segment events), which tells how well the model follows
+  the allocator when the trace is exact;
+- a fake-tensor one, on this machine: one training step of a profile at a micro-batch, on fake tensors (no memory,
+  no GPU; memlab's `estimate --method fake` machinery). On a CPU the step runs the CPU's kernels (SDPA's math path
+  saves T x T attention, cuDNN's does not), so the trace is not the GPU's: compare it with a real one first.
+
+    python bench/allocator_replay.py runs/<run>/memory_snapshot.pickle [--cap 24GiB]
+    python bench/allocator_replay.py --fake seed-so-posts bf16 64 [--set data.tokenizer="bpe:8192"] [--cap 23.26GiB]
+
+First checks (2026-11-25, this machine, fake traces; not yet set beside a real trace): seed-so-posts bf16 (V 8192)
+at micro-batch 64 gives 11.68 GiB allocated, 13.22 GiB reserved (12% fragmentation), where the H100 probe measured
+10.11 allocated and 14.65 reserved (31%). So either the CPU's trace differs from the GPU's where it matters, or
+the model misses what fragments the H100's memory: a real trace replayed (the first mode) tells which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import weakref
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from allocator_model import OutOfMemory, replay  # noqa: E402
+
+GIB = 2**30
+
+
+def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[tuple[str, object, int]], int]:
+    """The (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
+    allocations less segment frees, from the start of the recording)."""
+    traces = snapshot.get("device_traces") or []
+    events, reserved, peak, serial = [], 0, 0, 0
+    live: dict[int, int] = {}  # address -> the id of the allocation there now
+    for ev in traces[device] if device < len(traces) else []:
+        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size") or 0)
+        if action == "alloc":
+            serial += 1
+            live[addr] = serial
+            events.append(("alloc", serial, size))
+        elif action == "free_completed" and addr in live:
+            events.append(("free", live.pop(addr), 0))
+        elif action in ("segment_alloc", "segment_map"):
+            reserved += size
+            peak = max(peak, reserved)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+    return events, peak
+
+
+def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
+               fused_attention: bool = True) -> list[tuple[str, object, int]]:
+    """Every tensor storage created and freed over a second training step (the first creates the optimizer state),
+    on fake tensors on this machine, in order. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
+    efficient) saves, its output and its fp32 log-sum-exp, instead of what the CPU's math path saves (the T x T
+    probabilities and, under dropout, their mask)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memlab.core import estimate as E
+    from memlab.cli.options import resolve
+    from memlab.core.memsnapshot import _fake_runnable
+    from memlab.core.step import build_step
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    experiment, profile = resolve(experiment_name, profile_name, device.type, overrides)
+    profile = _fake_runnable(experiment, profile, device, [])
+    vocab, _ = E.vocab_for(experiment)
+    events: list[tuple[str, object, int]] = []
+
+    class Storages(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item() of a fake tensor: any number will do
+                return 1.0 if args[0].dtype.is_floating_point else 1
+            out = func(*args, **(kwargs or {}))
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._note(t.untyped_storage())
+            return out
+
+        def _note(self, storage) -> None:
+            key = storage._cdata
+            if key in self.seen:
+                return
+            self.seen.add(key)
+            events.append(("alloc", key, storage.nbytes()))
+            weakref.finalize(storage, self._freed, key)
+
+        def _freed(self, key: int) -> None:
+            self.seen.discard(key)
+            events.append(("free", key, 0))
+
+    T = experiment.model.seq_len
+    fused = _fused_attention_stand_in(torch) if fused_attention else None
+    with FakeTensorMode(), Storages(), _patched(torch.nn.functional, "scaled_dot_product_attention", fused):
+        step = build_step(experiment, profile, device, vocab, on_device=True)
+        step.scaler = None
+        batch = lambda: [(torch.randint(0, vocab, (micro_batch, T), device=device), torch.randint(0, vocab, (micro_batch, T), device=device))]  # noqa: E731
+        step.run(batch())
+        step.run(batch())
+    return events
+
+
+def _fused_attention_stand_in(torch):
+    """F.scaled_dot_product_attention as a fused GPU kernel allocates: forward the output and a (B, H, T) fp32
+    log-sum-exp, both saved; backward the three input gradients. Dropout is drawn inside the kernel (no mask)."""
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
+        return FusedAttention.apply(q, k, v)
+
+    return attention
+
+
+class _patched:
+    """Replace module.name by `value` for a with-block (None: leave it)."""
+
+    def __init__(self, module, name: str, value) -> None:
+        self.module, self.name, self.value, self.saved = module, name, value, None
+
+    def __enter__(self):
+        if self.value is not None:
+            self.saved = getattr(self.module, self.name)
+            setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        if self.value is not None:
+            setattr(self.module, self.name, self.saved)
+
+
+def main() -> None:
+    from memlab.core.units import parse_size
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("snapshot", nargs="?", help="a memory_snapshot.pickle from memlab run --memory-snapshot")
+    ap.add_argument("--fake", nargs=3, metavar=("EXPERIMENT", "PROFILE", "MICRO_BATCH"), help="trace one step on fake tensors here")
+    ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
+    ap.add_argument("--cpu-attention", action="store_true", help="--fake: keep the CPU's SDPA (saves T x T) instead of a fused kernel's tensors")
+    ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
+    a = ap.parse_args()
+    if (a.snapshot is None) == (a.fake is None):
+        ap.error("give a snapshot file or --fake EXPERIMENT PROFILE MICRO_BATCH")
+    real = None
+    if a.snapshot:
+        with open(a.snapshot, "rb") as f:
+            events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
+    else:
+        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_attention=not a.cpu_attention)
+    cap = parse_size(a.cap, "--cap") if a.cap else None
+    try:
+        model = replay(events, cap)
+    except OutOfMemory as e:
+        print(f"out of memory in the model: {e}")
+        raise SystemExit(1) from None
+    frag = 1 - model.peak_allocated / model.peak_reserved if model.peak_reserved else 0.0
+    print(f"{len(events):,} events · allocated peak {model.peak_allocated / GIB:.2f} GiB · model reserved peak "
+          f"{model.peak_reserved / GIB:.2f} GiB (fragmentation {frag:.1%}, {model.retries} retries)"
+          + (f" · the allocator's own reserved peak {real / GIB:.2f} GiB" if real is not None else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""bench/allocator_model.py: the CUDA caching allocator's policy on hand-made traces, and fake-tensor traces of real
+profiles replayed through it against the H100's own reserved memory (bench/results/, committed runs)."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from bench_helpers import BENCH, bench_module
+
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def model():
+    return bench_module("allocator_model")
+
+
+def test_sizes_round_to_512_bytes_and_segments_follow_the_pools(model):
+    a = model.Allocator()
+    a.malloc("small", 100)  # the small pool: a 2 MiB segment
+    a.malloc("mid", 5 * MIB)  # 1..10 MiB: a 20 MiB segment
+    a.malloc("big", 30 * MIB + 1)  # from 10 MiB: its own segment, rounded to 2 MiB
+    assert a.allocated == 512 + 5 * MIB + 30 * MIB + 512
+    assert a.reserved == 2 * MIB + 20 * MIB + 32 * MIB
+
+
+def test_a_freed_block_is_reused_split_and_merged_back(model):
+    a = model.Allocator()
+    a.malloc(1, 100 * MIB)
+    a.free(1)
+    a.malloc(2, 60 * MIB)  # best fit: the free 100 MiB block, split
+    a.malloc(3, 30 * MIB)  # the 40 MiB rest, split again
+    assert a.reserved == 100 * MIB and a.peak_reserved == 100 * MIB
+    a.free(2)
+    a.free(3)  # 60 + 30 + the 10 MiB tail merge into one free 100 MiB block
+    a.malloc(4, 100 * MIB)
+    assert a.reserved == 100 * MIB
+
+
+def test_a_hole_between_live_blocks_cannot_serve_a_larger_request(model):
+    a = model.Allocator()
+    a.malloc("x", 100 * MIB)
+    a.free("x")
+    a.malloc("a", 40 * MIB)
+    a.malloc("b", 40 * MIB)  # a and b share x's segment; 20 MiB free at its end
+    a.free("a")  # a 40 MiB hole before b
+    a.malloc("c", 50 * MIB)  # fits neither piece: a new segment
+    assert (a.allocated, a.reserved) == (90 * MIB, 150 * MIB)
+
+
+def test_under_a_cap_free_segments_are_released_once_then_it_is_out_of_memory(model):
+    a = model.Allocator(cap=150 * MIB)
+    a.malloc("x", 100 * MIB)
+    a.free("x")
+    a.malloc("y", 120 * MIB)  # 100 + 120 > 150: the wholly free segment goes, one retry, then it fits
+    assert (a.reserved, a.retries) == (120 * MIB, 1)
+    with pytest.raises(model.OutOfMemory):
+        a.malloc("z", 40 * MIB)  # nothing free to release: out of memory
+    assert a.retries == 2
+
+
+def test_a_real_snapshots_trace_and_its_own_reserved_peak():
+    replay_tool = bench_module("allocator_replay")
+    snapshot = {"device_traces": [[
+        {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},
+        {"action": "alloc", "addr": 0, "size": 60 * MIB},
+        {"action": "free_requested", "addr": 0, "size": 60 * MIB},
+        {"action": "free_completed", "addr": 0, "size": 60 * MIB},
+        {"action": "alloc", "addr": 0, "size": 80 * MIB},  # the same address again: another allocation
+        {"action": "segment_alloc", "addr": 200 * MIB, "size": 30 * MIB},
+        {"action": "segment_free", "addr": 200 * MIB, "size": 30 * MIB},
+    ]]}
+    events, real_peak = replay_tool.snapshot_trace(snapshot)
+    assert events == [("alloc", 1, 60 * MIB), ("free", 1, 0), ("alloc", 2, 80 * MIB)]
+    assert real_peak == 130 * MIB
+
+
+def _h100_run(experiment: str, profile: str, micro_batch: int) -> dict:
+    for path in sorted(glob.glob(str(BENCH / "results" / "**" / "summary.parquet"), recursive=True)):
+        summary = pl.read_parquet(path).to_dicts()[0]
+        run = json.loads((Path(path).parent / "run.json").read_text())
+        if (run["experiment"]["name"], summary["profile"], summary["micro_batch"], summary["status"]) == (experiment, profile, micro_batch, "finished"):
+            return summary
+    pytest.skip(f"no committed H100 run of {profile} on {experiment} at micro-batch {micro_batch}")
+
+
+SEED = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']
+AGREES = [("gpt2s", "bf16", 16, []), ("gpt2s", "gradcp_bf16", 16, []), ("bigvocab", "bf16", 24, []),
+          ("seed-so-posts", "baseline", 64, SEED), ("seed-so-posts", "gradcp", 64, SEED)]
+
+
+@pytest.mark.parametrize("experiment, profile, micro_batch, sets", AGREES)
+def test_a_fake_trace_replayed_reserves_what_the_h100_reserved(experiment, profile, micro_batch, sets, model):
+    """The allocator's reserved peak, which bounds the batch, within 3% (where the estimator assumes 5% lost to
+    fragmentation: here 7% to 20% of reserved memory)."""
+    measured = _h100_run(experiment, profile, micro_batch)
+    replayed = model.replay(bench_module("allocator_replay").fake_trace(experiment, profile, micro_batch, sets))
+    assert replayed.peak_reserved == pytest.approx(measured["peak_reserved_bytes"], rel=0.03)
+    assert replayed.peak_allocated == pytest.approx(measured["peak_alloc_bytes"], rel=0.04)
+
+
+@pytest.mark.xfail(strict=True, reason="SDPA (cuDNN) with dropout on the H100 reserved 31% more than its tensors; the "
+                   "replay 13%: the GPU's trace differs from the CPU's there (to compare: memlab run --memory-snapshot)")
+def test_sdpa_with_dropout_on_the_seed_shape_reserves_what_the_h100_reserved(model):
+    measured = _h100_run("seed-so-posts", "bf16", 64)
+    replayed = model.replay(bench_module("allocator_replay").fake_trace("seed-so-posts", "bf16", 64, SEED))
+    assert replayed.peak_allocated == pytest.approx(measured["peak_alloc_bytes"], rel=0.01)  # the tensors agree
+    assert replayed.peak_reserved == pytest.approx(measured["peak_reserved_bytes"], rel=0.03)
