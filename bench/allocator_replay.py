@@ -10,9 +10,11 @@ Two traces:
 
     python bench/allocator_replay.py runs/<run>/memory_snapshot.pickle [--cap 24GiB]
     python bench/allocator_replay.py --fake seed-so-posts bf16 64 [--set data.tokenizer="bpe:8192"] [--cap 23.26GiB]
+    python bench/allocator_replay.py --against-h100     # the table below, from the committed runs
 
-Against the H100 (2026-11-25; fake traces on this CPU machine, `python3 /tmp/check_replay.py`-style, each beside
-the committed H100 run of the same profile, experiment and micro-batch; tests/test_allocator_model.py checks five):
+Against the H100 (`python bench/allocator_replay.py --against-h100`, 2026-11-25: fake traces on a CPU machine, each
+beside the committed H100 run of the same profile, experiment and micro-batch; tests/test_allocator_model.py checks
+five of them):
 
 | experiment, profile, micro-batch | allocated: replay / H100 GiB | reserved: replay / H100 GiB |
 |:--|--:|--:|
@@ -166,6 +168,41 @@ class _patched:
             setattr(self.module, self.name, self.saved)
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the seed study's corpus and tokenizer
+AGAINST_H100 = [("gpt2s", p, 16, []) for p in ("bf16", "gradcp_bf16", "chunked_ce", "selective")] + \
+    [("bigvocab", p, 24, []) for p in ("bf16", "chunked_ce")] + \
+    [("seed-so-posts", p, 64, SEED_DATA) for p in ("baseline", "gradcp", "bf16", "fp16", "chunked_ce")]
+
+
+def h100_run(experiment: str, profile: str, micro_batch: int) -> dict | None:
+    """The summary of the first finished committed run (bench/results/) of this profile, experiment and micro-batch."""
+    import json
+
+    import polars as pl
+
+    for path in sorted(RESULTS.glob("**/summary.parquet")):
+        summary = pl.read_parquet(path).to_dicts()[0]
+        run = json.loads((path.parent / "run.json").read_text())
+        if (run["experiment"]["name"], summary["profile"], summary["micro_batch"], summary["status"]) == (experiment, profile, micro_batch, "finished"):
+            return summary | {"path": str(path.parent.relative_to(RESULTS))}
+    return None
+
+
+def against_h100() -> None:
+    print("| experiment, profile, micro-batch | allocated: replay / H100 GiB | reserved: replay / H100 GiB | H100 run |")
+    print("|:--|--:|--:|:--|")
+    for experiment, profile, b, sets in AGAINST_H100:
+        run = h100_run(experiment, profile, b)
+        if run is None:
+            print(f"| {experiment} {profile} {b} | no committed run | | |")
+            continue
+        model = replay(fake_trace(experiment, profile, b, sets))
+        alloc, reserved = run["peak_alloc_bytes"], run["peak_reserved_bytes"]
+        print(f"| {experiment} {profile} {b} | {model.peak_allocated / GIB:.2f} / {alloc / GIB:.2f} | "
+              f"{model.peak_reserved / GIB:.2f} / {reserved / GIB:.2f} ({model.peak_reserved / reserved - 1:+.1%}) | {run['path']} |")
+
+
 def main() -> None:
     from memlab.core.units import parse_size
 
@@ -175,7 +212,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
     ap.add_argument("--cpu-attention", action="store_true", help="--fake: keep the CPU's SDPA (saves T x T) instead of a fused kernel's tensors")
     ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
+    ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
     a = ap.parse_args()
+    if a.against_h100:
+        return against_h100()
     if (a.snapshot is None) == (a.fake is None):
         ap.error("give a snapshot file or --fake EXPERIMENT PROFILE MICRO_BATCH")
     real = None

@@ -3,13 +3,8 @@ profiles replayed through it against the H100's own reserved memory (bench/resul
 
 from __future__ import annotations
 
-import glob
-import json
-from pathlib import Path
-
-import polars as pl
 import pytest
-from bench_helpers import BENCH, bench_module
+from bench_helpers import bench_module
 
 MIB = 2**20
 
@@ -80,15 +75,13 @@ def test_a_real_snapshots_trace_and_its_own_reserved_peak():
 
 
 def _h100_run(experiment: str, profile: str, micro_batch: int) -> dict:
-    for path in sorted(glob.glob(str(BENCH / "results" / "**" / "summary.parquet"), recursive=True)):
-        summary = pl.read_parquet(path).to_dicts()[0]
-        run = json.loads((Path(path).parent / "run.json").read_text())
-        if (run["experiment"]["name"], summary["profile"], summary["micro_batch"], summary["status"]) == (experiment, profile, micro_batch, "finished"):
-            return summary
-    pytest.skip(f"no committed H100 run of {profile} on {experiment} at micro-batch {micro_batch}")
+    run = bench_module("allocator_replay").h100_run(experiment, profile, micro_batch)
+    if run is None:
+        pytest.skip(f"no committed H100 run of {profile} on {experiment} at micro-batch {micro_batch}")
+    return run
 
 
-SEED = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']
+SEED = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the seed study's corpus (allocator_replay.SEED_DATA)
 AGREES = [("gpt2s", "bf16", 16, []), ("gpt2s", "gradcp_bf16", 16, []), ("bigvocab", "bf16", 24, []),
           ("seed-so-posts", "baseline", 64, SEED), ("seed-so-posts", "gradcp", 64, SEED)]
 
