@@ -148,10 +148,10 @@ class Allocator:
         pool.pop(bisect.bisect_left(pool, (block.key(),)))
 
 
-def replay(events: list[tuple[str, object, int]], cap: int | None = None) -> Allocator:
-    """Run ("alloc", id, bytes) / ("free", id, 0) events through the model; raises OutOfMemory under `cap`."""
+def replay(events: list[tuple], cap: int | None = None) -> Allocator:
+    """Run ("alloc", id, bytes, ...) / ("free", id, ...) events through the model; raises OutOfMemory under `cap`."""
     model = Allocator(cap)
-    for action, ident, nbytes in events:
+    for action, ident, nbytes, *_ in events:
         if action == "alloc":
             model.malloc(ident, nbytes)
         else:

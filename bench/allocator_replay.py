@@ -49,7 +49,10 @@ from allocator_model import OutOfMemory, replay  # noqa: E402
 GIB = 2**30
 
 
-def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[tuple[str, object, int]], int]:
+Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
+
+
+def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[Event], int]:
     """The (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
     allocations less segment frees, from the start of the recording)."""
     traces = snapshot.get("device_traces") or []
@@ -60,9 +63,9 @@ def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[tuple[str, obj
         if action == "alloc":
             serial += 1
             live[addr] = serial
-            events.append(("alloc", serial, size))
+            events.append(("alloc", serial, size, _frame(ev.get("frames") or [])))
         elif action == "free_completed" and addr in live:
-            events.append(("free", live.pop(addr), 0))
+            events.append(("free", live.pop(addr), 0, ""))
         elif action in ("segment_alloc", "segment_map"):
             reserved += size
             peak = max(peak, reserved)
@@ -71,8 +74,17 @@ def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[tuple[str, obj
     return events, peak
 
 
+def _frame(frames: list[dict]) -> str:
+    """The innermost Python frame of an allocation that is memlab's or torch.nn's: where in the step it happened."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if "memlab" in name or "/core/" in name or "torch/nn" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return ""
+
+
 def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
-               fused_attention: bool = True) -> list[tuple[str, object, int]]:
+               fused_attention: bool = True) -> list[Event]:
     """Every tensor storage created and freed over a second training step (the first creates the optimizer state),
     on fake tensors on this machine, in order. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
     efficient) saves, its output and its fp32 log-sum-exp, instead of what the CPU's math path saves (the T x T
@@ -90,7 +102,7 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
     experiment, profile = resolve(experiment_name, profile_name, device.type, overrides)
     profile = _fake_runnable(experiment, profile, device, [])
     vocab, _ = E.vocab_for(experiment)
-    events: list[tuple[str, object, int]] = []
+    events: list[Event] = []
 
     class Storages(TorchDispatchMode):
         def __init__(self) -> None:
@@ -103,20 +115,20 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
             out = func(*args, **(kwargs or {}))
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
-                    self._note(t.untyped_storage())
+                    self._note(t.untyped_storage(), str(func))
             return out
 
-        def _note(self, storage) -> None:
+        def _note(self, storage, op: str) -> None:
             key = storage._cdata
             if key in self.seen:
                 return
             self.seen.add(key)
-            events.append(("alloc", key, storage.nbytes()))
+            events.append(("alloc", key, storage.nbytes(), op))
             weakref.finalize(storage, self._freed, key)
 
         def _freed(self, key: int) -> None:
             self.seen.discard(key)
-            events.append(("free", key, 0))
+            events.append(("free", key, 0, ""))
 
     T = experiment.model.seq_len
     fused = _fused_attention_stand_in(torch) if fused_attention else None
@@ -212,6 +224,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
     ap.add_argument("--cpu-attention", action="store_true", help="--fake: keep the CPU's SDPA (saves T x T) instead of a fused kernel's tensors")
     ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
+    ap.add_argument("--dump", help="also write the trace as JSON lines (action, id, bytes, where), to set two traces side by side")
     ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
     a = ap.parse_args()
     if a.against_h100:
@@ -224,6 +237,11 @@ def main() -> None:
             events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
     else:
         events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_attention=not a.cpu_attention)
+    if a.dump:
+        import json
+
+        with open(a.dump, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"action": e[0], "id": str(e[1]), "bytes": e[2], "where": e[3]}) + "\n" for e in events)
     cap = parse_size(a.cap, "--cap") if a.cap else None
     try:
         model = replay(events, cap)

@@ -62,7 +62,8 @@ def test_a_real_snapshots_trace_and_its_own_reserved_peak():
     replay_tool = bench_module("allocator_replay")
     snapshot = {"device_traces": [[
         {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},
-        {"action": "alloc", "addr": 0, "size": 60 * MIB},
+        {"action": "alloc", "addr": 0, "size": 60 * MIB, "frames": [{"filename": "/x/torch/_ops.py", "line": 1, "name": "f"},
+                                                                   {"filename": "/w/core/loss.py", "line": 30, "name": "loss_from_hidden"}]},
         {"action": "free_requested", "addr": 0, "size": 60 * MIB},
         {"action": "free_completed", "addr": 0, "size": 60 * MIB},
         {"action": "alloc", "addr": 0, "size": 80 * MIB},  # the same address again: another allocation
@@ -70,7 +71,7 @@ def test_a_real_snapshots_trace_and_its_own_reserved_peak():
         {"action": "segment_free", "addr": 200 * MIB, "size": 30 * MIB},
     ]]}
     events, real_peak = replay_tool.snapshot_trace(snapshot)
-    assert events == [("alloc", 1, 60 * MIB), ("free", 1, 0), ("alloc", 2, 80 * MIB)]
+    assert events == [("alloc", 1, 60 * MIB, "loss.py:30 loss_from_hidden"), ("free", 1, 0, ""), ("alloc", 2, 80 * MIB, "")]
     assert real_peak == 130 * MIB
 
 
