@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("snapshot", nargs="?", help="a memory_snapshot.pickle from memlab run --memory-snapshot")
     ap.add_argument("--fake", nargs=3, metavar=("EXPERIMENT", "PROFILE", "MICRO_BATCH"), help="trace one step on fake tensors here")
     ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
-    ap.add_argument("--cpu-attention", action="store_true", help="--fake: keep the CPU's SDPA (saves T x T) instead of a fused kernel's tensors")
+    ap.add_argument("--device-sdpa", action="store_true", help="--fake: this machine's own SDPA, not the fused kernel's tensors (on a CPU the math path: it saves T x T)")
     ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
     ap.add_argument("--dump", help="also write the trace as JSON lines (action, id, bytes, where), to set two traces side by side")
     ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
@@ -236,7 +236,7 @@ def main() -> None:
         with open(a.snapshot, "rb") as f:
             events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
     else:
-        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_attention=not a.cpu_attention)
+        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_attention=not a.device_sdpa)
     if a.dump:
         import json
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 17 on one GPU: the allocator model (bench/allocator_model.py) against the allocator's own trace. Each case is
+# a short run with --memory-snapshot; bench/allocator_replay.py then replays its snapshot (the model's reserved peak
+# beside the allocator's own) and a fake-tensor trace of the same step made here (on a GPU machine the fake tensors
+# are CUDA's), and dumps both traces (what allocated each block) for setting them side by side.
+# Cases: the seed shape's bf16 (SDPA with dropout: replayed 13% fragmented on a CPU, 31% on the H100), its baseline
+# (eager attention: agrees), gpt2s bf16 (agrees).
+# usage: source bench/gpu_setup.sh; bash bench/replay_check.sh OUT_DIR
+set -u
+out=${1:?output folder}; mkdir -p "$out"
+seed=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
+check() {  # name experiment profile micro-batch [--set ...]
+  local name=$1 e=$2 p=$3 b=$4; shift 4
+  echo "== $name: $p on $e at micro-batch $b ($(date -u +%T))"
+  timeout 300 memlab run --profile "$p" --experiment "$e" --device cuda --steps 4 --memory-snapshot \
+    --runs-dir "$out/runs/$name" "$@" --set train.batch_size="$b" 2>&1 | tail -3
+  local snap; snap=$(ls "$out"/runs/"$name"/*/memory_snapshot.pickle 2>/dev/null | head -1)
+  [ -n "$snap" ] || { echo "no snapshot for $name"; return; }
+  echo -n "real trace: "; python3 bench/allocator_replay.py "$snap" --dump "$out/$name.real.jsonl"
+  echo -n "fake trace: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --dump "$out/$name.fake.jsonl"
+  echo -n "fake trace, this GPU's own SDPA: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --device-sdpa
+  gzip -f "$out/$name".*.jsonl
+  rm -f "$snap"  # large; the dumps keep what the comparison needs
+}
+check seed_bf16 seed-so-posts bf16 64 "${seed[@]}"
+check seed_baseline seed-so-posts baseline 64 "${seed[@]}"
+check gpt2s_bf16 gpt2s bf16 16
