@@ -276,15 +276,24 @@ def test_lanes_that_cannot_share_the_card_are_refused(lanes, device, memory, exp
     assert check_lanes(1, plan) == 1
 
 
+def _three_lanes(names: list[str]):
+    """A CUDA study plan of `names` on tiny, 24 GiB lanes on a pretend 80 GiB card, searched three at a time."""
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options
+    from memlab.core.study.plan import Plan
+
+    options = Options(profiles=names, experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    return options, Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", 24 * 2**30,
+                         "NVIDIA Fake", 80 * 2**30, lanes=3)
+
+
 def test_lanes_search_several_profiles_at_once_each_recorded(tmp_path, monkeypatch):
     """--lanes 3: three searches overlap (each its own probes), every profile gets its own answer in the state and the
     cache, and the probes are told that other processes share the card (NVML per-process figures only)."""
     import threading
 
     from memlab.core import batchfind as bf
-    from memlab.core.config import load_experiment, load_profile
-    from memlab.core.study import Options, Study, StudyState
-    from memlab.core.study.plan import Plan
+    from memlab.core.study import Study, StudyState
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     names = ["baseline", "bf16", "gradcp_bf16", "chunked_ce"]
@@ -309,9 +318,7 @@ def test_lanes_search_several_profiles_at_once_each_recorded(tmp_path, monkeypat
             pass
 
     monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
-    options = Options(profiles=names, experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
-    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", 24 * 2**30, "NVIDIA Fake",
-                80 * 2**30, lanes=3)
+    options, plan = _three_lanes(names)
     state = StudyState(options, {})
     lines: list[str] = []
     Study(plan, state, tmp_path, lines.append)._max_phase()
@@ -352,9 +359,7 @@ def test_a_stop_cancels_the_probes_in_flight_instead_of_waiting_for_them(tmp_pat
     import threading
 
     from memlab.core import batchfind as bf
-    from memlab.core.config import load_experiment, load_profile
-    from memlab.core.study import Options, Study, StudyState
-    from memlab.core.study.plan import Plan
+    from memlab.core.study import Study, StudyState
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     names = ["baseline", "bf16", "gradcp_bf16", "chunked_ce"]
@@ -378,9 +383,7 @@ def test_a_stop_cancels_the_probes_in_flight_instead_of_waiting_for_them(tmp_pat
             pass
 
     monkeypatch.setattr(bf, "ChildProbe", SlowProbe)
-    options = Options(profiles=names, experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
-    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", 24 * 2**30, "NVIDIA Fake",
-                80 * 2**30, lanes=3)
+    options, plan = _three_lanes(names)
     study = Study(plan, StudyState(options, {}), tmp_path, lambda line: None)
     phase = threading.Thread(target=study._max_phase)
     phase.start()
