@@ -13,14 +13,15 @@
 #   e:     the fused losses again after cce was made exact (filter_eps=None): bf16, liger_ce, cce on bigvocab and
 #          bf16, cce on gpt2s
 #   f1/f2: every new profile on bigvocab beside its bf16 (issue 19's table on the large-vocabulary experiment too):
-#          f1 the eager ones, f2 the compiled ones (each compiling in its own run) and the fused losses
+#          f1 the eager ones, f2 the compiled ones (each compiling in its own run) and the fused losses; f3 what
+#          f2's deadline cut (float8's evaluation, compile_budget)
 #   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
 #   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile ($4: a
 #          comma-separated subset, to finish a sweep a call's time cut short)
 # Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
 # usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS] [PROFILES]
 set -u
-out=${1:?output folder}; part=${2:?a, a2, b, c, d, e, f1, f2 or optim}; runs="$out/runs"; mkdir -p "$runs"
+out=${1:?output folder}; part=${2:?a, a2, b, c, d, e, f1, f2, f3 or optim}; runs="$out/runs"; mkdir -p "$runs"
 deadline=$(( $(date +%s) + ${3:-560} ))
 left() { echo $(( deadline - $(date +%s) )); }
 run() {  # experiment profile [memlab run options ...]
@@ -79,6 +80,9 @@ case $part in
   f2)
     # no warming here: three compiled bigvocab runs at once would not fit one 80 GB card
     for p in bf16 compile float8 compile_budget liger_ce cce; do run bigvocab $p; done ;;
+  f3)
+    # what f2's deadline cut: float8 to the end of its evaluation, compile_budget; beside their bf16 and compile
+    for p in bf16 compile_budget float8 compile; do run bigvocab $p; done ;;
   b)
     run gpt2s bf16
     for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
@@ -86,6 +90,6 @@ case $part in
   optim)
     l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles "${4:-bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore}" \
       --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
-  *) echo "unknown part $part: a, a2, b, c, d, e, f1, f2 or optim"; exit 2 ;;
+  *) echo "unknown part $part: a, a2, b, c, d, e, f1, f2, f3 or optim"; exit 2 ;;
 esac
 python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40
