@@ -39,6 +39,9 @@ from memlab.core.runstore import mark_status
 
 STATUSES = ("finished", "oom", "nan", "interrupted", "rejected", "crashed", "error")
 BAD_INPUT_EXIT = 2  # memlab's exit status for a refusal (a MemlabError: a one-line reason on stderr)
+# Set in a supervisor's children: such a child stops itself when its supervisor dies (stop_when_orphaned). A run
+# the user started with --events - under nohup is left alone when its shell goes.
+SUPERVISED_ENV = "MEMLAB_SUPERVISED"
 
 
 @dataclass
@@ -168,7 +171,7 @@ class ChildRun:
         self._err_thread.start()
 
     def _spawn(self) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1", **self.spec.env}
         # A session of its own: a Ctrl-C in the terminal reaches the supervisor, which forwards it deliberately.
         # errors="replace": bytes that are not UTF-8 become U+FFFD instead of an exception in the reader.
         return subprocess.Popen(

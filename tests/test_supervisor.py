@@ -241,3 +241,16 @@ def test_the_orphan_watch_interrupts_once_the_parent_changes():
     stopped = []
     stop_when_orphaned(poll_s=0.001, getppid=lambda: next(parents), interrupt=lambda: stopped.append(True)).join(timeout=5)
     assert stopped == [True]
+
+
+def test_only_a_supervisors_children_are_told_they_are_supervised(tmp_path):
+    """The orphan watch runs where MEMLAB_SUPERVISED is set: in ChildRun's children, not in a run the user started
+    with --events - under nohup (its shell may go, and the run must not stop for that)."""
+    import sys
+
+    from memlab.core.supervisor import SUPERVISED_ENV
+
+    seen = tmp_path / "env.txt"
+    code = f"import os; open({str(seen)!r}, 'w').write(os.environ.get({SUPERVISED_ENV!r}, 'unset'))"
+    run_child(ChildSpec(profile="x", command=[sys.executable, "-c", code]))
+    assert seen.read_text() == "1" and SUPERVISED_ENV not in os.environ
