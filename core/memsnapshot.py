@@ -58,7 +58,7 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     notes = [f"fake tensors on {device.type}: tensors only (no allocator rounding or library workspaces)"]
-    p = _fake_runnable(experiment, profile, device, notes)
+    p = fake_runnable(experiment, profile, device, notes)
     check_techniques(experiment, p, device)
     b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // p.accumulation.steps)
     if b < 1:
@@ -72,7 +72,7 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     return _fake_result(experiment, profile, peak, device, vocab_size, b, notes)
 
 
-def _fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
+def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
     """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors; notes say what changed."""
     from memlab.core.attention import kernel_for
 

@@ -13,7 +13,8 @@ What it models, as the allocator's source describes it:
 What it leaves out: streams (one stream), max_split_size and the other PYTORCH_CUDA_ALLOC_CONF settings,
 expandable segments, and real addresses (ties between equal free blocks go to the older segment).
 
-Not part of memlab's estimator: a bench tool until it is checked against real traces (bench/allocator_replay.py).
+Used by `memlab estimate --method fake` (memlab.core.allocation_trace: one step's trace on fake tensors, replayed
+here). Checked against the H100's own reserved memory by bench/allocator_replay.py --against-h100.
 """
 
 from __future__ import annotations

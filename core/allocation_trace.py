@@ -1,0 +1,231 @@
+"""One training step's allocation trace, for the allocator model (memlab.core.allocator_model): which tensor
+storages are created and freed, in order, and how large.
+
+- `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; the machinery of `memlab estimate
+  --method fake`) on this machine's device. SDPA is traced as a fused GPU kernel allocates (its output and an fp32
+  log-sum-exp), not as the CPU's math path (which saves T x T); compile is left off, as the fake estimate does.
+- `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
+  peak beside it.
+- `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget, does not run
+  out of memory.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from memlab.core.allocator_model import OutOfMemory, replay
+from memlab.core.config import Experiment, Profile
+
+Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
+
+
+def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[Event], int]:
+    """The (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
+    allocations less segment frees, from the start of the recording)."""
+    traces = snapshot.get("device_traces") or []
+    events, reserved, peak, serial = [], 0, 0, 0
+    live: dict[int, int] = {}  # address -> the id of the allocation there now
+    for ev in traces[device] if device < len(traces) else []:
+        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size") or 0)
+        if action == "alloc":
+            serial += 1
+            live[addr] = serial
+            events.append(("alloc", serial, size, _frame(ev.get("frames") or [])))
+        elif action == "free_completed" and addr in live:
+            events.append(("free", live.pop(addr), 0, ""))
+        elif action in ("segment_alloc", "segment_map"):
+            reserved += size
+            peak = max(peak, reserved)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+    return events, peak
+
+
+def _frame(frames: list[dict]) -> str:
+    """The innermost Python frame of an allocation that is memlab's or torch.nn's: where in the step it happened."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if "memlab" in name or "/core/" in name or "torch/nn" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return ""
+
+
+def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+               fused_attention: bool = True) -> list[Event]:
+    """Every tensor storage created and freed over a second training step (the first creates the optimizer state),
+    on fake tensors on this machine, in order. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
+    efficient) saves, its output and its fp32 log-sum-exp, instead of what the CPU's math path saves (the T x T
+    probabilities and, under dropout, their mask). Raises what memsnapshot.fake_runnable raises for a profile that
+    cannot run on fake tensors here."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlab.core.memsnapshot import fake_runnable
+    from memlab.core.step import build_step
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    profile = fake_runnable(experiment, profile, device, [])
+    events: list[Event] = []
+    T, k = experiment.model.seq_len, profile.accumulation.steps
+    fused = _fused_attention_stand_in(torch) if fused_attention else None
+
+    def batch() -> list:
+        return [(torch.randint(0, vocab_size, (micro_batch, T), device=device),
+                 torch.randint(0, vocab_size, (micro_batch, T), device=device)) for _ in range(k)]
+
+    with FakeTensorMode(), _storage_tracer(torch, events), _patched(torch.nn.functional, "scaled_dot_product_attention", fused):
+        step = build_step(experiment, profile, device, vocab_size, on_device=True)
+        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+        step.run(batch())
+        step.run(batch())
+    return events
+
+
+def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
+                       start: int = 16, limit: int = 1 << 20) -> int:
+    """The largest micro-batch whose fake trace, replayed under an allocator budget of `budget_bytes`, does not run
+    out of memory (0 if 1 does not fit): grow from `start` by doubling, then bisect. A trace costs seconds."""
+    def fits(b: int) -> bool:
+        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget_bytes)
+
+    return largest_fitting(fits, max(1, start), limit)
+
+
+def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int) -> bool:
+    """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget, never runs out of memory."""
+    try:
+        replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes)
+        return True
+    except OutOfMemory:
+        return False
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The allocator model over one step's fake trace: what the allocator would reserve at the estimate's micro-batch,
+    and the largest micro-batch whose trace stays within the card's allocator budget."""
+
+    micro_batch: int
+    allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
+    reserved_bytes: int  # segments at their peak
+    budget_bytes: int  # the card less the CUDA context (estimate.CUDA_CONTEXT_BYTES)
+    max_batch: int
+
+    @property
+    def fragmentation(self) -> float:
+        return 1 - self.allocated_bytes / self.reserved_bytes if self.reserved_bytes else 0.0
+
+
+def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
+                    start: int = 16) -> Replayed:
+    """`memlab estimate --method fake`'s allocator figures. A compiled step allocates what Inductor plans, not what
+    this eager trace does: refused (a MemlabError) rather than answered wrong."""
+    from memlab.core.errors import MemlabError
+    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+
+    if profile.compile.enabled:
+        raise MemlabError("no allocator replay for a compiled step: Inductor plans its own buffers, and the fake trace runs eager")
+    at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch))
+    budget = memory_bytes - CUDA_CONTEXT_BYTES
+    best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
+    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best)
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> int:
+    """The largest b in 1..limit with fits(b), fits being monotone (true, then false): doubling from `start`, or
+    halving below it, then bisection."""
+    start = min(start, limit)
+    if fits(start):
+        lo, hi = start, start * 2
+        while hi <= limit and fits(hi):
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + 1)  # limit + 1 stands for "does not fit": nothing above the limit is asked
+    else:
+        lo, hi = start // 2, start
+        while lo >= 1 and not fits(lo):
+            lo, hi = lo // 2, lo
+        if lo < 1:
+            return 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _storage_tracer(torch: Any, events: list[Event]) -> Any:
+    """A dispatch mode that appends ("alloc", id, bytes, op) when an op's output has a storage not seen before,
+    and ("free", id, 0, "") when that storage goes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Storages(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item() of a fake tensor: any number will do
+                return 1.0 if args[0].dtype.is_floating_point else 1
+            out = func(*args, **(kwargs or {}))
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._note(t.untyped_storage(), str(func))
+            return out
+
+        def _note(self, storage: Any, op: str) -> None:
+            key = storage._cdata
+            if key in self.seen:
+                return
+            self.seen.add(key)
+            events.append(("alloc", key, storage.nbytes(), op))
+            weakref.finalize(storage, self._freed, key)
+
+        def _freed(self, key: int) -> None:
+            self.seen.discard(key)
+            events.append(("free", key, 0, ""))
+
+    return Storages()
+
+
+def _fused_attention_stand_in(torch):
+    """F.scaled_dot_product_attention as a fused GPU kernel allocates: forward the output and a (B, H, T) fp32
+    log-sum-exp, both saved; backward the three input gradients. Dropout is drawn inside the kernel (no mask)."""
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
+        return FusedAttention.apply(q, k, v)
+
+    return attention
+
+
+class _patched:
+    """Replace module.name by `value` for a with-block (None: leave it)."""
+
+    def __init__(self, module, name: str, value) -> None:
+        self.module, self.name, self.value, self.saved = module, name, value, None
+
+    def __enter__(self):
+        if self.value is not None:
+            self.saved = getattr(self.module, self.name)
+            setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        if self.value is not None:
+            setattr(self.module, self.name, self.saved)
+
+
