@@ -129,9 +129,14 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
 
     if profile.compile.enabled:
         raise MemlabError("no allocator replay for a compiled step: Inductor plans its own buffers, and the fake trace runs eager")
-    at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch))
     budget = memory_bytes - CUDA_CONTEXT_BYTES
-    best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
+    try:
+        at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch))
+        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
+        raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best)
 
 

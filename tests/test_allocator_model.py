@@ -153,3 +153,16 @@ def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compile
     assert r["micro_batch"] == out["micro_batch"] and r["allocated_bytes"] <= r["reserved_bytes"]
     assert r["budget_bytes"] == 2 * 2**30 - 1247 * 2**20 and r["max_batch"] >= 1
     assert "compiled step" in estimate("--profile", "compile")["replayed"]["refused"]
+
+
+def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.errors import MemlabError
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("aten::frobnicate has no fake implementation\nmore")
+
+    monkeypatch.setattr(allocation_trace, "fake_trace", broken)
+    with pytest.raises(MemlabError, match=r"could not be traced on fake tensors \(RuntimeError: aten::frobnicate has no fake implementation\)$"):
+        allocation_trace.replay_for_card(load_experiment("tiny"), load_profile("bf16"), vocab_size=512, micro_batch=2, memory_bytes=2**31)
