@@ -7,7 +7,7 @@ storages are created and freed, in order, and how large.
 - `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
   peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget, does not run
-  out of memory.
+  out of memory; `replay_for_card`: that and the reserved memory at one micro-batch, for `memlab estimate`.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def _frame(frames: list[dict]) -> str:
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                fused_attention: bool = True) -> list[Event]:
-    """Every tensor storage created and freed over a second training step (the first creates the optimizer state),
-    on fake tensors on this machine, in order. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
+    """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
+    creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
+    of a real run sees up to then. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
     efficient) saves, its output and its fp32 log-sum-exp, instead of what the CPU's math path saves (the T x T
     probabilities and, under dropout, their mask). Raises what memsnapshot.fake_runnable raises for a profile that
     cannot run on fake tensors here."""
