@@ -414,25 +414,31 @@ def test_a_cancelled_probe_child_ends_as_interrupted_not_as_a_fit(tmp_path):
     assert "'interrupted'" in str(e.value) and time.monotonic() - t0 < 30
 
 
-def test_a_partial_study_says_what_is_left_and_mixed_versions_are_named(done, tmp_path):
+def test_a_partial_study_says_what_is_left_and_mixed_versions_are_named(tmp_path):
     """A stopped (or resumed-after-an-upgrade) study's report: the profiles not done yet at the top, and runs from
-    different memlab commits or torch versions named with the profiles each ran."""
+    different memlab commits or torch versions named with the profiles each ran (committed H100 runs of the seed
+    shape, copied: no training here)."""
     import shutil
 
-    from memlab.core.study import load_state, write_report
+    from memlab.core.runfolder import read_info
+    from memlab.core.study import Options, StudyState, write_report
 
-    out = tmp_path / "s"
-    shutil.copytree(done[0], out)
-    state = load_state(out)
-    state.items["common/bf16"].status = "interrupted"
-    base_run = out / state.items["common/baseline"].run_dir / "run.json"
+    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs"
+    state = StudyState(Options(profiles=["baseline", "bf16", "chunked_ce"], experiment="seed_shape", device="cuda", gpu_memory="24GiB"), {})
+    for name in ("baseline", "bf16"):
+        d = next(d for d in sorted(src.iterdir()) if (d / "summary.parquet").exists() and read_info(d)["profile"]["name"] == name)
+        shutil.copytree(d, tmp_path / "runs" / d.name)
+        item = state.item("common", name)
+        item.status, item.run_dir = "finished", f"runs/{d.name}"
+        state.item("max", name).status, state.item("max", name).max_batch = "measured", 102
+    state.item("max", "chunked_ce").status, state.item("max", "chunked_ce").max_batch = "measured", 1961
+    base_run = tmp_path / state.items["common/baseline"].run_dir / "run.json"
     info = json.loads(base_run.read_text())
     info["environment"]["git_sha"] = "0123abc"
     base_run.write_text(json.dumps(info))
-    write_report(state, out, "baseline")
-    md = (out / "report.md").read_text()
-    assert "Not done yet: 1 of 3 profiles; the same command resumes. bf16 (max batch" not in md  # CPU: predicted, not measured
-    assert "Not done yet: 1 of 3 profiles; the same command resumes. bf16 (to do: run at the common batch)." in md
-    assert "NOTE: these runs come from 2 different versions (memlab commit, torch): memlab 0123abc · torch " in md
+    write_report(state, tmp_path, "baseline")
+    md = (tmp_path / "report.md").read_text()
+    assert "Not done yet: 1 of 3 profiles; the same command resumes. chunked_ce (max batch 1,961 measured; to do: run at the common batch)." in md
     note = next(line for line in md.splitlines() if "NOTE: these runs come from" in line)
-    assert "0123abc · torch " in note and note.split("0123abc")[1].split(";")[0].endswith(": baseline")  # only its common run
+    assert note.startswith("- NOTE: these runs come from 2 different versions (memlab commit, torch): memlab 0123abc · torch ")
+    assert note.split("0123abc")[1].split(";")[0].endswith(": baseline") and "bf16" in note.split(";")[1]
