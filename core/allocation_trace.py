@@ -72,13 +72,13 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     profile = fake_runnable(experiment, profile, device, [])
     events: list[Event] = []
     T, k = experiment.model.seq_len, profile.accumulation.steps
-    fused = _fused_attention_stand_in(torch) if fused_attention else None
+    fused = fused_attention_stand_in(torch) if fused_attention and traces_fused_attention(profile) else None
 
     def batch() -> list:
         return [(torch.randint(0, vocab_size, (micro_batch, T), device=device),
                  torch.randint(0, vocab_size, (micro_batch, T), device=device)) for _ in range(k)]
 
-    with FakeTensorMode(), _storage_tracer(torch, events), _patched(torch.nn.functional, "scaled_dot_product_attention", fused):
+    with FakeTensorMode(), _storage_tracer(torch, events), patched(torch.nn.functional, "scaled_dot_product_attention", fused):
         step = build_step(experiment, profile, device, vocab_size, on_device=True)
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         step.run(batch())
@@ -196,7 +196,13 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
     return Storages()
 
 
-def _fused_attention_stand_in(torch):
+def traces_fused_attention(profile: Profile) -> bool:
+    """Whether SDPA is traced as a fused kernel: on a GPU it runs one (flash, cuDNN, efficient) unless the profile
+    pins the math path, which saves T x T there too."""
+    return profile.attention.sdpa_backend != "math"
+
+
+def fused_attention_stand_in(torch: Any) -> Callable:
     """F.scaled_dot_product_attention as a fused GPU kernel allocates: forward the output and a (B, H, T) fp32
     log-sum-exp, both saved; backward the three input gradients. Dropout is drawn inside the kernel (no mask)."""
 
@@ -219,7 +225,7 @@ def _fused_attention_stand_in(torch):
     return attention
 
 
-class _patched:
+class patched:
     """Replace module.name by `value` for a with-block (None: leave it)."""
 
     def __init__(self, module, name: str, value) -> None:

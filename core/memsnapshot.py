@@ -111,7 +111,7 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
     p.loader.pin_memory = False
     p.allocator.expandable_segments = False
     if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
-        notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured with the CPU's SDPA (the same saved tensors)")
+        notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured as a fused kernel saves (its output and log-sum-exp)")
         p.attention.sdpa_backend = "auto"
     if p.optimizer.name in ("adamw8bit", "adamw4bit", "paged_adamw8bit"):
         raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
@@ -146,7 +146,11 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
     def batch() -> list:
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
-    with FakeTensorMode(), _Scalars():
+    from memlab.core.allocation_trace import fused_attention_stand_in, patched, traces_fused_attention
+
+    # SDPA as the GPU's fused kernel saves (its output and log-sum-exp), not as the CPU's math path under dropout
+    fused = fused_attention_stand_in(torch) if traces_fused_attention(p) else None
+    with FakeTensorMode(), _Scalars(), patched(torch.nn.functional, "scaled_dot_product_attention", fused):
         step = build_step(experiment, p, device, vocab_size, on_device=True)
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does

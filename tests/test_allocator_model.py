@@ -166,3 +166,17 @@ def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(
     monkeypatch.setattr(allocation_trace, "fake_trace", broken)
     with pytest.raises(MemlabError, match=r"could not be traced on fake tensors \(RuntimeError: aten::frobnicate has no fake implementation\)$"):
         allocation_trace.replay_for_card(load_experiment("tiny"), load_profile("bf16"), vocab_size=512, micro_batch=2, memory_bytes=2**31)
+
+
+def test_the_fake_estimate_of_sdpa_with_dropout_saves_what_the_h100s_fused_kernel_did():
+    """On a CPU, SDPA with dropout takes the math path, which saves the T x T probabilities and their mask; the GPU's
+    fused kernel saves its output and log-sum-exp. The fake estimate traces the latter (it was 13% over before)."""
+    from memlab.cli.options import resolve
+    from memlab.core.estimate import vocab_for
+    from memlab.core.memsnapshot import fake_estimate
+
+    measured = _h100_run("seed-so-posts", "bf16", 64)
+    experiment, prof = resolve("seed-so-posts", "bf16", "cpu", SEED)
+    assert experiment.model.dropout > 0
+    fake = fake_estimate(experiment, prof, vocab_size=vocab_for(experiment)[0], micro_batch=64)
+    assert fake.total_bytes == pytest.approx(measured["peak_alloc_bytes"], rel=0.01)
