@@ -40,7 +40,7 @@ Nothing in the model was fitted to these: its constants are the allocator's.
 | gpt2s selective | 12.00 | 27 / 27 (+0.0%) |
 | gpt2s gradcp_bf16 | 12.00 | 68 / 68 (+0.0%) |
 | gpt2s gradcp | 12.00 | 48 / 40 (+20.0%) |
-| gpt2s gradcp_every2 | 12.00 | 37 / 35 (+5.7%) |
+| gpt2s gradcp_every2 | 12.00 | 35 / 35 (+0.0%) |
 | gpt2s fp16 | 12.00 | 24 / 24 (+0.0%) |
 | gpt2s flash_gradcp | 12.00 | 68 / 68 (+0.0%) |
 | gpt2s fused_adamw | 12.00 | 24 / 24 (+0.0%) |
@@ -54,9 +54,10 @@ Nothing in the model was fitted to these: its constants are the allocator's.
 Where it misses, the CPU's trace is not the GPU's: SDPA with the seed shape's dropout (its tensors agree, its
 reserved memory does not: the fused kernel's dropout allocates something the trace lacks?), and gpt2s's eager
 attention in fp32 (gradcp: CUDA's softmax backward makes one more T x T temporary, see memlab.core.estimate).
-Near the boundary the replayed fit is not monotone in the batch (gradcp_every2 fits 37 and not 36), so the bisection's
-answer depends on where it starts (35 from 17, 37 from 35). The real allocator follows the same policy, so find-batch's
-bisection, which assumes a monotone fit, may meet the same.
+Near the boundary the replayed fit is not monotone in the batch (gradcp_every2 fits 35 and 37, not 36 or 38), so a
+plain bisection's answer depends on where it starts (37 from 35). replayed_max_batch therefore confirms that the two
+batches below its answer fit too, and searches on below one that does not: 35, find-batch's answer. The real
+allocator follows the same policy, so find-batch's bisection, which assumes a monotone fit, may meet the same.
 """
 
 from __future__ import annotations
