@@ -74,7 +74,7 @@ GIB = 2**30
 
 
 def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
-               fused_attention: bool = True) -> list[tuple]:
+               fused_sdpa: bool = True) -> list[tuple]:
     """memlab.core.allocation_trace.fake_trace for a built-in experiment and profile, as memlab run resolves them."""
     import torch
 
@@ -84,7 +84,7 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
     device = "cuda" if torch.cuda.is_available() else "cpu"
     experiment, profile = resolve(experiment_name, profile_name, device, overrides)
     return _trace_of(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch,
-                     fused_attention=fused_attention)
+                     fused_sdpa=fused_sdpa)
 
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -183,7 +183,7 @@ def main() -> None:
         with open(a.snapshot, "rb") as f:
             events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
     else:
-        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_attention=not a.device_sdpa)
+        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_sdpa=not a.device_sdpa)
     if a.dump:
         import json
 

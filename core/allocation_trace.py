@@ -1,9 +1,10 @@
 """One training step's allocation trace, for the allocator model (memlab.core.allocator_model): which tensor
 storages are created and freed, in order, and how large.
 
-- `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; the machinery of `memlab estimate
-  --method fake`) on this machine's device. SDPA is traced as a fused GPU kernel allocates (its output and an fp32
-  log-sum-exp), not as the CPU's math path (which saves T x T); compile is left off, as the fake estimate does.
+- `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; memsnapshot.fake_step, the machinery
+  of `memlab estimate --method fake`) on this machine's device. SDPA is traced as a fused GPU kernel allocates (its
+  output and an fp32 log-sum-exp), not as the CPU's math path (which saves T x T); compile is left off, as the fake
+  estimate does.
 - `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
   peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget, does not run
@@ -55,32 +56,21 @@ def _frame(frames: list[dict]) -> str:
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               fused_attention: bool = True) -> list[Event]:
+               fused_sdpa: bool = True) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
-    of a real run sees up to then. `fused_attention`: SDPA saves what a fused GPU kernel (cuDNN, flash,
-    efficient) saves, its output and its fp32 log-sum-exp, instead of what the CPU's math path saves (the T x T
-    probabilities and, under dropout, their mask). Raises what memsnapshot.fake_runnable raises for a profile that
-    cannot run on fake tensors here."""
+    of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
+    saves (`fused_sdpa` False: this device's own SDPA). Raises what memsnapshot.fake_runnable raises for a profile
+    that cannot run on fake tensors here."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memlab.core.memsnapshot import fake_runnable
-    from memlab.core.step import build_step
+    from memlab.core.memsnapshot import fake_runnable, fake_step
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     profile = fake_runnable(experiment, profile, device, [])
     events: list[Event] = []
-    T, k = experiment.model.seq_len, profile.accumulation.steps
-    fused = fused_attention_stand_in(torch) if fused_attention and traces_fused_attention(profile) else None
-
-    def batch() -> list:
-        return [(torch.randint(0, vocab_size, (micro_batch, T), device=device),
-                 torch.randint(0, vocab_size, (micro_batch, T), device=device)) for _ in range(k)]
-
-    with FakeTensorMode(), _storage_tracer(torch, events), patched(torch.nn.functional, "scaled_dot_product_attention", fused):
-        step = build_step(experiment, profile, device, vocab_size, on_device=True)
-        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+    tracer = _storage_tracer(torch, events)
+    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, fused_sdpa=fused_sdpa) as (step, batch):
         step.run(batch())
         step.run(batch())
     return events
@@ -186,8 +176,6 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             self.seen: set[int] = set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:  # .item() of a fake tensor: any number will do
-                return 1.0 if args[0].dtype.is_floating_point else 1
             out = func(*args, **(kwargs or {}))
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
@@ -207,50 +195,3 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             events.append(("free", key, 0, ""))
 
     return Storages()
-
-
-def traces_fused_attention(profile: Profile) -> bool:
-    """Whether SDPA is traced as a fused kernel: on a GPU it runs one (flash, cuDNN, efficient) unless the profile
-    pins the math path, which saves T x T there too."""
-    return profile.attention.sdpa_backend != "math"
-
-
-def fused_attention_stand_in(torch: Any) -> Callable:
-    """F.scaled_dot_product_attention as a fused GPU kernel allocates: forward the output and a (B, H, T) fp32
-    log-sum-exp, both saved; backward the three input gradients. Dropout is drawn inside the kernel (no mask)."""
-
-    class FusedAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            out = torch.empty_like(q)
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-            ctx.save_for_backward(q, k, v, out, lse)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            q, k, v, _, _ = ctx.saved_tensors
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
-        return FusedAttention.apply(q, k, v)
-
-    return attention
-
-
-class patched:
-    """Replace module.name by `value` for a with-block (None: leave it)."""
-
-    def __init__(self, module, name: str, value) -> None:
-        self.module, self.name, self.value, self.saved = module, name, value, None
-
-    def __enter__(self):
-        if self.value is not None:
-            self.saved = getattr(self.module, self.name)
-            setattr(self.module, self.name, self.value)
-
-    def __exit__(self, *exc):
-        if self.value is not None:
-            setattr(self.module, self.name, self.saved)
-
-

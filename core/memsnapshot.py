@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -20,7 +21,8 @@ import json
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
+from unittest import mock
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import DeviceError, MemlabError
@@ -121,38 +123,15 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:
     """MemTracker's peak snapshot over the second of two training steps built by memlab.core.step on fake tensors."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlab.core.step import build_step
-
-    class _Scalars(TorchDispatchMode):
-        """`.item()` has no value on a fake tensor (Adafactor, clipping read one): any number does for memory."""
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                return 1.0 if args[0].dtype.is_floating_point else 1
-            return func(*args, **(kwargs or {}))
-
-    T, k = experiment.model.seq_len, p.accumulation.steps
     tracker: list[Any] = [None]
 
     def on_phase(name: str) -> None:
         if name == "forward" and tracker[0] is not None:
             tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
 
-    def batch() -> list:
-        return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
-
-    from memlab.core.allocation_trace import fused_attention_stand_in, patched, traces_fused_attention
-
-    # SDPA as the GPU's fused kernel saves (its output and log-sum-exp), not as the CPU's math path under dropout
-    fused = fused_attention_stand_in(torch) if traces_fused_attention(p) else None
-    with FakeTensorMode(), _Scalars(), patched(torch.nn.functional, "scaled_dot_product_attention", fused):
-        step = build_step(experiment, p, device, vocab_size, on_device=True)
-        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+    with fake_step(experiment, p, device, vocab_size, b) as (step, batch):
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
         mt = MemTracker()
         # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
@@ -161,6 +140,73 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
         with mt:
             step.run(batch(), on_phase=on_phase)
         return mt.get_tracker_snapshot("peak")
+
+
+@contextlib.contextmanager
+def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, *watchers: Any,
+              fused_sdpa: bool = True) -> Iterator[tuple[Any, Callable[[], list]]]:
+    """The engine's step (memlab.core.step) built on fake tensors, inside `watchers` (dispatch modes entered before
+    the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
+    `.item()` answers any number; SDPA saves what the GPU's fused kernel saves, not the CPU's math path (unless
+    `fused_sdpa` is False: this device's own SDPA)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlab.core.step import build_step
+
+    T, k = experiment.model.seq_len, p.accumulation.steps
+
+    def batch() -> list:
+        return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
+
+    with contextlib.ExitStack() as stack:
+        sdpa = _fused_sdpa(torch, p) if fused_sdpa else contextlib.nullcontext()
+        for mode in (FakeTensorMode(), _scalars(torch), sdpa, *watchers):
+            stack.enter_context(mode)
+        step = build_step(experiment, p, device, vocab_size, on_device=True)
+        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+        yield step, batch
+
+
+def _scalars(torch: Any) -> Any:
+    """A dispatch mode: `.item()` has no value on a fake tensor (Adafactor, clipping read one): any number does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Scalars(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                return 1.0 if args[0].dtype.is_floating_point else 1
+            return func(*args, **(kwargs or {}))
+
+    return Scalars()
+
+
+def _fused_sdpa(torch: Any, p: Profile) -> Any:
+    """F.scaled_dot_product_attention replaced by what a fused GPU kernel (flash, cuDNN, efficient) allocates: its
+    output and an fp32 (B, H, T) log-sum-exp, both saved; in backward the three input gradients; dropout is drawn
+    inside the kernel (no mask). On a CPU, SDPA with dropout takes the math path, which saves the T x T
+    probabilities and their mask (13% over the H100's peak on the seed shape). Left alone where the profile pins
+    sdpa_backend = math, which saves T x T on a GPU too."""
+    if p.attention.sdpa_backend == "math":
+        return contextlib.nullcontext()
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
+        return FusedAttention.apply(q, k, v)
+
+    return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", attention)
 
 
 def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: Any, vocab_size: int, b: int, notes: list[str]) -> Estimate:
