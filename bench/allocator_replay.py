@@ -63,11 +63,12 @@ allocator follows the same policy, so find-batch's bisection, which assumes a mo
 from __future__ import annotations
 
 import argparse
+import functools
 import pickle
 from pathlib import Path
 
 from memlab.core.allocation_trace import fake_trace as _trace_of
-from memlab.core.allocation_trace import snapshot_trace  # noqa: F401 (the test reaches it here)
+from memlab.core.allocation_trace import snapshot_trace
 from memlab.core.allocator_model import OutOfMemory, replay
 
 GIB = 2**30
@@ -96,16 +97,26 @@ AGAINST_H100 = [("gpt2s", p, 16, []) for p in ("bf16", "gradcp_bf16", "chunked_c
 
 def h100_run(experiment: str, profile: str, micro_batch: int) -> dict | None:
     """The summary of the first finished committed run (bench/results/) of this profile, experiment and micro-batch."""
+    return _finished_runs().get((experiment, profile, micro_batch))
+
+
+@functools.cache
+def _finished_runs() -> dict[tuple[str, str, int], dict]:
+    """Every finished committed run's summary by (experiment, profile, micro-batch), the first in path order: read
+    once, not once a case."""
     import json
 
     import polars as pl
 
+    found: dict[tuple[str, str, int], dict] = {}
     for path in sorted(RESULTS.glob("**/summary.parquet")):
         summary = pl.read_parquet(path).to_dicts()[0]
+        if summary["status"] != "finished":
+            continue
         run = json.loads((path.parent / "run.json").read_text())
-        if (run["experiment"]["name"], summary["profile"], summary["micro_batch"], summary["status"]) == (experiment, profile, micro_batch, "finished"):
-            return summary | {"path": str(path.parent.relative_to(RESULTS))}
-    return None
+        key = (run["experiment"]["name"], summary["profile"], summary["micro_batch"])
+        found.setdefault(key, summary | {"path": str(path.parent.relative_to(RESULTS))})
+    return found
 
 
 def against_h100() -> None:
