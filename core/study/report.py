@@ -18,7 +18,7 @@ from memlab.core.runfolder import atomic_write_bytes, atomic_write_parquet, read
 from memlab.core.study.figures import write_figures
 from memlab.core.study.findings import estimates, findings, share_of_peak
 from memlab.core.study.frame import common, finished, peak_column, study_frame
-from memlab.core.study.state import FINAL, StudyState
+from memlab.core.study.state import StudyState
 from memlab.core.units import MISSING
 
 AT_MAX_MARK = "†"
@@ -80,7 +80,7 @@ def _unfinished(state: StudyState) -> list[str]:
     kinds = ("max", "common", "at_max") if state.options.at_max else ("max", "common")
     left = []
     for name in state.options.profiles:
-        todo = [k for k in kinds if state.items.get(f"{k}/{name}") is None or state.items[f"{k}/{name}"].status not in FINAL]
+        todo = [k for k in kinds if not getattr(state.items.get(f"{k}/{name}"), "final", False)]
         if todo:
             found = state.items.get(f"max/{name}")
             known = f"max batch {found.max_batch:,} measured; " if found and found.max_batch and "max" not in todo else ""
