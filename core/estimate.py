@@ -406,13 +406,18 @@ def _block_layout(profile: Profile, L: int) -> list[str]:
     raise ConfigError(f"estimate: unknown checkpointing.mode {ck.mode!r}")
 
 
-def ops_saved(s: _Shape, pr: _Precision, kind: str) -> int:
+def ops_saved(s: _Shape, pr: _Precision, kind: str, dropout: int = 0) -> int:
     """What mode "ops" keeps of one block besides its input: every matmul's output (qkv 3e BTC, the two
     projections e BTC each, fc e BTF) and the attention kernel's outputs (fused: its output e BTC and the fp32
-    log-sum-exp 4 bHT; eager: the two bmm outputs, the scores e bHT^2 and the output e BTC). Norms, GELU, casts
-    (the autocast weight copies too) and dropout are recomputed."""
+    log-sum-exp 4 bHT; eager: the two bmm outputs, the scores e bHT^2 and the output e BTC), and every dropout
+    that returns its mask (CUDA's native_dropout, `dropout` = 1: its output and bool mask; the two residual
+    dropouts, e BTC each, and eager attention's on the fp32 probabilities). Norms, GELU and casts (the autocast
+    weight copies too) are recomputed, and so is the CPU's in-place dropout (memlab.core.techniques.checkpointing)."""
     attention = pr.e * s.BHTT + pr.e * s.BTC if kind == "materialized" else pr.e * s.BTC + 4 * s.b * s.H * s.T
-    return 3 * pr.e * s.BTC + 2 * pr.e * s.BTC + pr.e * s.BTF + attention
+    kept_dropout = 0
+    if dropout == 1:
+        kept_dropout = 2 * (pr.e + 1) * s.BTC + ((4 + 1) * s.BHTT if kind == "materialized" else 0)
+    return 3 * pr.e * s.BTC + 2 * pr.e * s.BTC + pr.e * s.BTF + attention + kept_dropout
 
 
 def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, block_input: int = 4,
@@ -425,7 +430,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
     if layout == "full":
         return block_input * s.BTC  # the non-reentrant checkpoint keeps only the block's input
     if layout == "ops":
-        return block_input * s.BTC + ops_saved(s, pr, kind)
+        return block_input * s.BTC + ops_saved(s, pr, kind, dropout)
     if layout == "budget":
         # An approximation, borne out on the H100 at 0.75 and 1 only (see _saved_activations' note): the min-cut
         # partitioner keeps at most `budget` of what it keeps at 1.0 (the compiled no-checkpointing figure, = the

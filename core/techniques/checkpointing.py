@@ -5,8 +5,10 @@ Always `use_reentrant=False` (the implementation PyTorch recommends: it composes
 hooks, and gives the same loss and gradients as no checkpointing).
 
 mode = "ops" is per-op selective checkpointing (torchtitan's "op" SAC): in each block the outputs of the matmuls
-and of the attention kernel are kept (the costly ops), and everything else (LayerNorm, GELU, casts, dropout,
-reshapes) is recomputed in backward. `checkpointing.budget` < 1 is not a wrapper at all: it is
+and of the attention kernel are kept (the costly ops), and so is every random op (dropout): the recompute replays
+the forward's RNG state, but the kept attention kernel does not run again, so with attention dropout a recomputed
+dropout would draw at another RNG offset and its mask would not be the forward's (wrong gradients). Everything else
+(LayerNorm, GELU, casts, reshapes) is recomputed in backward. `checkpointing.budget` < 1 is not a wrapper at all: it is
 torch._functorch.config.activation_memory_budget, read by AOTAutograd's min-cut partitioner when the compiled graph
 is built, which happens at the first forward (compile is lazy), so the compiled module runs under it (`budgeted`).
 """
@@ -45,9 +47,18 @@ SAVED_OPS = _saved_ops()
 SAVED_NAMESPACES = ("flash_attn",)  # the flash-attn package's own ops (flash_attn::_flash_attn_forward)
 
 
+def _random(op: Any) -> bool:
+    """An op that draws from the RNG and returns its draw (CUDA's native_dropout). An in-place one (the CPU's
+    dropout is bernoulli_ into a buffer it then scales) cannot be kept, its output is mutated after; on the CPU no
+    kept op draws, so recomputing it replays the forward's draws in order."""
+    random = torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
+    return random and not op._schema.is_mutable
+
+
 def ops_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:  # noqa: ARG001
-    """Keep what is costly to recompute (matmuls, attention); recompute the cheap, memory-bound rest."""
-    if op in SAVED_OPS or getattr(op, "namespace", None) in SAVED_NAMESPACES:
+    """Keep what is costly to recompute (matmuls, attention) and what must not be redrawn (random ops); recompute
+    the cheap, memory-bound rest."""
+    if op in SAVED_OPS or getattr(op, "namespace", None) in SAVED_NAMESPACES or _random(op):
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
