@@ -101,6 +101,30 @@ def test_a_second_invocation_redoes_nothing_finished(done):
     assert len(_state(out)["invocations"]) == 2
 
 
+def test_redo_measures_a_profile_again_and_keeps_its_old_runs_aside(done, tmp_path):
+    import shutil
+
+    out = tmp_path / "s"
+    shutil.copytree(done[0], out)
+    old = {k: v["run_dir"] for k, v in _state(out)["items"].items() if v["profile"] == "bf16" and v["run_dir"]}
+    assert _study(["study", "--out", str(out), "--redo", "bf16"]) == 1  # tf32 is still refused
+    items = _state(out)["items"]
+    assert {k: items[k]["status"] for k in old} == {"common/bf16": "finished", "at_max/bf16": "finished"}
+    assert all(items[k]["run_dir"] != v and (out / items[k]["run_dir"]).is_dir() for k, v in old.items())
+    assert sorted(p.name for p in (out / "superseded").iterdir()) == sorted(Path(v).name for v in old.values())
+    assert _state(out)["invocations"][-1].endswith("--redo bf16")
+    assert pl.read_parquet(out / "comparison.parquet").filter(pl.col("profile") == "bf16")["path"].str.contains("superseded").sum() == 0
+
+
+def test_redo_of_a_profile_the_study_has_not_run_is_refused_untouched(done, capsys):
+    out, _ = done
+    before = (out / "study.json").read_bytes()
+    assert _study(["study", "--out", str(out), "--redo", "bf16,flash"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--redo flash: not a profile this study has run; valid: baseline, bf16, tf32") and len(err.splitlines()) == 1
+    assert (out / "study.json").read_bytes() == before
+
+
 @pytest.mark.parametrize("args, expect", [
     (["--recipe", "nope", "--profiles", "baseline"], "unknown recipe 'nope'; recipes: seed-plwiki, seed-shopping, seed-so-posts"),
     (["--experiment", "tiny", "--profiles", "baseline,nope"], "unknown profile 'nope'"),

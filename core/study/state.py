@@ -4,12 +4,14 @@ resumes from the last item that ended; a second invocation with the same --out s
 
     <out>/study.json     options, identity, items (this module)
     <out>/runs/          the run folders (one child process each)
+    <out>/superseded/    run folders of items the user asked to redo (--redo), kept
     <out>/commands.txt   the exact commands: the study's own and every child's
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +21,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.runfolder import atomic_write_json
 
 STATE_FILE = "study.json"
+SUPERSEDED = "superseded"  # run folders of items redone (--redo): kept, out of the report
 SCHEMA = 1
 # Outcomes that are results: a second invocation does not redo them (a refusal or an OOM would only repeat).
 # Anything else (interrupted, crashed, error, not run for want of a max batch) is tried again.
@@ -81,6 +84,19 @@ class StudyState:
         if key not in self.items:
             self.items[key] = Item(key, kind, profile)
         return self.items[key]
+
+    def redo(self, profiles: list[str], out: Path) -> list[str]:
+        """Forget what `profiles` measured (the code they ran has changed since): their items go back to pending and
+        their run folders move to superseded/, kept but out of the report. Returns the folders moved."""
+        moved = []
+        for item in [i for i in self.items.values() if i.profile in profiles]:
+            if item.run_dir and (out / item.run_dir).is_dir():
+                target = out / SUPERSEDED / Path(item.run_dir).name
+                target.parent.mkdir(exist_ok=True)
+                shutil.move(str(out / item.run_dir), str(target))
+                moved.append(str(target.relative_to(out)))
+            self.items[item.key] = Item(item.key, item.kind, item.profile)
+        return moved
 
     def save(self, out: Path) -> None:
         doc = {"schema": SCHEMA, "options": asdict(self.options), "identity": self.identity,

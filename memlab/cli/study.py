@@ -28,6 +28,7 @@ def study(
     device: DeviceOpt = "auto",
     data: Annotated[Optional[str], typer.Option("--data", help="Replace the corpus: stdlib | a file or folder | hf:NAME[:CONFIG].")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Replace the tokenizer: bpe:N | tokenizer.json | hf:NAME.")] = None,
+    redo: Annotated[Optional[str], typer.Option("--redo", help="Comma-separated profiles of this study to measure again (after a fix): their max batch and runs are forgotten, their run folders moved to superseded/.")] = None,
     lanes: Annotated[int, typer.Option("--lanes", help="Search the max batch of N profiles at once on one GPU, each capped at --gpu-memory (N caps must fit the card); training runs stay one at a time, so no timing is shared.")] = 1,
 ) -> None:
     """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
@@ -48,16 +49,33 @@ def study(
     identity = options.identity(plan.experiment.fingerprint())
     if stored is not None:
         st.check_same_study(stored, identity, out_path)
+    redone = _redo_list(redo, options, stored)
     st.check_reachable(plan.experiment, _args(options, out, offline=True))
     state = stored or st.StudyState(options, identity)
     state.options = options
-    state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --lanes {lanes}" if lanes > 1 else "")))
+    state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
+                                      + (f" --lanes {lanes}" if lanes > 1 else "")))
     out_path.mkdir(parents=True, exist_ok=True)
+    for folder in state.redo(redone, out_path):
+        typer.echo(f"redo: {folder} (kept, out of the report)", err=True)
     state.save(out_path)
     runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True))
     _run_stoppable(runner)
     st.write_report(state, out_path, plan.baseline)
     _finish(state, out_path, runner.stopping)
+
+
+def _redo_list(redo: str | None, options: Options, stored: StudyState | None) -> list[str]:
+    """--redo's profiles: each must be one this study has already begun (else nothing would be redone)."""
+    from memlab.core.errors import ConfigError
+
+    names = [p.strip() for p in (redo or "").split(",") if p.strip()]
+    begun = sorted({i.profile for i in stored.items.values() if i.status != "pending"}) if stored is not None else []
+    unknown = [n for n in names if n not in begun or n not in options.profiles]
+    if unknown:
+        valid = ", ".join(p for p in begun if p in options.profiles) or "none yet: nothing has run"
+        raise ConfigError(f"--redo {','.join(unknown)}: not a profile this study has run; valid: {valid}")
+    return names
 
 
 def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, overrides, device) -> Options:
