@@ -15,13 +15,14 @@
 #   f1/f2: every new profile on bigvocab beside its bf16 (issue 19's table on the large-vocabulary experiment too):
 #          f1 the eager ones, f2 the compiled ones (each compiling in its own run) and the fused losses; f3 what
 #          f2's deadline cut (float8's evaluation, compile_budget)
+#   g/g2:  compile_budget at 0, 0.25 and 0.75 on the seed shape (g) and on bigvocab (g2): held out from its model
 #   b:     bitsandbytes / GaLore / the fused losses on gpt2s, and bf16, chunked_ce, liger_ce, cce on bigvocab
 #   optim: bench/experiments/optim_budget.toml (600 steps x 16 x 1024 tokens) for each optimizer profile ($4: a
 #          comma-separated subset, to finish a sweep a call's time cut short)
 # Each run is capped at 240 s and the whole part at $3 seconds; what ran is kept. Source bench/gpu_setup.sh first.
 # usage: bash bench/frontier_h100.sh OUT_DIR PART [SECONDS] [PROFILES]
 set -u
-out=${1:?output folder}; part=${2:?a, a2, b, c, d, e, f1, f2, f3 or optim}; runs="$out/runs"; mkdir -p "$runs"
+out=${1:?output folder}; part=${2:?a, a2, b, c, d, e, f1, f2, f3, g, g2 or optim}; runs="$out/runs"; mkdir -p "$runs"
 deadline=$(( $(date +%s) + ${3:-560} ))
 left() { echo $(( deadline - $(date +%s) )); }
 run() {  # experiment profile [memlab run options ...]
@@ -43,6 +44,7 @@ warm_on() {  # compile each case once in parallel, in throwaway folders, so the 
   done
   wait "${pids[@]}"; echo "== warm done ($(date -u +%T))"; tail -n1 /tmp/warm-*.log
 }
+SEED=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
 BUDGETS=(0 0.25 0.5 0.75 1)  # the compiler's activation-memory budgets swept
 BUDGET_CASES=("${BUDGETS[@]/#/compile_budget:checkpointing.budget=}")  # warm()'s cases for them
 budget_sweep() {  # the sweep, with what is left of the part's time
@@ -83,6 +85,12 @@ case $part in
   f3)
     # what f2's deadline cut: float8 to the end of its evaluation, compile_budget; beside their bf16 and compile
     for p in bf16 compile_budget float8 compile; do run bigvocab $p; done ;;
+  g)
+    # the compiler's budget below 1 on shapes its model was not built on (held out): the seed shape on the
+    # built-in corpus at its batch 64
+    for b in 0 0.25 0.75; do run seed-so-posts compile_budget --set checkpointing.budget=$b "${SEED[@]}"; done ;;
+  g2)
+    for b in 0 0.25 0.75; do run bigvocab compile_budget --set checkpointing.budget=$b; done ;;
   b)
     run gpt2s bf16
     for p in paged_adamw8bit galore chunked_ce liger_ce cce; do run gpt2s $p; done
@@ -90,6 +98,6 @@ case $part in
   optim)
     l=$(left); timeout -s INT "$l" python3 -m memlab sweep --profiles "${4:-bf16,adamw4bit,bf16_sr,muon,paged_adamw8bit,galore}" \
       --experiment bench/experiments/optim_budget.toml --device cuda --runs-dir "$runs" 2>&1 | tail -12 ;;
-  *) echo "unknown part $part: a, a2, b, c, d, e, f1, f2, f3 or optim"; exit 2 ;;
+  *) echo "unknown part $part: a, a2, b, c, d, e, f1, f2, f3, g, g2 or optim"; exit 2 ;;
 esac
 python3 -m memlab table "$runs" --out "$out" 2>&1 | tail -40
