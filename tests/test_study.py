@@ -466,3 +466,11 @@ def test_a_partial_study_says_what_is_left_and_mixed_versions_are_named(tmp_path
     note = next(line for line in md.splitlines() if "NOTE: these runs come from" in line)
     assert note.startswith("- NOTE: these runs come from 2 different versions (memlab commit, torch): memlab 0123abc · torch ")
     assert note.split("0123abc")[1].split(";")[0].endswith(": baseline") and "bf16" in note.split(";")[1]
+
+
+def test_the_readmes_study_table_is_printed_from_the_committed_study():
+    from bench_helpers import bench_module
+
+    root = Path(__file__).resolve().parents[1]
+    table = bench_module("study_readme_table").table(root / "bench/results/study-so-posts-h100")
+    assert table.count("\n") == 35 and table in (root / "README.md").read_text()
