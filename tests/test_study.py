@@ -474,3 +474,10 @@ def test_the_readmes_study_table_is_printed_from_the_committed_study():
     root = Path(__file__).resolve().parents[1]
     table = bench_module("study_readme_table").table(root / "bench/results/study-so-posts-h100")
     assert table.count("\n") == 35 and table in (root / "README.md").read_text()
+
+
+@pytest.mark.parametrize("ms, expect", [(23.2, "2.32× as fast (23.2 ms"), (80.7, "50% slower (80.7 ms"), (53.9, "at the same speed")])
+def test_the_speed_cost_of_the_memory_finding_reads_as_a_ratio(ms, expect):
+    from memlab.core.study.findings import _speed_cost
+
+    assert _speed_cost({"step_ms_median": ms}, {"step_ms_median": 53.8}).startswith(expect)

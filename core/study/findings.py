@@ -64,7 +64,7 @@ def _speed_cost(row: dict, base: dict) -> str:
     if not row.get("step_ms_median") or not base.get("step_ms_median"):
         return "speed not measured"
     ratio = row["step_ms_median"] / base["step_ms_median"]
-    how = f"{(ratio - 1) * 100:.0f}% slower" if ratio > 1.005 else f"{(1 - ratio) * 100:.0f}% faster" if ratio < 0.995 else "at the same speed"
+    how = f"{(ratio - 1) * 100:.0f}% slower" if ratio > 1.005 else f"{1 / ratio:.2f}× as fast" if ratio < 0.995 else "at the same speed"
     return f"{how} ({row['step_ms_median']:.1f} ms a step against {base['step_ms_median']:.1f} ms)"
 
 
