@@ -7,6 +7,7 @@ as superseded and not checked (the run made after the change is).
 
     python bench/frontier_check.py              # prints the table, writes results/frontier-h100/check.md
     python bench/frontier_check.py --out -      # print only
+    python bench/frontier_check.py --part f3    # the part's runs as NOTE.md lists them
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def rows(results: Path = RESULTS) -> list[dict]:
         part = run.parent.parent.parent.name
         meta = json.loads(run.read_text())
         summary = pl.read_parquet(run.parent / "summary.parquet").to_dicts()[0]
-        row = {"part": part, "run": run.parent.name, "experiment": meta["experiment"]["name"], "profile": summary["profile"],
+        row = {"part": part, "run": run.parent.name, "experiment": meta["experiment"]["name"], "profile": _label(summary["profile"], meta),
                "status": summary["status"], "batch": summary["micro_batch"], "measured": summary["peak_alloc_bytes"],
                "superseded": SUPERSEDED.get((part, summary["profile"])),
                "all_steps": summary["steps"] == meta["experiment"]["train"]["steps"]}
@@ -47,6 +48,12 @@ def rows(results: Path = RESULTS) -> list[dict]:
             row["error_pct"] = 100 * (row["predicted"] - row["measured"]) / row["measured"]
         out.append(row)
     return out
+
+
+def _label(profile: str, meta: dict) -> str:
+    """The profile's name, with the compiler's budget where a --set gave it (a sweep's --vary names it already)."""
+    budget = meta["profile"].get("checkpointing", {}).get("budget", 1.0)
+    return f"{profile}@budget={budget:g}" if budget < 1 and "@" not in profile else profile
 
 
 def _counts(row: dict) -> bool:
@@ -67,14 +74,38 @@ def markdown(all_rows: list[dict]) -> str:
         err = f"{r['error_pct']:+.1f}%" if "error_pct" in r else "—"
         note = r["superseded"] or ("" if r["status"] == "finished" else
                                    "stopped in its final evaluation, after every training step" if _counts(r) else f"{r['status']}: not checked")
-        lines.append(f"| {r['part']} | {r['experiment']} | {r['profile']} | {r['batch']} | {r['measured'] / gib:.2f} | {pred} | {err} | {note} |")
+        measured = "—" if r["measured"] is None else f"{r['measured'] / gib:.2f}"
+        lines.append(f"| {r['part']} | {r['experiment']} | {r['profile']} | {r['batch']} | {measured} | {pred} | {err} | {note} |")
     return "\n".join(lines) + "\n"
+
+
+def part_table(part: str, results: Path = RESULTS) -> str:
+    """One part's runs, read from their summary.parquet (NOTE.md's "The runs" section)."""
+    import polars as pl
+
+    gib = 2**30
+    lines = ["| experiment | profile | status | batch | fwd / bwd / opt GiB | peak GiB | reserved | NVML | step ms | tokens/s | val ppl |",
+             "|:--|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for run in sorted((results / part / "runs").glob("*/run.json")):
+        r = pl.read_parquet(run.parent / "summary.parquet").to_dicts()[0]
+        label = _label(r["profile"], json.loads(run.read_text()))
+        g = [("—" if r[k] is None else f"{r[k] / gib:.2f}") for k in
+             ("peak_alloc_fwd_bytes", "peak_alloc_bwd_bytes", "peak_alloc_opt_bytes", "peak_alloc_bytes", "peak_reserved_bytes", "peak_nvml_bytes")]
+        ms = "—" if r["step_ms_median"] is None else f"{r['step_ms_median']:.1f}"
+        tps = "—" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        ppl = "—" if r["val_ppl"] is None else f"{r['val_ppl']:,.2f}"
+        lines.append(f"| {r['experiment']} | {label} | {r['status']} | {r['micro_batch']} | {g[0]} / {g[1]} / {g[2]} | {g[3]} | {g[4]} | {g[5]} | {ms} | {tps} | {ppl} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(RESULTS / "check.md"), help="where to write the table; - prints only")
+    ap.add_argument("--part", help="print this part's runs instead (NOTE.md's tables)")
     a = ap.parse_args()
+    if a.part:
+        print(part_table(a.part))
+        return
     all_rows = rows()
     text = markdown(all_rows)
     print(text)
