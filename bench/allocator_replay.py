@@ -6,8 +6,8 @@ Two traces:
   reserved peak is set beside the allocator's own (its segment events), which tells how well the model follows
   the allocator when the trace is exact;
 - a fake-tensor one, on this machine: one training step of a profile at a micro-batch, on fake tensors (no memory,
-  no GPU; memlab's `estimate --method fake` machinery). On a CPU the step runs the CPU's kernels (SDPA's math path
-  saves T x T attention, cuDNN's does not), so the trace is not the GPU's: compare it with a real one first.
+  no GPU; memlab's `estimate --method fake` machinery), with what a GPU step allocates and a CPU's does not added
+  (below); `--device-kernels` leaves this machine's own SDPA and dropout in.
 
     python bench/allocator_replay.py runs/<run>/memory_snapshot.pickle [--cap 24GiB]
     python bench/allocator_replay.py --fake seed-so-posts bf16 64 [--set data.tokenizer="bpe:8192"] [--cap 23.26GiB]
@@ -16,21 +16,27 @@ Two traces:
 Against the H100 (`python bench/allocator_replay.py --against-h100`, 2026-11-25, on a CPU machine: fake traces, each
 beside the committed H100 run of the same profile, experiment and micro-batch, then the max micro-batch replayed
 under the allocator budget the H100's find-batch searched under; tests/test_allocator_model.py checks some of them).
-Nothing in the model was fitted to these: its constants are the allocator's.
+Nothing in the model was fitted to these: its constants are the allocator's. What the fake trace adds to a CPU's
+fake step, each found by setting a real H100 trace beside it (bench/replay_check.sh,
+bench/results/replay-check-h100/) or in PyTorch's source, none a fitted size: SDPA and dropout as CUDA's fused
+kernels save them (no T x T; a bool mask), the two cuBLAS workspaces (32 MiB each on Hopper, kept for the process:
+the backward's landed in the first step's freed logits segment on the seed shape, which is what made it fragment
+31%), and the fp32 temporary of CUDA's softmax backward (gpt2s gradcp). Before them the seed shape's SDPA-with-
+dropout profiles replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 
 | experiment, profile, micro-batch | allocated: replay / H100 GiB | reserved: replay / H100 GiB | H100 run |
 |:--|--:|--:|:--|
-| gpt2s bf16 16 | 7.85 / 7.91 | 8.50 / 8.53 (-0.4%) | frontier-h100/a/runs/20261125-111237-bf16-cbd0 |
-| gpt2s gradcp_bf16 16 | 3.18 / 3.24 | 3.68 / 3.71 (-0.9%) | frontier-h100/a/runs/20261125-111604-gradcp_bf16-8ba0 |
-| gpt2s chunked_ce 16 | 6.82 / 6.89 | 7.14 / 7.21 (-1.0%) | frontier-h100/b/runs/20261125-114949-chunked_ce-9133 |
-| gpt2s selective 16 | 6.95 / 7.01 | 7.15 / 7.18 (-0.5%) | frontier-h100/a/runs/20261125-111618-selective-43de |
-| bigvocab bf16 24 | 40.99 / 41.06 | 45.91 / 45.92 (-0.0%) | frontier-h100/b/runs/20261125-115115-bf16-3c7a |
-| bigvocab chunked_ce 24 | 12.12 / 12.18 | 13.62 / 13.63 (-0.1%) | frontier-h100/b/runs/20261125-115137-chunked_ce-497b |
-| seed-so-posts baseline 64 | 12.07 / 11.65 | 15.07 / 14.66 (+2.8%) | study-so-posts-h100/runs/20261125-095423-baseline-a1f1 |
-| seed-so-posts gradcp 64 | 9.50 / 9.55 | 9.95 / 9.85 (+1.0%) | study-so-posts-h100/runs/20261125-095940-gradcp-ac9a |
-| seed-so-posts bf16 64 | 10.09 / 10.11 | 11.63 / 14.65 (-20.6%) | study-so-posts-h100/runs/20261125-095633-bf16-32e2 |
-| seed-so-posts fp16 64 | 10.09 / 10.11 | 11.63 / 14.65 (-20.6%) | study-so-posts-h100/runs/20261125-095909-fp16-0ddb |
-| seed-so-posts chunked_ce 64 | 3.26 / 3.27 | 3.57 / 4.29 (-16.7%) | study-so-posts-h100/runs/20261125-095647-chunked_ce-b17c |
+| gpt2s bf16 16 | 7.91 / 7.91 | 8.53 / 8.53 (+0.0%) | frontier-h100/a/runs/20261125-111237-bf16-cbd0 |
+| gpt2s gradcp_bf16 16 | 3.24 / 3.24 | 3.71 / 3.71 (-0.1%) | frontier-h100/a/runs/20261125-111604-gradcp_bf16-8ba0 |
+| gpt2s chunked_ce 16 | 6.89 / 6.89 | 7.29 / 7.21 (+1.2%) | frontier-h100/b/runs/20261125-114949-chunked_ce-9133 |
+| gpt2s selective 16 | 7.01 / 7.01 | 7.18 / 7.18 (-0.0%) | frontier-h100/a/runs/20261125-111618-selective-43de |
+| bigvocab bf16 24 | 41.06 / 41.06 | 45.93 / 45.92 (+0.0%) | frontier-h100/b/runs/20261125-115115-bf16-3c7a |
+| bigvocab chunked_ce 24 | 12.18 / 12.18 | 13.63 / 13.63 (+0.0%) | frontier-h100/b/runs/20261125-115137-chunked_ce-497b |
+| seed-so-posts baseline 64 | 11.65 / 11.65 | 14.62 / 14.66 (-0.3%) | study-so-posts-h100/runs/20261125-095423-baseline-a1f1 |
+| seed-so-posts gradcp 64 | 9.55 / 9.55 | 9.88 / 9.85 (+0.3%) | study-so-posts-h100/runs/20261125-095940-gradcp-ac9a |
+| seed-so-posts bf16 64 | 10.11 / 10.11 | 14.65 / 14.65 (+0.0%) | study-so-posts-h100/runs/20261125-095633-bf16-32e2 |
+| seed-so-posts fp16 64 | 10.11 / 10.11 | 14.65 / 14.65 (+0.0%) | study-so-posts-h100/runs/20261125-095909-fp16-0ddb |
+| seed-so-posts chunked_ce 64 | 3.27 / 3.27 | 4.29 / 4.29 (+0.0%) | study-so-posts-h100/runs/20261125-095647-chunked_ce-b17c |
 
 | experiment, profile | allocator budget GiB | max micro-batch: replay / find-batch on the H100 |
 |:--|--:|--:|
@@ -39,25 +45,24 @@ Nothing in the model was fitted to these: its constants are the allocator's.
 | gpt2s chunked_ce | 12.00 | 30 / 30 (+0.0%) |
 | gpt2s selective | 12.00 | 27 / 27 (+0.0%) |
 | gpt2s gradcp_bf16 | 12.00 | 68 / 68 (+0.0%) |
-| gpt2s gradcp | 12.00 | 48 / 40 (+20.0%) |
+| gpt2s gradcp | 12.00 | 40 / 40 (+0.0%) |
 | gpt2s gradcp_every2 | 12.00 | 35 / 35 (+0.0%) |
 | gpt2s fp16 | 12.00 | 24 / 24 (+0.0%) |
 | gpt2s flash_gradcp | 12.00 | 68 / 68 (+0.0%) |
 | gpt2s fused_adamw | 12.00 | 24 / 24 (+0.0%) |
-| seed-so-posts baseline | 23.26 | 98 / 102 (-3.9%) |
-| seed-so-posts gradcp | 23.26 | 157 / 153 (+2.6%) |
+| seed-so-posts baseline | 23.26 | 102 / 102 (+0.0%) |
+| seed-so-posts gradcp | 23.26 | 153 / 153 (+0.0%) |
 | seed-so-posts gradcp_bf16 | 23.26 | 135 / 135 (+0.0%) |
-| seed-so-posts bf16 | 23.26 | 129 / 102 (+26.5%) |
-| seed-so-posts selective | 23.26 | 130 / 103 (+26.2%) |
-| seed-so-posts chunked_ce | 23.26 | 1809 / 1961 (-7.8%) |
+| seed-so-posts bf16 | 23.26 | 102 / 102 (+0.0%) |
+| seed-so-posts selective | 23.26 | 102 / 103 (-1.0%) |
+| seed-so-posts chunked_ce | 23.26 | 1898 / 1961 (-3.2%) |
 
-Where it misses, the CPU's trace is not the GPU's: SDPA with the seed shape's dropout (its tensors agree, its
-reserved memory does not: the fused kernel's dropout allocates something the trace lacks?), and gpt2s's eager
-attention in fp32 (gradcp: CUDA's softmax backward makes one more T x T temporary, see memlab.core.estimate).
-Near the boundary the replayed fit is not monotone in the batch (gradcp_every2 fits 35 and 37, not 36 or 38), so a
-plain bisection's answer depends on where it starts (37 from 35). replayed_max_batch therefore confirms that the two
-batches below its answer fit too, and searches on below one that does not: 35, find-batch's answer. The real
-allocator follows the same policy, so find-batch's bisection, which assumes a monotone fit, may meet the same.
+The replayed max micro-batch is never above find-batch's here, and within 3.2%. Near the boundary the replayed fit
+is not monotone in the batch (gradcp_every2 fits 35 and 37, not 36 or 38), so a plain bisection's answer depends on
+where it starts (37 from 35). replayed_max_batch therefore confirms that the two batches below its answer fit too,
+and searches on below one that does not: 35, find-batch's answer. The real allocator follows the same policy, so
+find-batch's bisection, which assumes a monotone fit, may meet the same. Not modelled: expandable segments
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), compiled steps (Inductor plans its own buffers).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ GIB = 2**30
 
 
 def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
-               fused_sdpa: bool = True) -> list[tuple]:
+               gpu_kernels: bool = True) -> list[tuple]:
     """memlab.core.allocation_trace.fake_trace for a built-in experiment and profile, as memlab run resolves them."""
     import torch
 
@@ -85,7 +90,7 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
     device = "cuda" if torch.cuda.is_available() else "cpu"
     experiment, profile = resolve(experiment_name, profile_name, device, overrides)
     return _trace_of(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch,
-                     fused_sdpa=fused_sdpa)
+                     gpu_kernels=gpu_kernels)
 
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -178,7 +183,7 @@ def main() -> None:
     ap.add_argument("snapshot", nargs="?", help="a memory_snapshot.pickle from memlab run --memory-snapshot")
     ap.add_argument("--fake", nargs=3, metavar=("EXPERIMENT", "PROFILE", "MICRO_BATCH"), help="trace one step on fake tensors here")
     ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
-    ap.add_argument("--device-sdpa", action="store_true", help="--fake: this machine's own SDPA, not the fused kernel's tensors (on a CPU the math path: it saves T x T)")
+    ap.add_argument("--device-kernels", action="store_true", help="--fake: this machine's own SDPA and dropout, not the fused kernels' tensors (on a CPU the math path: it saves T x T)")
     ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
     ap.add_argument("--dump", help="also write the trace as JSON lines (action, id, bytes, where), to set two traces side by side")
     ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
@@ -194,7 +199,7 @@ def main() -> None:
         with open(a.snapshot, "rb") as f:
             events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
     else:
-        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, fused_sdpa=not a.device_sdpa)
+        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, gpu_kernels=not a.device_kernels)
     if a.dump:
         import json
 

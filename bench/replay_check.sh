@@ -18,7 +18,7 @@ check() {  # name experiment profile micro-batch [--set ...]
   [ -n "$snap" ] || { echo "no snapshot for $name"; return; }
   echo -n "real trace: "; python3 bench/allocator_replay.py "$snap" --dump "$out/$name.real.jsonl"
   echo -n "fake trace: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --dump "$out/$name.fake.jsonl"
-  echo -n "fake trace, this GPU's own SDPA: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --device-sdpa
+  echo -n "fake trace, this GPU's own SDPA and dropout: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --device-kernels
   gzip -f "$out/$name".*.jsonl
   rm -f "$snap"  # large; the dumps keep what the comparison needs
 }

@@ -56,11 +56,11 @@ def _frame(frames: list[dict]) -> str:
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               fused_sdpa: bool = True) -> list[Event]:
+               gpu_kernels: bool = True) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
-    saves (`fused_sdpa` False: this device's own SDPA). Raises what memsnapshot.fake_runnable raises for a profile
+    saves, and its dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what memsnapshot.fake_runnable raises for a profile
     that cannot run on fake tensors here."""
     import torch
 
@@ -70,7 +70,7 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     profile = fake_runnable(experiment, profile, device, [])
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
-    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, fused_sdpa=fused_sdpa) as (step, batch):
+    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
         step.run(batch())
         step.run(batch())
     return events
@@ -165,22 +165,59 @@ def _bisected(fits: Callable[[int], bool], start: int, limit: int) -> int:
     return lo
 
 
+MATMULS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten._scaled_mm.")
+
+
+def cublas_workspace_bytes(capability: tuple[int, int] | None) -> int:
+    """The workspace PyTorch gives each cuBLAS handle (one per thread that runs matmuls: the forward's and the
+    autograd engine's), from the caching allocator at its first matmul and kept for the process: CUBLAS_WORKSPACE_CONFIG
+    (":KiB:count" pairs) if set, else ":4096:8" on Hopper and later (32 MiB; both were in the H100's traces) and
+    ":4096:2:16:8" before. No GPU (capability None): an H100, as `memlab estimate` assumes."""
+    import os
+    import re
+
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG") or (":4096:8" if capability is None or capability[0] >= 9 else ":4096:2:16:8")
+    return sum(int(kib) * 1024 * int(count) for kib, count in re.findall(r":(\d+):(\d+)", config))
+
+
 def _storage_tracer(torch: Any, events: list[Event]) -> Any:
     """A dispatch mode that appends ("alloc", id, bytes, op) when an op's output has a storage not seen before,
-    and ("free", id, 0, "") when that storage goes."""
+    and ("free", id, 0, "") when that storage goes; and, at the first matmul of the forward and of the backward,
+    the cuBLAS workspace that a GPU run allocates there and never frees (it pins a segment: on the seed shape it
+    sat in a freed logits segment, and the next step's logits needed a new one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    workspace = cublas_workspace_bytes(capability)
 
     class Storages(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.seen: set[int] = set()
+            self.workspaces: set[str] = set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self._note(t.untyped_storage(), str(func))
+            if str(func).startswith(MATMULS):
+                self._workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
+            if func is torch.ops.aten._softmax_backward_data.default:
+                self._softmax_backward_temporary(args[0])
             return out
+
+        def _softmax_backward_temporary(self, grad: Any) -> None:
+            # CUDA's softmax backward (SoftMax.cu, softmax_backward_cuda_out) computes tmp = grad * output into a
+            # tensor of its own after allocating grad_input, and frees it on return; the fake kernel makes none
+            key = f"softmax backward temporary {len(events)}"
+            events.append(("alloc", key, grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)"))
+            events.append(("free", key, 0, ""))
+
+        def _workspace(self, phase: str) -> None:
+            if phase not in self.workspaces:
+                self.workspaces.add(phase)
+                events.append(("alloc", f"cublas workspace ({phase})", workspace, f"cuBLAS workspace, {phase} thread (kept)"))
 
         def _note(self, storage: Any, op: str) -> None:
             key = storage._cdata

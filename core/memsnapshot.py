@@ -47,11 +47,12 @@ def estimate_categories(est: Estimate) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------- fake tensors
 
 
-def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int | None = None) -> Estimate:
+def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int | None = None,
+                  gpu_kernels: bool = True) -> Estimate:
     """Measure one training step (forward, backward, clip, optimizer step, after a first step that creates the
     optimizer state) on fake tensors, with the engine's own step (memlab.core.step). Kernels that declare they
     cannot run on fake tensors are replaced by one that saves the same tensors (SDPA), torch.compile is left off;
-    the notes say so."""
+    the notes say so. SDPA and dropout save what the GPU's fused kernels save (`gpu_kernels` False: this device's)."""
     import torch
 
     from memlab.core.techniques import check_plan, check_techniques
@@ -66,7 +67,7 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     if b < 1:
         raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
     try:
-        peak = _fake_step_peak(experiment, p, device, vocab_size, b)
+        peak = _fake_step_peak(experiment, p, device, vocab_size, b, gpu_kernels)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
@@ -121,7 +122,7 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
         raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
 
 
-def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int) -> dict:
+def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True) -> dict:
     """MemTracker's peak snapshot over the second of two training steps built by memlab.core.step on fake tensors."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -131,7 +132,7 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
         if name == "forward" and tracker[0] is not None:
             tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
 
-    with fake_step(experiment, p, device, vocab_size, b) as (step, batch):
+    with fake_step(experiment, p, device, vocab_size, b, gpu_kernels=gpu_kernels) as (step, batch):
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
         mt = MemTracker()
         # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
@@ -144,11 +145,11 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
 
 @contextlib.contextmanager
 def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, *watchers: Any,
-              fused_sdpa: bool = True) -> Iterator[tuple[Any, Callable[[], list]]]:
+              gpu_kernels: bool = True) -> Iterator[tuple[Any, Callable[[], list]]]:
     """The engine's step (memlab.core.step) built on fake tensors, inside `watchers` (dispatch modes entered before
     the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
-    `.item()` answers any number; SDPA saves what the GPU's fused kernel saves, not the CPU's math path (unless
-    `fused_sdpa` is False: this device's own SDPA)."""
+    `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
+    save (unless `gpu_kernels` is False: this device's own)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -160,8 +161,8 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
     with contextlib.ExitStack() as stack:
-        sdpa = _fused_sdpa(torch, p) if fused_sdpa else contextlib.nullcontext()
-        for mode in (FakeTensorMode(), _scalars(torch), sdpa, *watchers):
+        kernels = _gpu_kernels(torch, p) if gpu_kernels else contextlib.nullcontext()
+        for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
             stack.enter_context(mode)
         step = build_step(experiment, p, device, vocab_size, on_device=True)
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
@@ -179,6 +180,27 @@ def _scalars(torch: Any) -> Any:
             return func(*args, **(kwargs or {}))
 
     return Scalars()
+
+
+def _gpu_kernels(torch: Any, p: Profile) -> Any:
+    """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
+    step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(_fused_sdpa(torch, p))
+    stack.enter_context(_fused_dropout(torch))
+    return stack
+
+
+def _fused_dropout(torch: Any) -> Any:
+    """F.dropout as CUDA runs it: native_dropout, which keeps a bool mask for backward. The CPU's dropout keeps its
+    scaled noise in the input's dtype (4 bytes an element for eager fp32 attention's T x T probabilities: 0.45 GiB
+    over the H100's peak for the seed shape's baseline)."""
+    def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002, ARG001 (F.dropout's own signature)
+        if not training or p == 0:
+            return input
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+
+    return mock.patch.object(torch.nn.functional, "dropout", dropout)
 
 
 def _fused_sdpa(torch: Any, p: Profile) -> Any:

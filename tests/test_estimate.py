@@ -135,7 +135,7 @@ def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
 
     e, p = small(L=3, C=64, H=4, T=128, V=1024, batch=16), load_profile(name)
     apply_overrides(e, p, sets)
-    measured = fake_estimate(e, p, vocab_size=1024).total_bytes
+    measured = fake_estimate(e, p, vocab_size=1024, gpu_kernels=False).total_bytes
     predicted = E.estimate(e, p, vocab_size=1024, device="cpu").total_bytes
     assert predicted == pytest.approx(measured, rel=0.01), (predicted / MIB, measured / MIB)
 
