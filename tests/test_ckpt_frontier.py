@@ -167,24 +167,6 @@ def test_inductor_compiles_under_a_budget_and_changes_nothing():
     assert_same_loss_and_grads(ref, model, step.train_model, atol=1e-5, rtol=1e-4)
 
 
-def test_the_estimate_grows_with_the_budget_from_full_recompute_to_plain_compile():
-    e = small(L=4, C=128, H=4, T=256, V=512, batch=8)
-    peaks = []
-    for b in (0.0, 0.25, 0.5, 0.75, 1.0):
-        p = load_profile("compile_budget")
-        p.checkpointing.budget = b
-        est = E.estimate(e, p, vocab_size=512)
-        peaks.append(est.total_bytes)
-        assert (b < 1) == any("checkpointing.budget" in n for n in est.notes)
-    assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
-    assert peaks[-1] == E.estimate(e, load_profile("compile"), vocab_size=512).total_bytes
-    full = load_profile("compile")
-    full.checkpointing.mode = "full"
-    assert E.estimate(e, full, vocab_size=512).total_bytes == pytest.approx(peaks[0], rel=0.02)
-
-# ---------------------------------------------------------------------------------------------- sweep --vary
-
-
 def test_vary_makes_one_labelled_item_per_value():
     from memlab.cli.sweep import vary_items
 

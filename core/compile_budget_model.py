@@ -1,0 +1,544 @@
+"""torch.compile under checkpointing.budget: what the compiled step keeps for backward and where it peaks, traced.
+
+`checkpointing.budget` is torch._functorch.config.activation_memory_budget (memlab.core.techniques.checkpointing),
+read by AOTAutograd's min-cut partitioner. Below 1 it saves less and recomputes more in backward, and where that
+recompute lands decides the peak: at budget 0 the partitioner saves only the graph's inputs, and the backward
+rebuilds every forward value it needs before its first gradient (reordering_to_mimic_autograd_engine inserts a
+recomputed node where the first backward op needs it; the loss's gradient needs the whole forward), so the
+backward peaks about as high as no budget at all: on the H100, gpt2s at micro-batch 16, 6.54 GiB at budget 0 against
+6.68 without one, and 4.43 at 0.25. No interpolation between the two ends gets that, so this module runs the real
+thing, with no GPU and no memory:
+
+1. torch.compile memlab's GPT, loss included (what the engine compiles), on the CPU under bf16 autocast, its batch
+   dimension dynamic, and stop it once AOTAutograd's partitioner (Inductor's own partition function, under the
+   budget) has made the forward and backward graphs: nothing is compiled or run;
+2. lower and schedule both graphs with Inductor for CUDA, the device the estimate is for (on a machine without
+   one, an H100's properties stand in), generate the wrapper code and replay its allocations, reuses and frees.
+
+The batch stays a symbol: every buffer is a line in it (bytes per sample and fixed bytes), and so is the memory alive
+at every step of the wrapper; a peak is the upper envelope of those lines, kept whole, so one trace answers every
+micro-batch (the find-batch search asks for many). The partitioner decides at `GraphShape.batch` (its size hint):
+elsewhere its choices are taken as the same, which holds as long as the weights' bf16 copies stay small beside
+the activations.
+
+On the CPU the attention is the CPU's fused kernel (output and log-sum-exp, as a GPU's). Its place in the partitioner
+is cuDNN attention's, what SDPA ran on the H100 (torch 2.11) for sdpa_backend = auto: neither recomputable by default
+nor "compute intensive"; with sdpa_backend = flash or efficient it is given the GPU kernel's place (compute
+intensive, costed in FLOPs).
+
+A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
+device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
+budget and torch release, and compile_budget_traces.py holds those of the shapes this repository's checks use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+from unittest import mock
+
+# What the H100 reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
+H100_PROPERTIES = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
+                       total_memory=85017493504, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                       max_threads_per_block=1024, warp_size=32, L2_cache_size=52428800,
+                       shared_memory_per_block_optin=232448, gcnArchName="")
+TRACE_TIMEOUT_S = 900  # a GPT-2-small step traces in about 30 s on one core; a much larger model takes longer
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """Everything the traced step depends on. `batch`: the micro-batch the partitioner decides at (at least 2:
+    torch.compile specializes a batch of 1). `attention`: "cudnn" (sdpa auto or cudnn) or "flash" (sdpa flash or
+    efficient), see the module's docstring."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    d_ff: int
+    vocab: int
+    seq_len: int
+    dropout: float
+    budget: float
+    batch: int
+    attention: str = "cudnn"
+
+
+@dataclass(frozen=True)
+class BudgetPeaks:
+    """Bytes above the weights and optimizer state at one micro-batch (CUDA: the tensors the wrapper allocates)."""
+
+    saved: int  # what the forward keeps for backward
+    forward: int  # the forward's peak, the saved values and the loss included
+    backward: int  # the backward's peak: what is still saved, the recompute, its temporaries, gradients so far
+    backward_grads: int  # of `backward`, the parameter gradients already made
+
+
+@dataclass(frozen=True)
+class Line:
+    """Bytes as a function of the micro-batch b: per_sample * b + fixed."""
+
+    per_sample: int
+    fixed: int
+
+    def at(self, b: int) -> int:
+        return self.per_sample * b + self.fixed
+
+
+@dataclass(frozen=True)
+class BudgetTrace:
+    """What one trace found, for every micro-batch: the saved bytes, and each graph's candidate peaks (the upper
+    envelope of the memory alive, each line with the bytes of the graph's outputs alive then)."""
+
+    saved: Line
+    forward: tuple[tuple[Line, Line], ...]
+    backward: tuple[tuple[Line, Line], ...]
+
+    def at(self, b: int) -> BudgetPeaks:
+        fw = max(self.forward, key=lambda p: p[0].at(b))
+        bw = max(self.backward, key=lambda p: p[0].at(b))
+        return BudgetPeaks(self.saved.at(b), fw[0].at(b), bw[0].at(b), bw[1].at(b))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> BudgetTrace:
+        def peaks(rows: list) -> tuple[tuple[Line, Line], ...]:
+            return tuple((Line(**total), Line(**outputs)) for total, outputs in rows)
+
+        return cls(Line(**d["saved"]), peaks(d["forward"]), peaks(d["backward"]))
+
+
+def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
+    """The compiled step's saved bytes and peaks at `micro_batch`, from the trace of `shape`: remembered (this process,
+    the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept in the cache folder)."""
+    return _remembered(shape).at(micro_batch)
+
+
+@functools.lru_cache(maxsize=64)
+def _remembered(shape: GraphShape) -> BudgetTrace:
+    from memlab.core.compile_budget_traces import TRACED
+
+    key = _key(shape)
+    known = TRACED.get(key) or _read_cache().get(key)
+    if known:
+        return BudgetTrace.from_json(known)
+    trace = _traced_in_child(shape)
+    _write_cache(key, trace)
+    return trace
+
+
+def _key(shape: GraphShape) -> str:
+    """The shape, and the torch release that traced it (its partitioner and Inductor decide the figures)."""
+    import torch
+
+    return json.dumps(asdict(shape) | {"torch": torch.__version__.split("+")[0]}, sort_keys=True)
+
+
+def _traced_in_child(shape: GraphShape) -> BudgetTrace:
+    """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
+    cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", json.dumps(asdict(shape))]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TRACE_TIMEOUT_S, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"tracing the compiled step failed: {tail}")
+    return BudgetTrace.from_json(json.loads(lines[-1]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m memlab.core.compile_budget_model '{"n_layer": 12, ...}'`: trace one shape and print its
+    BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made)."""
+    shape = GraphShape(**json.loads((argv or sys.argv[1:])[0]))
+    print(json.dumps(_traced(shape).to_json()))
+
+
+# ---------------------------------------------------------------------------------------------- the cache folder
+
+
+def _cache_file():
+    from memlab.core.data.cache import cache_root
+
+    return cache_root() / "compile-budget.json"
+
+
+def _read_cache() -> dict[str, dict]:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, trace: BudgetTrace) -> None:
+    """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_read_cache() | {key: trace.to_json()}, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- trace and partition
+
+
+def _traced(shape: GraphShape) -> BudgetTrace:
+    forward, backward = _partitioned(shape)
+    saved, inputs = _saved_bytes(forward), _input_storages(backward)  # before lowering moves every value to CUDA
+    fw = _replay(*_wrapper_code(forward, is_backward=False), {})
+    bw = _replay(*_wrapper_code(backward, is_backward=True), inputs)
+    return BudgetTrace(saved, fw, bw)
+
+
+def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
+    """The forward and backward graphs torch.compile's Inductor gets from AOTAutograd's partitioner under the budget:
+    the real torch.compile path (Dynamo, Inductor's pre-grad passes and decompositions, the partition function),
+    stopped once the graphs are partitioned (nothing runs: the model's memory is allocated, never touched). The
+    partitioner sizes every value at `shape.batch`, the batch symbol's hint."""
+    import torch
+    import torch._functorch.config as functorch_config
+    import torch._inductor.compile_fx as compile_fx
+
+    graphs: list[Any] = []
+    min_cut = compile_fx.min_cut_rematerialization_partition
+
+    def partition(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        with _attention_in_partitioner(shape.attention):
+            graphs.extend(min_cut(joint, joint_inputs, **kwargs))
+        raise _Partitioned
+
+    model = _gpt(shape)
+    x, y = (torch.zeros(shape.batch, shape.seq_len, dtype=torch.long) for _ in range(2))
+    for tokens in (x, y):
+        torch._dynamo.mark_dynamic(tokens, 0)  # the batch stays a symbol: one trace for every micro-batch
+    with mock.patch.object(compile_fx, "min_cut_rematerialization_partition", partition), \
+         functorch_config.patch(activation_memory_budget=shape.budget), torch.autocast("cpu", dtype=torch.bfloat16):
+        try:
+            torch.compile(model)(x, y)
+        except Exception as e:  # noqa: BLE001 (Dynamo wraps the stop in its own error)
+            if not graphs:
+                raise RuntimeError(f"torch.compile stopped before partitioning ({e.__class__.__name__}: {e})") from e
+    return graphs[0], graphs[1]
+
+
+class _Partitioned(Exception):
+    """Raised inside torch.compile once the partitioner has made the graphs: nothing is compiled or run."""
+
+
+def _attention_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0) -> Any:
+    """The model's attention on fake CPU tensors: the CPU's fused kernel, which keeps what a GPU's does (output and
+    an fp32 log-sum-exp), and no T x T scores (SDPA on the CPU would take the math path under dropout)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[0]
+
+
+def _gpt(shape: GraphShape) -> Any:
+    """memlab's GPT as the engine builds it, its weights allocated and never initialized (built on the meta device)."""
+    import torch
+
+    from memlab.core.model import GPT, GPTConfig
+
+    cfg = GPTConfig(shape.n_layer, shape.n_head, shape.d_model, shape.d_ff, shape.vocab, shape.seq_len, shape.dropout)
+    with torch.device("meta"):
+        model = GPT(cfg, _attention_kernel)
+    model = model.to_empty(device="cpu")
+    model.lm_head.weight = model.wte.weight  # tied again: one V x C matrix, as the engine's model
+    return model
+
+
+@contextlib.contextmanager
+def _attention_in_partitioner(attention: str):
+    """sdpa flash / efficient: the CPU kernel takes the GPU kernel's place among the partitioner's compute-intensive
+    ops, costed by the same FLOP formula. cuDNN attention (sdpa auto on the H100) has no such place: nothing to do."""
+    if attention != "flash":
+        yield
+        return
+    import torch
+    import torch._functorch.partitioners as partitioners
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    op_list, runtime = partitioners.get_default_op_list, partitioners.estimate_runtime
+
+    def with_attention():
+        ops = op_list()
+        ops.compute_intensive_ops.add(op)
+        return ops
+
+    def attention_flops(node: Any) -> float:
+        if node.target is op.default:
+            q, k, v = (a.meta["val"] for a in node.args[:3])
+            return sdpa_flop_count(q.shape, k.shape, v.shape)
+        return runtime(node)
+
+    with mock.patch.object(partitioners, "get_default_op_list", with_attention), \
+         mock.patch.object(partitioners, "estimate_runtime", attention_flops):
+        yield
+
+
+def _saved_bytes(forward: Any) -> Line:
+    """The forward's outputs after the loss (what it saves), each storage once (q, k and v share qkv's)."""
+    import torch
+
+    outputs = list(forward.graph.nodes)[-1].args[0][1:]
+    storages = {}
+    for node in outputs:
+        value = node.meta.get("val") if node is not None and node.op != "placeholder" else None
+        if isinstance(value, torch.Tensor):
+            storages[value.untyped_storage()._cdata] = _line(value.untyped_storage().nbytes())
+    return _sum(set(storages), storages)
+
+
+def _input_storages(backward: Any) -> dict[str, tuple[int, Line]]:
+    """The backward's inputs that hold activations (not the parameters, the tokens or the loss's gradient): a key
+    naming each one's storage (views of one buffer saved apart share it) and its bytes."""
+    import torch
+
+    out = {}
+    for node in backward.graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder" and not node.name.startswith(("primals_", "tangents_")) and isinstance(value, torch.Tensor):
+            out[node.name] = (value.untyped_storage()._cdata, _line(value.untyped_storage().nbytes()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- Inductor, for CUDA
+
+
+def _wrapper_code(gm: Any, *, is_backward: bool) -> tuple[str, dict[str, Line]]:
+    """Inductor's wrapper code for `gm` on CUDA, and the bytes of every buffer it names."""
+    import torch
+    from torch._inductor.compile_fx import _recursive_post_grad_passes, fake_tensor_prop, view_to_reshape
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    view_to_reshape(gm)
+    with torch.no_grad():
+        fake_mode = fake_tensor_prop(gm, inputs, force_allow_non_fake_inputs=True)
+    with V.set_fake_mode(fake_mode), DebugContext():
+        # the post-grad passes re-propagate fake values, which needs a device that exists: on the CPU graph
+        _recursive_post_grad_passes(gm, is_inference=False)
+    inputs = _moved_to_cuda(gm, fake_mode)
+    with _as_if_cuda(), V.set_fake_mode(fake_mode), DebugContext():
+        graph = GraphLowering(gm, example_inputs=inputs, shape_env=fake_mode.shape_env, is_backward=is_backward,
+                              is_inference=False)
+        with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
+            graph.run(*inputs)
+            code = graph.codegen()[0]
+            sizes = {name: _layout_bytes(buf) for name, buf in graph.name_to_buffer.items()}
+    return getattr(code, "value", code), sizes
+
+
+def _moved_to_cuda(gm: Any, fake_mode: Any) -> list[Any]:
+    """Every fake value of `gm` on the CUDA device, same shape, strides and dtype; every device argument too."""
+    import torch
+
+    cuda = torch.device("cuda", 0)
+
+    def moved(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.device.type != "cuda":
+            with fake_mode:
+                return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=cuda)
+        return v
+
+    for node in gm.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": cuda}
+        value = node.meta.get("val")
+        if value is not None:
+            node.meta["val"] = tuple(moved(x) for x in value) if isinstance(value, (tuple, list)) else moved(value)
+    gm.recompile()
+    return [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+@contextlib.contextmanager
+def _as_if_cuda():
+    """On a machine with a GPU, nothing; without one, what Inductor asks of the device answered as an H100 would,
+    and Triton taken as present (no kernel is compiled: only the wrapper code is generated)."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    import types
+
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    props = types.SimpleNamespace(**H100_PROPERTIES)
+    device_props = DeviceProperties(type="cuda", index=0, multi_processor_count=props.multi_processor_count,
+                                    cc=90, major=9, regs_per_multiprocessor=props.regs_per_multiprocessor,
+                                    max_threads_per_multi_processor=props.max_threads_per_multi_processor,
+                                    max_threads_per_block=props.max_threads_per_block, warp_size=32)
+    with mock.patch.object(DeviceProperties, "create", classmethod(lambda cls, device: device_props)), \
+         mock.patch("torch.cuda.get_device_properties", lambda *a, **k: props), \
+         mock.patch("torch.cuda.get_device_capability", lambda *a, **k: (9, 0)), \
+         mock.patch("torch.cuda.current_device", lambda: 0), \
+         mock.patch("torch._inductor.scheduler.has_triton", lambda: True), \
+         mock.patch("torch.utils._triton.triton_hash_with_backend", lambda: "h100"):
+        yield
+
+
+def _layout_bytes(buf: Any) -> Line:
+    try:
+        layout = buf.get_layout()
+        return _storage_bytes(list(layout.size), list(layout.stride), layout.dtype.itemsize)
+    except Exception:  # noqa: BLE001 (a multi-output kernel's tuple has no layout of its own: its items do)
+        return Line(0, 0)
+
+
+def _storage_bytes(size: list[Any], stride: list[Any], itemsize: int) -> Line:
+    import sympy
+
+    if any(sympy.sympify(n) == 0 for n in size):
+        return Line(0, 0)
+    return _line((1 + sum((sympy.sympify(n) - 1) * sympy.sympify(st) for n, st in zip(size, stride))) * itemsize)
+
+
+def _line(x: Any) -> Line:
+    """An int, a SymInt or a sympy expression in the batch symbol, as a Line (which it must be: bytes are linear
+    in the batch in this model)."""
+    import sympy
+
+    expr = sympy.sympify(x.node.expr if hasattr(x, "node") else x)
+    if not expr.free_symbols:
+        return Line(0, int(expr))
+    values = [int(expr.subs({s: b for s in expr.free_symbols})) for b in (0, 1, 2)]
+    if values[2] - values[1] != values[1] - values[0]:
+        raise ValueError(f"{expr} bytes are not linear in the batch")
+    return Line(values[1] - values[0], values[0])
+
+
+# ---------------------------------------------------------------------------------------------- the replay
+
+
+_ALLOC = re.compile(r"^(\w+) = empty_strided(?:_\w+)?\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)")
+_REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)[^;]*; del \2  # reuse$")
+_VIEW = re.compile(r"^(\w+) = reinterpret_tensor\((\w+),")
+_ITEM = re.compile(r"^(\w+) = (\w+)\[\d+\]$")
+_CALL = re.compile(r"^(\w+) = [\w.]+\(")
+
+
+class _Live:
+    """Allocations alive, by the names that hold them (a reuse renames; a view adds a name). Every time an
+    allocation is made, the bytes alive then (a line in the batch) and which allocations they are."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, int] = {}
+        self.bytes: dict[int, Line] = {}
+        self.names: dict[int, set[str]] = {}
+        self.total = Line(0, 0)
+        self.moments: list[tuple[Line, frozenset[int]]] = []
+        self.made: dict[int, Line] = {}  # every allocation's bytes, freed or not
+
+    def new(self, name: str, nbytes: Line) -> None:
+        key = len(self.moments) + 1
+        self.owner[name], self.bytes[key], self.names[key], self.made[key] = key, nbytes, {name}, nbytes
+        self.total = Line(self.total.per_sample + nbytes.per_sample, self.total.fixed + nbytes.fixed)
+        self.moments.append((self.total, frozenset(self.bytes)))
+
+    def alias(self, name: str, of: str) -> None:
+        if of in self.owner:
+            key = self.owner[name] = self.owner[of]
+            self.names[key].add(name)
+
+    def drop(self, name: str) -> None:
+        key = self.owner.pop(name, None)
+        if key is None:
+            return
+        self.names[key].discard(name)
+        if not self.names[key]:
+            gone = self.bytes.pop(key)
+            self.total = Line(self.total.per_sample - gone.per_sample, self.total.fixed - gone.fixed)
+            del self.names[key]
+
+
+def _replay(code: str, sizes: dict[str, Line], inputs: dict[str, tuple[int, Line]]) -> tuple[tuple[Line, Line], ...]:
+    """Walk the wrapper's call(): the activation inputs alive from the start until their `del`, each buffer from
+    its allocation to its last `del` (a reuse hands a buffer on without a new one). The candidate peaks: the upper
+    envelope, over micro-batches of 1 and more, of the bytes alive after each allocation, each with the bytes then
+    held by what the graph returns (the backward's: parameter gradients)."""
+    live, by_storage, returned = _Live(), {}, []
+    for line in _call_body(code):
+        if line.endswith("= args"):
+            for name in (n.strip() for n in line[: -len("= args")].split(",")):
+                key, nbytes = inputs.get(name, (None, Line(0, 0)))
+                if key in by_storage:
+                    live.alias(name, by_storage[key])
+                else:
+                    live.new(name, nbytes)
+                    by_storage.setdefault(key, name)
+        elif line.startswith("return "):
+            returned = re.findall(r"\b(buf\w+)", line)
+            break
+        elif line.startswith("del "):
+            for name in line[4:].split(","):
+                live.drop(name.strip())
+        elif m := _REUSE.match(line):
+            live.alias(m[1], m[2])
+            live.drop(m[2])
+        elif m := _ALLOC.match(line):
+            size, stride = ([x for x in group.split(",") if x.strip()] for group in (m[2], m[3]))
+            live.new(m[1], sizes.get(m[1]) or _storage_bytes(size, stride, _itemsize(m[4])))
+        elif m := _VIEW.match(line):
+            live.alias(m[1], m[2])
+        elif (m := _ITEM.match(line)) or (m := _CALL.match(line)):
+            live.new(m[1], sizes.get(m[1], Line(0, 0)))  # an extern kernel's result (or one item of its tuple)
+    outputs = {live.owner[n] for n in returned if n in live.owner}
+    return _envelope([(total, _sum(live_keys & outputs, live.made)) for total, live_keys in live.moments])
+
+
+def _sum(keys: set[int], sizes: dict[int, Line]) -> Line:
+    return Line(sum(sizes[k].per_sample for k in keys), sum(sizes[k].fixed for k in keys))
+
+
+def _envelope(moments: list[tuple[Line, Line]]) -> tuple[tuple[Line, Line], ...]:
+    """The moments that are the largest at some micro-batch b >= 1: walk the upper envelope of their lines from b = 1,
+    each time to the line of larger slope that overtakes the current one first."""
+    if not moments:
+        return ((Line(0, 0), Line(0, 0)),)
+    current = max(moments, key=lambda m: (m[0].at(1), m[0].per_sample))
+    kept, b = [current], 1.0
+    while True:
+        steeper = [m for m in moments if m[0].per_sample > current[0].per_sample]
+        crossings = [((current[0].fixed - m[0].fixed) / (m[0].per_sample - current[0].per_sample), m) for m in steeper]
+        crossings = [(x, m) for x, m in crossings if x >= b]
+        if not crossings:
+            return tuple(kept)
+        b, current = min(crossings, key=lambda c: (c[0], -c[1][0].per_sample))
+        kept.append(current)
+
+
+def _call_body(code: str) -> list[str]:
+    """The statements of the wrapper's call(), stripped, comments and asserts left out."""
+    lines = code[code.index("def call(self, args):"):].splitlines()[1:]
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    body = []
+    for raw in lines:
+        if raw.strip() and len(raw) - len(raw.lstrip()) < indent:
+            break
+        line = raw.strip()
+        if line and not line.startswith(("#", "assert_")):
+            body.append(line)
+    return body
+
+
+def _itemsize(dtype: str) -> int:
+    import torch
+
+    return getattr(torch, dtype).itemsize
+
+
+if __name__ == "__main__":
+    main()
