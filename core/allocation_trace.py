@@ -60,8 +60,8 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
-    saves, and its dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what memsnapshot.fake_runnable raises for a profile
-    that cannot run on fake tensors here."""
+    saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
+    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
     import torch
 
     from memlab.core.memsnapshot import fake_runnable, fake_step
@@ -198,10 +198,11 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            op = str(func)
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
-                    self._note(t.untyped_storage(), str(func))
-            if str(func).startswith(MATMULS):
+                    self._note(t.untyped_storage(), op)
+            if op.startswith(MATMULS):
                 self._workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
             if func is torch.ops.aten._softmax_backward_data.default:
                 self._softmax_backward_temporary(args[0])

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -178,12 +177,12 @@ def _read_cache() -> dict[str, dict]:
 
 def _write_cache(key: str, trace: BudgetTrace) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
+    from memlab.core.runfolder import atomic_write_json
+
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(_read_cache() | {key: trace.to_json()}, sort_keys=True))
-        tmp.replace(path)
+        atomic_write_json(path, _read_cache() | {key: trace.to_json()})
     except OSError:
         pass
 
@@ -378,12 +377,13 @@ def _as_if_cuda():
 
     props = types.SimpleNamespace(**H100_PROPERTIES)
     device_props = DeviceProperties(type="cuda", index=0, multi_processor_count=props.multi_processor_count,
-                                    cc=90, major=9, regs_per_multiprocessor=props.regs_per_multiprocessor,
+                                    cc=10 * props.major + props.minor, major=props.major,
+                                    regs_per_multiprocessor=props.regs_per_multiprocessor,
                                     max_threads_per_multi_processor=props.max_threads_per_multi_processor,
-                                    max_threads_per_block=props.max_threads_per_block, warp_size=32)
+                                    max_threads_per_block=props.max_threads_per_block, warp_size=props.warp_size)
     with mock.patch.object(DeviceProperties, "create", classmethod(lambda cls, device: device_props)), \
          mock.patch("torch.cuda.get_device_properties", lambda *a, **k: props), \
-         mock.patch("torch.cuda.get_device_capability", lambda *a, **k: (9, 0)), \
+         mock.patch("torch.cuda.get_device_capability", lambda *a, **k: (props.major, props.minor)), \
          mock.patch("torch.cuda.current_device", lambda: 0), \
          mock.patch("torch._inductor.scheduler.has_triton", lambda: True), \
          mock.patch("torch.utils._triton.triton_hash_with_backend", lambda: "h100"):

@@ -487,8 +487,9 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     earlier = static.grads_full if st.k > 1 else 0
     notes.append(f"checkpointing.budget {p.checkpointing.budget:g}: traced (torch.compile's partitioner and Inductor's "
                  f"buffers on fake tensors): {peaks.saved / 2**30:.2f} GiB saved for backward. On the H100 within 2% of "
-                 "the measured peak (gpt2s at budgets 0 to 0.75, 6.53 GiB predicted at 0 against 6.54; held out, the seed "
-                 "shape and bigvocab at 0 to 0.5), but over by 40-47% at 0.75 on those two (the traced partition kept the "
+                 "the measured peak (gpt2s at budgets 0 to 0.75, 6.53 GiB predicted at 0 against 6.54; the seed shape and "
+                 "bigvocab at 0.5, and held out from it at 0 and 0.25), but over by 40-47% at 0.75 on those two held-out "
+                 "shapes (the traced partition kept the "
                  f"logits, the H100's did not); the partitioner's choices are those it makes at micro-batch {configured}")
     return {
         "forward (traced)": static.moment(static.grads_fwd, peaks.forward + model.tokens, 0, 0),
@@ -773,10 +774,11 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
     block_input = pr.e if st.fsdp and pr.autocast else 4
     budget = p.checkpointing.budget
     saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget, st.mask) for lay in layout]
-    if "budget" in layout and _untraceable(st):
+    untraceable = _untraceable(st) if "budget" in layout else None
+    if untraceable:
         # The traced model (_traced_budget_moments) does not cover this step: the old interpolation, a low bound.
         notes.append(f"checkpointing.budget {budget:g}: saved activations interpolated linearly between full recompute (0) "
-                     f"and compile's own choice (1), as the compiled step cannot be traced here ({_untraceable(st)}). On "
+                     f"and compile's own choice (1), as the compiled step cannot be traced here ({untraceable}). On "
                      "the H100 (gpt2s) that was within 10% at 0.75 and 1 only: below, the peak is the backward's, which "
                      "recomputes much of the forward at once (budget 0: 6.54 GiB measured, 2.24 so predicted); this "
                      "figure is then a low bound")

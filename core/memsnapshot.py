@@ -182,13 +182,12 @@ def _scalars(torch: Any) -> Any:
     return Scalars()
 
 
-def _gpu_kernels(torch: Any, p: Profile) -> Any:
+@contextlib.contextmanager
+def _gpu_kernels(torch: Any, p: Profile) -> Iterator[None]:
     """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
     step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(_fused_sdpa(torch, p))
-    stack.enter_context(_fused_dropout(torch))
-    return stack
+    with _fused_sdpa(torch, p), _fused_dropout(torch):
+        yield
 
 
 def _fused_dropout(torch: Any) -> Any:
