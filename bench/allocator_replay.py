@@ -32,9 +32,9 @@ dropout profiles replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 | gpt2s selective 16 | 7.01 / 7.01 | 7.18 / 7.18 (-0.0%) | frontier-h100/a/runs/20261125-111618-selective-43de |
 | bigvocab bf16 24 | 41.06 / 41.06 | 45.93 / 45.92 (+0.0%) | frontier-h100/b/runs/20261125-115115-bf16-3c7a |
 | bigvocab chunked_ce 24 | 12.18 / 12.18 | 13.63 / 13.63 (+0.0%) | frontier-h100/b/runs/20261125-115137-chunked_ce-497b |
-| seed-so-posts baseline 64 | 11.65 / 11.65 | 14.62 / 14.66 (-0.3%) | study-so-posts-h100/runs/20261125-095423-baseline-a1f1 |
+| seed-so-posts baseline 64 | 11.65 / 11.65 | 14.62 / 14.66 (-0.3%) | replay-check-h100/runs/seed_baseline/20261125-153923-baseline-38cf |
 | seed-so-posts gradcp 64 | 9.55 / 9.55 | 9.88 / 9.85 (+0.3%) | study-so-posts-h100/runs/20261125-095940-gradcp-ac9a |
-| seed-so-posts bf16 64 | 10.11 / 10.11 | 14.65 / 14.65 (+0.0%) | study-so-posts-h100/runs/20261125-095633-bf16-32e2 |
+| seed-so-posts bf16 64 | 10.11 / 10.11 | 14.65 / 14.65 (+0.0%) | replay-check-h100/runs/seed_bf16/20261125-153835-bf16-dc4b |
 | seed-so-posts fp16 64 | 10.11 / 10.11 | 14.65 / 14.65 (+0.0%) | study-so-posts-h100/runs/20261125-095909-fp16-0ddb |
 | seed-so-posts chunked_ce 64 | 3.27 / 3.27 | 4.29 / 4.29 (+0.0%) | study-so-posts-h100/runs/20261125-095647-chunked_ce-b17c |
 
