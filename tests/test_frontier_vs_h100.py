@@ -10,11 +10,6 @@ from __future__ import annotations
 import pytest
 from bench_helpers import ISSUE_19_PROFILES, bench_module
 
-# (part, profile) of runs the estimator misses by more than 10%, with the error when last checked. Parts g and g2 were
-# measured before memlab.core.compile_budget_model was written and kept from its author (held out): budgets 0 and
-# 0.25 within 1.4% on both shapes, 0.75 not: the traced partition keeps the bf16 logits there (+1.7 GiB on the
-# seed shape), the H100's did not (its 0.75 peaked as its 0.5).
-KNOWN_MISSES = {("g", "compile_budget@budget=0.75"): 46.8, ("g2", "compile_budget@budget=0.75"): 39.8}
 BUDGET_SWEEP = ("compile_budget@budget=0", "compile_budget@budget=0.25", "compile_budget@budget=0.5",
                 "compile_budget@budget=0.75", "compile_budget@budget=1")
 
@@ -30,8 +25,7 @@ def test_every_new_technique_has_a_finished_h100_run_to_check(checked):
 
 
 def test_predicted_peaks_are_within_ten_percent_of_the_h100(checked):
-    off = [(r["part"], r["profile"], round(r["error_pct"], 1)) for r in checked
-           if abs(r["error_pct"]) > 10 and (r["part"], r["profile"]) not in KNOWN_MISSES]
+    off = [(r["part"], r["profile"], round(r["error_pct"], 1)) for r in checked if abs(r["error_pct"]) > 10]
     assert len(checked) >= 40 and not off
 
 
@@ -49,16 +43,12 @@ def test_every_point_of_the_compiler_budget_sweep_is_within_ten_percent(checked)
     assert predicted["compile_budget@budget=0"] > 0.95 * predicted["compile_budget@budget=1"]
 
 
-def test_the_held_out_budget_points_below_three_quarters_are_within_two_percent(checked):
-    """The seed shape and bigvocab at budgets 0 and 0.25 (parts g, g2: measured before the model was written and
+def test_the_held_out_budget_points_are_within_two_percent(checked):
+    """The seed shape and bigvocab at budgets 0, 0.25 and 0.75 (parts g, g2: measured before the model was written and
     kept from its author), and bigvocab at 0.5 (part f3, whose figure its author knew; the study's seed-shape run
-    is checked by the study's own report)."""
-    held = [r for r in checked if r["part"] in ("g", "g2", "f3") and r["profile"].startswith("compile_budget@")
-            and (r["part"], r["profile"]) not in KNOWN_MISSES]
-    assert len(held) == 5 and all(abs(r["error_pct"]) < 2 for r in held), [(r["part"], r["profile"], r["error_pct"]) for r in held]
-
-
-@pytest.mark.xfail(strict=True, reason="compile_budget at 0.75 on the held-out shapes: the traced partition keeps the logits")
-def test_the_known_misses_are_within_ten_percent(checked):
-    misses = [r for r in checked if (r["part"], r["profile"]) in KNOWN_MISSES]
-    assert len(misses) == len(KNOWN_MISSES) and all(abs(r["error_pct"]) <= 10 for r in misses)
+    is checked by the study's own report). The 0.75 points were +46.8% and +39.8% until the trace gave the backward
+    AOTAutograd's donated buffers (compile_budget_model._donated: the logits' gradient takes the saved logits' buffer),
+    a mechanism found by setting the real CUDA partition beside the traced one (bench/budget_partition_check.py), not
+    fitted; but it was looked for because these two points missed, so they are no longer strictly held out."""
+    held = [r for r in checked if r["part"] in ("g", "g2", "f3") and r["profile"].startswith("compile_budget@")]
+    assert len(held) == 7 and all(abs(r["error_pct"]) < 2 for r in held), [(r["part"], r["profile"], r["error_pct"]) for r in held]
