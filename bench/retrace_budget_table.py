@@ -1,7 +1,10 @@
 """Trace again every entry of core/compile_budget_traces.py under this torch release and rewrite the table (after a
 change to memlab.core.compile_budget_model: each entry must stay exactly what the module prints).
 
-    python3 bench/retrace_budget_table.py [--jobs 2]
+    python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached]
+
+--add-cached first adds the traces of this torch release found in memlab's cache folder (compile-budget.json: what
+the estimator's child printed for a shape the table lacked, e.g. a new held-out run), then retraces every entry.
 """
 
 from __future__ import annotations
@@ -29,10 +32,15 @@ def traced(key: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
-    jobs = ap.parse_args().jobs
+    ap.add_argument("--add-cached", action="store_true")
+    args = ap.parse_args()
+    from memlab.core.compile_budget_model import _read_cache
     from memlab.core.compile_budget_traces import TRACED
 
     release = torch.__version__.split("+")[0]
+    if args.add_cached:
+        TRACED.update({k: v for k, v in _read_cache().items() if k not in TRACED and json.loads(k)["torch"] == release})
+    jobs = args.jobs
     keys = [k for k in TRACED if json.loads(k)["torch"] == release]
     with ThreadPoolExecutor(jobs) as pool:
         lines = dict(zip(keys, pool.map(traced, keys)))

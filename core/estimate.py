@@ -292,6 +292,10 @@ class _Precision:
     # bytes per element of the copy of a block Linear's weight kept for backward (None: e, autocast's copy); see float8
     block_weight: int | None = None
     float8: bool = False
+    # bytes of the model's own dtype: its parameters and gradients, the residual stream (the blocks' inputs, LayerNorm
+    # in and out, the residual's gradient): fp32 even under autocast, bf16 under bf16_pure
+    r: int = 4
+
 
     @property
     def w(self) -> int:
@@ -302,6 +306,8 @@ def _precision(profile: Profile) -> _Precision:
     """bf16_pure has no autocast (the weights are bf16 already: no copies) and 2-byte matmul outputs."""
     amp = profile.precision.dtype in ("bf16", "fp16")
     e = 2 if amp or profile.precision.dtype == "bf16_pure" else 4
+    if profile.precision.dtype == "bf16_pure":
+        return _Precision(False, e, r=2)  # the weights are bf16: so is every activation, the residual stream too
     if profile.kernels.float8:
         # torchao's Float8Linear (memlab.core.techniques.float8) saves the fp32 weight parameter itself, not
         # autocast's bf16 copy; its float8 casts are temporaries, remade in backward. Compiled too: the H100 list of
@@ -360,7 +366,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
     e, amp = pr.e, pr.autocast
     out: dict[str, int] = {}
     if parts in ("all", "attn"):
-        out["residual"] = 4 * s.BTC
+        out["residual"] = pr.r * s.BTC
         out["ln_stats"] = 8 * s.BT
         out["attn_in"] = e * s.BTC
         out["qkv"] = 3 * e * s.BTC
@@ -378,7 +384,7 @@ def block_saved(s: _Shape, pr: _Precision, kind: str, dropout: int, parts: str =
         if mask:
             out["attn_mask"] = mask * s.T * s.T
     if parts in ("all", "mlp"):
-        out["residual"] = out.get("residual", 0) + 4 * s.BTC
+        out["residual"] = out.get("residual", 0) + pr.r * s.BTC
         out["ln_stats"] = out.get("ln_stats", 0) + 8 * s.BT
         out["mlp_in"] = e * s.BTC
         out["mlp_hidden"] = 2 * e * s.BTF
@@ -515,7 +521,7 @@ def _block_fwd_extra(s: _Shape, pr: _Precision, kind: str) -> int:
     the temporaries are the fp32 LayerNorm output (4 BTC) and the proj output. Eager attention: the scaled and
     masked scores coexist before the softmax (fp32: 4 bHT^2 besides the saved output; autocast: the bf16 masked
     scores and the fp32 softmax input, 6 bHT^2)."""
-    extra = 4 * s.BTC + pr.e * s.BTC
+    extra = pr.r * s.BTC + pr.e * s.BTC
     if kind == "materialized":
         extra = max(extra, (6 if pr.autocast else 4) * s.BHTT)
     return extra
@@ -536,13 +542,13 @@ def _block_bwd_extra(s: _Shape, pr: _Precision, kind: str, saved: dict[str, int]
     plus flash's fp32 dq accumulator (4 BTC).
     """
     e = pr.e
-    mlp = 4 * s.BTC + (e * s.BTC if pr.autocast else 0) + e * s.BTF + e * s.C * s.F
-    freed = saved.get("mlp_hidden", 0) + saved.get("mlp_in", 0) + 4 * s.BTC + 2 * e * s.BTC
-    grads_made = 4 * (2 * s.C * s.F + s.C * s.C)  # by then: the MLP's and attention proj's fp32 weight gradients
+    mlp = pr.r * s.BTC + (e * s.BTC if pr.autocast else 0) + e * s.BTF + e * s.C * s.F
+    freed = saved.get("mlp_hidden", 0) + saved.get("mlp_in", 0) + pr.r * s.BTC + 2 * e * s.BTC
+    grads_made = pr.r * (2 * s.C * s.F + s.C * s.C)  # by then: the MLP's and attention proj's weight gradients
     if kind == "materialized":
-        attn = 4 * s.BTC + e * s.BTC + _eager_scores_bwd(pr, dropout) * s.BHTT
+        attn = pr.r * s.BTC + e * s.BTC + _eager_scores_bwd(pr, dropout) * s.BHTT
     else:
-        attn = 4 * s.BTC + 4 * s.BTC + 6 * e * s.BTC
+        attn = pr.r * s.BTC + 4 * s.BTC + 6 * e * s.BTC
     return max(mlp, attn - freed + grads_made)
 
 
@@ -723,7 +729,7 @@ def _optimizer_notes(p: Profile, shapes: list[tuple[int, ...]], notes: list[str]
         gib = paged_bytes(shapes) / 1024**3
         notes.append(f"paged_adamw8bit: {gib:.2f} GiB of 8-bit state in CUDA unified memory, outside the allocator (not in this peak, nor in torch.cuda.max_memory_allocated; NVML sees it)")
     if p.precision.dtype == "bf16_pure":
-        notes.append("bf16_pure: weights and gradients 2 bytes; activations counted as bf16 autocast's (the residual stream, bf16 here, is counted fp32: an over-estimate)")
+        notes.append("bf16_pure: weights, gradients and every activation 2 bytes (the residual stream too)")
     if p.optimizer.name in ("muon", "galore"):
         notes.append(f"{p.optimizer.name}: temporaries of one hidden matrix's update at a time (per-tensor loop); less certain than AdamW's")
 
@@ -769,7 +775,7 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         plain = _float8_compiled_saved(plain)
     # FSDP2's MixedPrecisionPolicy (cast_forward_inputs) hands each block its input in bf16: what a checkpoint keeps.
     # Measured on the H100: fsdp_gradcp_bf16 at micro-batch 16 .. 76 peaked 2 BTC x L below gradcp_bf16's figure.
-    block_input = pr.e if st.fsdp and pr.autocast else 4
+    block_input = pr.e if st.fsdp and pr.autocast else pr.r
     budget = p.checkpointing.budget
     saved = [sum(plain.values()) if lay == "plain" else _saved_of(lay, s, pr, kind, dropout, block_input, budget, st.mask) for lay in layout]
     untraceable = _untraceable(st) if "budget" in layout else None
@@ -850,7 +856,7 @@ def _model_saved(st: _Step, saved: _Saved) -> _ModelSaved:
         tokens += (1 if dropout == 1 else 4) * s.BTC  # the embedding dropout's mask (the fp32 residual's)
     if st.mask:
         tokens += s.T * s.T  # the kernel's cached boolean (T, T) mask, one for all blocks, kept between steps
-    final = 4 * s.BTC + 8 * s.BT  # ln_f's input (fp32 residual) and its stats
+    final = pr.r * s.BTC + 8 * s.BT  # ln_f's input (the residual stream) and its stats
     if chunked:
         head_in, head_w = 4 * s.BTC, 0  # the checkpointed chunks hold views of the fp32 ln_f output
     elif st.fused_loss != "none":
