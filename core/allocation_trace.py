@@ -7,8 +7,10 @@ storages are created and freed, in order, and how large.
   estimate does.
 - `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
   peak beside it.
-- `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget, does not run
-  out of memory; `replay_for_card`: that and the reserved memory at one micro-batch, for `memlab estimate`.
+- `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
+  profile's allocator mode (allocator.expandable_segments), fits (fits_replayed says how: with expandable segments,
+  only without an allocator retry); `replay_for_card`: that and the reserved memory at one micro-batch, for
+  `memlab estimate`.
 """
 
 from __future__ import annotations
@@ -81,9 +83,8 @@ CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must f
 
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
                        start: int = 16, limit: int = 1 << 20) -> int:
-    """The largest micro-batch whose fake trace, replayed under an allocator budget of `budget_bytes`, does not run
-    out of memory, and nor do the two below it (0 if 1 does not fit): grow from `start` by doubling, then bisect.
-    A trace costs seconds."""
+    """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
+    and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds."""
     def fits(b: int) -> bool:
         return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget_bytes)
 
@@ -91,12 +92,19 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int) -> bool:
-    """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget, never runs out of memory."""
+    """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
+    allocator.expandable_segments, fits. find-batch does not count a probe that finished only after allocator
+    retries (batchfind.clean_fit), so with expandable segments a replay with a retry does not fit. The default mode
+    still counts one: its answers were checked against find-batch's on the H100 so (bench/allocator_replay.py), and
+    asking it for no retry put three of those sixteen further below find-batch's answer (seed-so-posts chunked_ce
+    1788 for 1961, was 1898), none nearer."""
+    expandable = profile.allocator.expandable_segments
     try:
-        replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes)
-        return True
+        model = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes,
+                       expandable=expandable)
     except OutOfMemory:
         return False
+    return model.retries == 0 or not expandable
 
 
 @dataclass(frozen=True)
@@ -106,9 +114,10 @@ class Replayed:
 
     micro_batch: int
     allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
-    reserved_bytes: int  # segments at their peak
+    reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
     budget_bytes: int  # the card less the CUDA context (estimate.CUDA_CONTEXT_BYTES)
-    max_batch: int
+    max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
+    expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
 
     @property
     def fragmentation(self) -> float:
@@ -125,14 +134,15 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     if profile.compile.enabled:
         raise MemlabError("no allocator replay for a compiled step: Inductor plans its own buffers, and the fake trace runs eager")
     budget = memory_bytes - CUDA_CONTEXT_BYTES
+    expandable = profile.allocator.expandable_segments
     try:
-        at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch))
+        at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), expandable=expandable)
         best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best)
+    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable)
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm: int = 0) -> int:

@@ -63,6 +63,79 @@ def test_under_a_cap_free_segments_are_released_once_then_it_is_out_of_memory(mo
     assert a.retries == 2
 
 
+def test_with_expandable_segments_growth_maps_whole_pages_of_the_pools_size(model):
+    """expandable_segments:True maps kSmallBuffer (2 MiB) pages in the small pool and kLargeBuffer (20 MiB) pages in
+    the large one, where the default cudaMallocs a segment of the request's own size (rounded to 2 MiB)."""
+    trace = [("alloc", "small", 100), ("alloc", "big", 21 * MIB), ("alloc", "mid", 15 * MIB)]
+    default, expandable = model.replay(trace[:2]), model.replay(trace[:2], expandable=True)
+    assert (default.reserved, expandable.reserved) == (2 * MIB + 22 * MIB, 2 * MIB + 40 * MIB)  # 21 MiB: two pages
+    default, expandable = model.replay(trace), model.replay(trace, expandable=True)
+    assert (default.reserved, expandable.reserved) == (40 * MIB, 42 * MIB)  # 15 MiB fits the 19 MiB left at the end
+
+
+def test_with_expandable_segments_the_end_grows_into_the_free_block_there(model):
+    """The default's hole test: c (50 MiB) fits neither the 40 MiB hole nor the 20 MiB at the end. The default
+    cudaMallocs 50 MiB more; the expandable segment maps two pages after the 20 MiB and takes c from the 60 MiB."""
+    trace = [("alloc", "x", 100 * MIB), ("free", "x", 0), ("alloc", "a", 40 * MIB), ("alloc", "b", 40 * MIB),
+             ("free", "a", 0), ("alloc", "c", 50 * MIB)]
+    default, expandable = model.replay(trace), model.replay(trace, expandable=True)
+    assert (default.allocated, default.reserved) == (90 * MIB, 150 * MIB)
+    assert (expandable.allocated, expandable.reserved) == (90 * MIB, 140 * MIB)
+    assert expandable._live["c"].offset == 80 * MIB
+
+
+def test_with_expandable_segments_a_freed_block_in_the_middle_is_reused_before_the_end(model):
+    """Best fit sizes a free block that borders unmapped space as what it could grow to: d (4 MiB) takes a's freed
+    30 MiB at the start, not the 5 MiB at the segment's end; so e (30 MiB) must map two more pages."""
+    trace = [("alloc", "a", 30 * MIB), ("alloc", "b", 10 * MIB), ("alloc", "c", 15 * MIB), ("free", "a", 0),
+             ("alloc", "d", 4 * MIB), ("alloc", "e", 30 * MIB)]
+    expandable = model.replay(trace, expandable=True)
+    assert (expandable._live["d"].offset, expandable._live["e"].offset) == (0, 55 * MIB)
+    assert (expandable.reserved, model.replay(trace).reserved) == (100 * MIB, 86 * MIB)
+
+
+def test_with_expandable_segments_a_retry_unmaps_the_free_pages_of_a_segment_in_use(model):
+    """Under a 120 MiB cap, b (95 MiB) needs a retry in both modes. The default can release no segment (a lives in
+    x's) and runs out of memory; the expandable segment unmaps the four whole free pages after a, then maps five."""
+    trace = [("alloc", "x", 100 * MIB), ("free", "x", 0), ("alloc", "a", 10 * MIB), ("alloc", "b", 95 * MIB)]
+    default = model.Allocator(cap=120 * MIB)
+    for action, ident, nbytes in trace[:3]:
+        default.malloc(ident, nbytes) if action == "alloc" else default.free(ident)
+    with pytest.raises(model.OutOfMemory):
+        default.malloc("b", 95 * MIB)
+    assert default.retries == 1
+    expandable = model.replay(trace, cap=120 * MIB, expandable=True)
+    assert (expandable.reserved, expandable.peak_reserved, expandable.retries) == (120 * MIB, 120 * MIB, 1)
+
+
+def test_with_expandable_segments_growth_refills_the_lowest_unmapped_gap_that_holds_it(model):
+    """The retry for z unmaps x's three pages; z (70 MiB) does not fit that 60 MiB gap before y, so it grows the
+    end; w (15 MiB) then maps one page at the start, the lowest gap. Reserved stays under the 120 MiB cap."""
+    trace = [("alloc", "x", 60 * MIB), ("alloc", "y", 30 * MIB), ("free", "x", 0), ("alloc", "z", 70 * MIB),
+             ("alloc", "w", 15 * MIB)]
+    a = model.replay(trace, cap=120 * MIB, expandable=True)
+    assert (a._live["z"].offset, a._live["w"].offset) == (90 * MIB, 0)
+    assert (a.reserved, a.peak_reserved, a.retries) == (120 * MIB, 120 * MIB, 1)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_with_expandable_segments_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypatch):
+    """find-batch does not count a probe that fitted only after allocator retries; with expandable segments nor does
+    fits_replayed (the default mode still does: its answers were checked so). Under a 200 MiB budget y needs the
+    retry that releases x's memory in both modes; under 250 MiB it does not."""
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+
+    trace = [("alloc", "x", 100 * MIB, ""), ("free", "x", 0, ""), ("alloc", "y", 120 * MIB, "")]
+    monkeypatch.setattr(allocation_trace, "fake_trace", lambda *args, **kwargs: trace)
+    profile = load_profile("bf16")
+    profile.allocator.expandable_segments = expandable
+    fits = dict(experiment=load_experiment("tiny"), profile=profile, vocab_size=512, micro_batch=1)
+    assert allocation_trace.replay(trace, 200 * MIB, expandable=expandable).retries == 1
+    assert allocation_trace.fits_replayed(**fits, budget_bytes=200 * MIB) is not expandable
+    assert allocation_trace.fits_replayed(**fits, budget_bytes=250 * MIB)
+
+
 def test_a_real_snapshots_trace_and_its_own_reserved_peak():
     from memlab.core.allocation_trace import snapshot_trace
 
@@ -180,8 +253,33 @@ def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compile
     out = estimate("--profile", "bf16", "--gpu-memory", "2GiB")
     r = out["replayed"]
     assert r["micro_batch"] == out["micro_batch"] and r["allocated_bytes"] <= r["reserved_bytes"]
-    assert r["budget_bytes"] == 2 * 2**30 - 1247 * 2**20 and r["max_batch"] >= 1
+    assert r["budget_bytes"] == 2 * 2**30 - 1247 * 2**20 and r["max_batch"] >= 1 and r["expandable_segments"] is False
     assert "compiled step" in estimate("--profile", "compile")["replayed"]["refused"]
+
+
+@pytest.mark.parametrize("expandable, reserved, max_batch", [(False, 32 * MIB, 48), (True, 20 * MIB, 47)])
+def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable, reserved, max_batch, monkeypatch, capsys):
+    """A 12 MiB tensor kept, then 8 MiB per sample, under a 400 MiB budget. Default: a 12 MiB segment, then a 20 MiB
+    one (32 MiB at micro-batch 1), and 12 + 8 x 48 MiB fits. Expandable: one 20 MiB page holds both at micro-batch 1,
+    but the cap check adds the request's whole allocation size to the 20 MiB mapped, so 20 + 8 x 47 MiB is the most."""
+    from memlab.cli.batch import _print_replayed
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+
+    def trace(*args, micro_batch: int, **kwargs) -> list[tuple]:
+        return [("alloc", "kept", 12 * MIB, ""), ("alloc", "activations", 8 * MIB * micro_batch, "")]
+
+    monkeypatch.setattr(allocation_trace, "fake_trace", trace)
+    profile = load_profile("bf16")
+    profile.allocator.expandable_segments = expandable
+    r = allocation_trace.replay_for_card(load_experiment("tiny"), profile, vocab_size=512, micro_batch=1,
+                                         memory_bytes=CUDA_CONTEXT_BYTES + 400 * MIB)
+    assert (r.reserved_bytes, r.allocated_bytes, r.max_batch, r.expandable_segments) == (reserved, 20 * MIB, max_batch, expandable)
+    _print_replayed(r, "", "a card")
+    line = capsys.readouterr().out.splitlines()[0]
+    assert ("expandable_segments:True" if expandable else "default settings") in line
+    assert f"max micro-batch {max_batch}{' without an allocator retry' if expandable else ''} in " in line
 
 
 def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
