@@ -9,7 +9,7 @@ out=${1:?output folder}; mkdir -p "$out"
 seed=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
 search() {  # name experiment profile cap [--set ...]
   local name=$1 e=$2 p=$3 cap=$4; shift 4
-  timeout 280 python3 -m memlab find-batch --profile "$p" --experiment "$e" --gpu-memory "$cap" --steps 3 \
+  timeout 230 python3 -m memlab find-batch --profile "$p" --experiment "$e" --gpu-memory "$cap" --steps 3 \
     --set allocator.expandable_segments=true "$@" > "$out/$name.log" 2>&1
   echo "== $name: exit $?"; tail -6 "$out/$name.log"
 }

@@ -93,18 +93,18 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int) -> bool:
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
-    allocator.expandable_segments, fits. find-batch does not count a probe that finished only after allocator
-    retries (batchfind.clean_fit), so with expandable segments a replay with a retry does not fit. The default mode
-    still counts one: its answers were checked against find-batch's on the H100 so (bench/allocator_replay.py), and
-    asking it for no retry put three of those sixteen further below find-batch's answer (seed-so-posts chunked_ce
-    1788 for 1961, was 1898), none nearer."""
+    allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
+    find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
+    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41
+    (bench/results/estimate-heldout-h100/frontier/find-batch/); without, 39 and 42, and three of the sixteen H100
+    searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
     expandable = profile.allocator.expandable_segments
     try:
         model = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes,
                        expandable=expandable)
     except OutOfMemory:
         return False
-    return model.retries == 0 or not expandable
+    return model.retries == 0
 
 
 @dataclass(frozen=True)

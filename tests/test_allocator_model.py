@@ -119,10 +119,9 @@ def test_with_expandable_segments_growth_refills_the_lowest_unmapped_gap_that_ho
 
 
 @pytest.mark.parametrize("expandable", [False, True])
-def test_with_expandable_segments_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypatch):
-    """find-batch does not count a probe that fitted only after allocator retries; with expandable segments nor does
-    fits_replayed (the default mode still does: its answers were checked so). Under a 200 MiB budget y needs the
-    retry that releases x's memory in both modes; under 250 MiB it does not."""
+def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypatch):
+    """find-batch does not count a probe that fitted only after allocator retries; nor does fits_replayed, in either
+    mode. Under a 200 MiB budget y needs the retry that releases x's memory in both modes; under 250 MiB it does not."""
     from memlab.core import allocation_trace
     from memlab.core.config import load_experiment, load_profile
 
@@ -132,7 +131,7 @@ def test_with_expandable_segments_a_replayed_fit_that_needed_a_retry_does_not_co
     profile.allocator.expandable_segments = expandable
     fits = dict(experiment=load_experiment("tiny"), profile=profile, vocab_size=512, micro_batch=1)
     assert allocation_trace.replay(trace, 200 * MIB, expandable=expandable).retries == 1
-    assert allocation_trace.fits_replayed(**fits, budget_bytes=200 * MIB) is not expandable
+    assert not allocation_trace.fits_replayed(**fits, budget_bytes=200 * MIB)
     assert allocation_trace.fits_replayed(**fits, budget_bytes=250 * MIB)
 
 
@@ -279,7 +278,7 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
     _print_replayed(r, "", "a card")
     line = capsys.readouterr().out.splitlines()[0]
     assert ("expandable_segments:True" if expandable else "default settings") in line
-    assert f"max micro-batch {max_batch}{' without an allocator retry' if expandable else ''} in " in line
+    assert f"max micro-batch {max_batch} without an allocator retry in " in line
 
 
 def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
