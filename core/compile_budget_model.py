@@ -209,15 +209,17 @@ class StepEvents:
 
 
 def step_events(shape: GraphShape) -> StepEvents:
-    """The compiled step's events for `shape`: remembered (this process, the cache folder), else traced in a child
-    process (slow; then kept in the cache folder). One trace serves every micro-batch."""
+    """The compiled step's events for `shape`: remembered (this process, compile_budget_traces.EVENTS, the cache
+    folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
     return _remembered_events(shape)
 
 
 @functools.lru_cache(maxsize=16)
 def _remembered_events(shape: GraphShape) -> StepEvents:
+    from memlab.core.compile_budget_traces import EVENTS
+
     key = _key(shape)
-    known = _read_cache(_EVENTS_CACHE).get(key)
+    known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
     if known:
         return StepEvents.from_json(known)
     events = StepEvents.from_json(_child_output(shape, "--events"))

@@ -389,3 +389,28 @@ def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_
     p = fake_runnable(experiment, load_profile("compile_budget"), torch.device("cpu"), notes)
     assert (p.compile.enabled, p.checkpointing.budget) == (False, 1.0)
     check_techniques(experiment, p, torch.device("cpu"))
+
+
+def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(monkeypatch):
+    """The tiny experiment's compile step, its events from compile_budget_traces.EVENTS (traced by torch 2.13 at
+    budget 1, the default partition): two steps replayed at micro-batch 8 peak at these bytes (64 MiB of them the
+    two cuBLAS workspaces), below the eager bf16 step's; no child process traces."""
+    from memlab.core import allocation_trace, compile_budget_model
+    from memlab.core.allocator_model import replay
+    from memlab.core.config import load_experiment, load_profile
+
+    if torch_release() != "2.13.0":
+        pytest.skip("the table's events are torch 2.13's")
+    monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
+    compile_budget_model._remembered_events.cache_clear()
+    experiment = load_experiment("tiny")
+    compiled = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
+    eager = replay(allocation_trace.step_trace(experiment, load_profile("bf16"), vocab_size=512, micro_batch=8))
+    assert (compiled.peak_allocated, compiled.peak_reserved) == (72233984, 73400320)
+    assert eager.peak_allocated > compiled.peak_allocated
+
+
+def torch_release() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
