@@ -5,6 +5,12 @@ storages are created and freed, in order, and how large.
   of `memlab estimate --method fake`) on this machine's device. SDPA is traced as a fused GPU kernel allocates (its
   output and an fp32 log-sum-exp), not as the CPU's math path (which saves T x T); compile is left off, as the fake
   estimate does.
+- `compiled_trace`: a compiled step's (compile.enabled): the same two steps on fake tensors, the model's forward and
+  backward replaced by the buffers Inductor's wrapper code allocates and frees for CUDA
+  (memlab.core.compile_budget_model.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
+  the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
+  `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
+  replayed 398 and 430 (bench/results/study-so-posts-h100/). These figures were seen while writing this: not held out.
 - `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
   peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
@@ -78,6 +84,84 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     return events
 
 
+def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
+    """fake_trace's two steps with the model's forward and backward replaced by the compiled graphs' own buffers
+    (memlab.core.compile_budget_model.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
+    token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
+    step's, on fake tensors as fake_trace records them. One symbolic trace (cached) serves every micro-batch. Raises
+    a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
+    import torch
+
+    from memlab.core.compile_budget_model import step_events
+    from memlab.core.estimate import compiled_graph_shape
+    from memlab.core.memsnapshot import fake_runnable, fake_step
+
+    graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    profile = fake_runnable(experiment, profile, device, [])  # compile off: the stand-in below is the compiled model
+    events: list[Event] = []
+    tracer = _storage_tracer(torch, events)
+    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer) as (step, batch):
+        step.train_model = _compiled_model(torch, step.model, graphs, tracer, events, micro_batch)
+        step.run(batch())
+        step.run(batch())
+    return events
+
+
+def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:
+    """model(x, y) as torch.compile runs it, on fake tensors: an autograd Function whose forward appends the
+    compiled forward's events at micro-batch b and returns the loss in the loss's buffer, and whose backward appends
+    the backward's and returns each parameter's gradient in its buffer (AccumulateGrad keeps it as .grad, as it
+    keeps a compiled backward's output). Each call's keys are its own (accumulation runs the graphs again)."""
+    params = list(model.parameters())
+    calls = iter(range(1 << 62))
+
+    def replay(graph: tuple, call: int, phase: str) -> None:
+        for ev in graph:
+            if ev[0] == "alloc":
+                events.append(("alloc", f"{call}:{ev[1]}", ev[2].at(b), f"compiled {phase}: {ev[3]}"))
+            elif ev[0] == "free":
+                events.append(("free", f"{call}:{ev[1]}", 0, ""))
+            else:  # the graph's first cuBLAS matmul: its thread's workspace (eager's forward and backward threads too)
+                tracer.workspace(phase)
+
+    class CompiledGraphs(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, call: int, *weights: Any) -> Any:
+            ctx.call, ctx.like = call, [(w.shape, w.dtype, w.device) for w in weights]
+            replay(graphs.forward, call, "forward")
+            return tracer.adopted(lambda: torch.zeros((), device=weights[0].device), f"{call}:{graphs.loss}")
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple:
+            replay(graphs.backward, ctx.call, "backward")
+            keys = _gradient_keys(graphs.gradients, [shape for shape, _, _ in ctx.like])
+            return (None, *(tracer.adopted(lambda s=s, d=d, dev=dev: torch.empty(s, dtype=d, device=dev), f"{ctx.call}:{key}")
+                            for key, (s, d, dev) in zip(keys, ctx.like)))
+
+    return lambda x, y: CompiledGraphs.apply(next(calls), *params)
+
+
+def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
+    """The backward's gradient buffer for each parameter, in the model's order. Which parameter is which input of the
+    graph is Dynamo's choice: any gradient of the parameter's shape will do (the allocator sees the same bytes)."""
+    by_shape: dict[tuple, list[str]] = {}
+    for g in gradients:
+        if g is not None:
+            by_shape.setdefault(tuple(g[1]), []).append(g[0])
+    try:
+        return [by_shape[tuple(shape)].pop(0) for shape in shapes]
+    except (KeyError, IndexError):
+        raise RuntimeError("the compiled backward returns no gradient for a parameter of the model") from None
+
+
+def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
+    """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
+    fake_trace's."""
+    trace = compiled_trace if profile.compile.enabled else fake_trace
+    return trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch)
+
+
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)
 
 
@@ -100,7 +184,7 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
     expandable = profile.allocator.expandable_segments
     try:
-        model = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes,
+        model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes,
                        expandable=expandable)
     except OutOfMemory:
         return False
@@ -118,6 +202,7 @@ class Replayed:
     budget_bytes: int  # the card less the CUDA context (estimate.CUDA_CONTEXT_BYTES)
     max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
+    compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
 
     @property
     def fragmentation(self) -> float:
@@ -126,23 +211,21 @@ class Replayed:
 
 def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
                     start: int = 16) -> Replayed:
-    """`memlab estimate --method fake`'s allocator figures. A compiled step allocates what Inductor plans, not what
-    this eager trace does: refused (a MemlabError) rather than answered wrong."""
+    """`memlab estimate --method fake`'s allocator figures. A compiled step replays what Inductor plans
+    (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong."""
     from memlab.core.errors import MemlabError
     from memlab.core.estimate import CUDA_CONTEXT_BYTES
 
-    if profile.compile.enabled:
-        raise MemlabError("no allocator replay for a compiled step: Inductor plans its own buffers, and the fake trace runs eager")
     budget = memory_bytes - CUDA_CONTEXT_BYTES
     expandable = profile.allocator.expandable_segments
     try:
-        at = replay(fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), expandable=expandable)
+        at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), expandable=expandable)
         best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable)
+    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable, profile.compile.enabled)
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm: int = 0) -> int:
@@ -205,15 +288,18 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             super().__init__()
             self.seen: set[int] = set()
             self.workspaces: set[str] = set()
+            self.paused = False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            if self.paused:
+                return out
             op = str(func)
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self._note(t.untyped_storage(), op)
             if op.startswith(MATMULS):
-                self._workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
+                self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
             if func is torch.ops.aten._softmax_backward_data.default:
                 self._softmax_backward_temporary(args[0])
             return out
@@ -225,7 +311,7 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             events.append(("alloc", key, grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)"))
             events.append(("free", key, 0, ""))
 
-        def _workspace(self, phase: str) -> None:
+        def workspace(self, phase: str) -> None:
             if phase not in self.workspaces:
                 self.workspaces.add(phase)
                 events.append(("alloc", f"cublas workspace ({phase})", workspace, f"cuBLAS workspace, {phase} thread (kept)"))
@@ -238,8 +324,21 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             events.append(("alloc", key, storage.nbytes(), op))
             weakref.finalize(storage, self._freed, key)
 
-        def _freed(self, key: int) -> None:
+        def _freed(self, key: int, ident: object = None) -> None:
             self.seen.discard(key)
-            events.append(("free", key, 0, ""))
+            events.append(("free", key if ident is None else ident, 0, ""))
+
+        def adopted(self, make: Callable[[], Any], ident: str) -> Any:
+            """The tensor `make` returns, standing for allocation `ident` that an event already made (a compiled
+            graph's buffer): not noted again, and freed under `ident` when its storage goes."""
+            self.paused = True
+            try:
+                t = make()
+            finally:
+                self.paused = False
+            storage = t.untyped_storage()
+            self.seen.add(storage._cdata)
+            weakref.finalize(storage, self._freed, storage._cdata, ident)
+            return t
 
     return Storages()

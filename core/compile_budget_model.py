@@ -29,9 +29,16 @@ is cuDNN attention's, what SDPA ran on the H100 (torch 2.11) for sdpa_backend = 
 nor "compute intensive"; with sdpa_backend = flash or efficient it is given the GPU kernel's place (compute
 intensive, costed in FLOPs).
 
+The same walk gives the allocator model its events (`step_events`, at any budget, 1 included: the default
+partition): each buffer's allocation and free in both graphs, the forward's saved buffers carried into the backward
+(AOTAutograd's order: the forward returns [loss, saved tensors..., saved symints...], the backward takes [saved
+symints..., saved tensors..., tangents...]) and freed at the backward's last `del` of them, and the gradients it
+returns, which live on as .grad (memlab.core.allocation_trace.compiled_trace puts the two graphs in the eager step).
+
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
 device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
-budget and torch release, and compile_budget_traces.py holds those of the shapes this repository's checks use.
+budget and torch release, and compile_budget_traces.py holds those of the shapes this repository's checks use (the
+peaks only: the events are traced by a child of their own, `--events`, and kept in compile-events.json).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 # What the H100 reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
@@ -145,47 +152,172 @@ def _key(shape: GraphShape) -> str:
 
 
 def _traced_in_child(shape: GraphShape) -> BudgetTrace:
+    return BudgetTrace.from_json(_child_output(shape))
+
+
+def _child_output(shape: GraphShape, *flags: str) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
-    cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", json.dumps(asdict(shape))]
+    cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(asdict(shape))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TRACE_TIMEOUT_S, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"tracing the compiled step failed: {tail}")
-    return BudgetTrace.from_json(json.loads(lines[-1]))
+    return json.loads(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m memlab.core.compile_budget_model '{"n_layer": 12, ...}'`: trace one shape and print its
-    BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made)."""
-    shape = GraphShape(**json.loads((argv or sys.argv[1:])[0]))
-    print(json.dumps(_traced(shape).to_json()))
+    BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
+    With `--events` first: its StepEvents instead (the allocator replay's child)."""
+    args = argv or sys.argv[1:]
+    shape = GraphShape(**json.loads(args[-1]))
+    print(json.dumps((_step_events_traced(shape) if args[0] == "--events" else _traced(shape)).to_json()))
+
+
+# ---------------------------------------------------------------------------------------------- the step's events
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """One compiled training step's allocations and frees, each size a line in the batch, for the allocator model
+    (memlab.core.allocation_trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
+    ["matmul"] (where the graph's first cuBLAS matmul runs: its thread's workspace is allocated there, once). The
+    backward frees the forward's saved buffers under the forward's keys. `loss`: the key of the buffer the forward
+    returns as the loss; `gradients`: per parameter input of the forward, in order, [key, shape] of its gradient as
+    the backward returns it (alive until the optimizer's zero_grad), None for an input without one (the tokens)."""
+
+    forward: tuple
+    backward: tuple
+    loss: str
+    gradients: tuple
+
+    def to_json(self) -> dict:
+        def plain(events: tuple) -> list:
+            return [[asdict(x) if isinstance(x, Line) else x for x in ev] for ev in events]
+
+        return {"forward": plain(self.forward), "backward": plain(self.backward), "loss": self.loss,
+                "gradients": list(self.gradients)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> StepEvents:
+        def lines(events: list) -> tuple:
+            return tuple(tuple(Line(**x) if isinstance(x, dict) else x for x in ev) for ev in events)
+
+        gradients = tuple(None if g is None else (g[0], tuple(g[1])) for g in d["gradients"])
+        return cls(lines(d["forward"]), lines(d["backward"]), d["loss"], gradients)
+
+
+def step_events(shape: GraphShape) -> StepEvents:
+    """The compiled step's events for `shape`: remembered (this process, compile_budget_traces.EVENTS, the cache
+    folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
+    return _remembered_events(shape)
+
+
+@functools.lru_cache(maxsize=16)
+def _remembered_events(shape: GraphShape) -> StepEvents:
+    from memlab.core.compile_budget_traces import EVENTS
+
+    key = _key(shape)
+    known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
+    if known:
+        return StepEvents.from_json(known)
+    events = StepEvents.from_json(_child_output(shape, "--events"))
+    _write_cache(key, events, _EVENTS_CACHE)
+    return events
+
+
+def _step_events_traced(shape: GraphShape) -> StepEvents:
+    forward, backward = _partitioned(shape)
+    links = _saved_links(forward, backward)
+    gradient_shapes = [None if n is None else tuple(n.meta["val"].shape) for n in list(backward.graph.nodes)[-1].args[0]]
+    donated = _donated(forward, backward)
+    return _events_of(_wrapper_code(forward, is_backward=False), _wrapper_code(backward, is_backward=True, donated=donated),
+                      links, gradient_shapes)
+
+
+def _saved_links(forward: Any, backward: Any) -> dict[int, str]:
+    """Which backward input each saved forward output is (_saved_links_by_order), from the two graphs."""
+    import torch
+
+    saved = list(forward.graph.nodes)[-1].args[0][1:]
+    symints = sum(not isinstance(getattr(n, "meta", {}).get("val"), torch.Tensor) for n in saved)
+    inputs = [n.name for n in backward.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents_")]
+    return _saved_links_by_order([getattr(n, "name", None) for n in saved], symints, inputs)
+
+
+def _saved_links_by_order(saved: list, symints: int, backward_inputs: list[str]) -> dict[int, str]:
+    """The forward returns [loss, saved tensors..., saved symints...] and the backward takes [saved symints...,
+    saved tensors..., tangents...] (AOTAutograd's order): {index in the forward's return: the backward's input}."""
+    if len(backward_inputs) != len(saved):
+        raise RuntimeError("the backward's inputs are not the forward's saved values in AOTAutograd's order")
+    return {i + 1: name for i, name in enumerate(backward_inputs[symints:])}
+
+
+def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[str, Line]], links: dict[int, str],
+               gradient_shapes: list) -> StepEvents:
+    """Both wrappers walked into one step: the forward's buffers that it returns stay alive (the loss, the saved
+    values) and the rest are freed when it ends; the backward takes the saved ones under the forward's keys, frees
+    each at its last name's `del`, and what it has not freed at its end but its gradients goes then."""
+    fw = _Live("fw")
+    returned = _walk(*forward, fw, lambda names: None, eager_results=True)
+    kept = {fw.owner[returned[0]]} | {fw.owner[returned[i]] for i in links if returned[i] in fw.owner}
+    for key in [k for k in fw.bytes if k not in kept]:
+        fw.free(key)
+    saved_by_name = {links[i]: fw.owner[returned[i]] for i in links if returned[i] in fw.owner}
+
+    bw = _Live("bw")
+
+    def take_args(names: list[str]) -> None:
+        for name in names:
+            key = saved_by_name.get(name)
+            if key is None:
+                continue
+            if key in bw.bytes:
+                bw.alias(name, bw_first[key])
+            else:
+                bw.adopt(name, key, fw.made[key])
+                bw_first[key] = name
+
+    bw_first: dict[str, str] = {}
+    outputs = _walk(*backward, bw, take_args, eager_results=True)
+    if any(shape is not None and name not in bw.owner for name, shape in zip(outputs, gradient_shapes)):
+        raise RuntimeError("a gradient the backward returns is no buffer its wrapper code was seen to make")
+    gradients = [None if shape is None else (bw.owner[name], shape) for name, shape in zip(outputs, gradient_shapes)]
+    kept = {g[0] for g in gradients if g is not None}
+    for key in [k for k in bw.bytes if k not in kept]:
+        bw.free(key)
+    return StepEvents(tuple(map(tuple, fw.events)), tuple(map(tuple, bw.events)), fw.owner[returned[0]], tuple(gradients))
+
 
 
 # ---------------------------------------------------------------------------------------------- the cache folder
 
 
-def _cache_file():
+_BUDGET_CACHE, _EVENTS_CACHE = "compile-budget.json", "compile-events.json"
+
+
+def _cache_file(name: str = _BUDGET_CACHE):
     from memlab.core.data.cache import cache_root
 
-    return cache_root() / "compile-budget.json"
+    return cache_root() / name
 
 
-def _read_cache() -> dict[str, dict]:
+def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:
     try:
-        return json.loads(_cache_file().read_text())
+        return json.loads(_cache_file(name).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, trace: BudgetTrace) -> None:
+def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_CACHE) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
     from memlab.core.runfolder import atomic_write_json
 
-    path = _cache_file()
+    path = _cache_file(name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, _read_cache() | {key: trace.to_json()})
+        atomic_write_json(path, _read_cache(name) | {key: trace.to_json()})
     except OSError:
         pass
 
@@ -462,21 +594,31 @@ _CALL = re.compile(r"^(\w+) = [\w.]+\(")
 
 class _Live:
     """Allocations alive, by the names that hold them (a reuse renames; a view adds a name). Every time an
-    allocation is made, the bytes alive then (a line in the batch) and which allocations they are."""
+    allocation is made, the bytes alive then (a line in the batch) and which allocations they are; and the events,
+    in order, for the allocator model (`prefix` keeps one graph's keys apart from the other's)."""
 
-    def __init__(self) -> None:
-        self.owner: dict[str, int] = {}
-        self.bytes: dict[int, Line] = {}
-        self.names: dict[int, set[str]] = {}
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.owner: dict[str, Any] = {}
+        self.bytes: dict[Any, Line] = {}
+        self.names: dict[Any, set[str]] = {}
         self.total = Line(0, 0)
-        self.moments: list[tuple[Line, frozenset[int]]] = []
-        self.made: dict[int, Line] = {}  # every allocation's bytes, freed or not
+        self.moments: list[tuple[Line, frozenset]] = []
+        self.made: dict[Any, Line] = {}  # every allocation's bytes, freed or not
+        self.events: list[list] = []  # ["alloc", key, Line, name] / ["free", key] / ["matmul"] (the first cuBLAS call)
 
     def new(self, name: str, nbytes: Line) -> None:
-        key = len(self.moments) + 1
+        self.drop(name)  # a name assigned again lets go of what it held
+        key = f"{self.prefix}{len(self.moments) + 1}" if self.prefix else len(self.moments) + 1
+        self.adopt(name, key, nbytes)
+        self.moments.append((self.total, frozenset(self.bytes)))
+        if nbytes != Line(0, 0):  # a kernel's tuple, a size read off an input: no memory (the allocator skips 0 bytes)
+            self.events.append(["alloc", key, nbytes, name])
+
+    def adopt(self, name: str, key: Any, nbytes: Line) -> None:
+        """`name` holds allocation `key` of `nbytes`, made elsewhere (the backward's saved inputs: the forward's)."""
         self.owner[name], self.bytes[key], self.names[key], self.made[key] = key, nbytes, {name}, nbytes
         self.total = Line(self.total.per_sample + nbytes.per_sample, self.total.fixed + nbytes.fixed)
-        self.moments.append((self.total, frozenset(self.bytes)))
 
     def alias(self, name: str, of: str) -> None:
         if of in self.owner:
@@ -489,9 +631,16 @@ class _Live:
             return
         self.names[key].discard(name)
         if not self.names[key]:
-            gone = self.bytes.pop(key)
-            self.total = Line(self.total.per_sample - gone.per_sample, self.total.fixed - gone.fixed)
-            del self.names[key]
+            self.free(key)
+
+    def free(self, key: Any) -> None:
+        gone = self.bytes.pop(key)
+        self.total = Line(self.total.per_sample - gone.per_sample, self.total.fixed - gone.fixed)
+        for name in self.names.pop(key):
+            if self.owner.get(name) == key:
+                del self.owner[name]
+        if gone != Line(0, 0):
+            self.events.append(["free", key])
 
 
 def _replay(code: str, sizes: dict[str, Line], inputs: dict[str, tuple[int, Line]]) -> tuple[tuple[Line, Line], ...]:
@@ -499,19 +648,38 @@ def _replay(code: str, sizes: dict[str, Line], inputs: dict[str, tuple[int, Line
     its allocation to its last `del` (a reuse hands a buffer on without a new one). The candidate peaks: the upper
     envelope, over micro-batches of 1 and more, of the bytes alive after each allocation, each with the bytes then
     held by what the graph returns (the backward's: parameter gradients)."""
-    live, by_storage, returned = _Live(), {}, []
+    live, by_storage = _Live(), {}
+
+    def take_args(names: list[str]) -> None:
+        for name in names:
+            key, nbytes = inputs.get(name, (None, Line(0, 0)))
+            if key in by_storage:
+                live.alias(name, by_storage[key])
+            else:
+                live.new(name, nbytes)
+                by_storage.setdefault(key, name)
+
+    returned = _walk(code, sizes, live, take_args)
+    outputs = {live.owner[n] for n in returned if n in live.owner}
+    return _envelope([(total, _sum(live_keys & outputs, live.made)) for total, live_keys in live.moments])
+
+
+_EAGER = re.compile(r"^(buf\w+) = ")
+_MATMUL = re.compile(r"^(?:\w+ = )?extern_kernels\.(?:mm|addmm|bmm|baddbmm)\(")
+
+
+def _walk(code: str, sizes: dict[str, Line], live: _Live, take_args: Callable[[list[str]], None],
+          eager_results: bool = False) -> list[str | None]:
+    """Follow the wrapper's call() into `live`: allocations, reuses, views, dels, extern kernels' results (and where
+    the first cuBLAS matmul runs). Returns the name each returned value is, in order. `eager_results`: also the
+    buffers the wrapper makes with eager ops, such as a mix-order reduction's sums (`buf28 = workspace_1[...]
+    .sum(dim=0)`: LayerNorm's weight and bias gradients on gpt2s): the events need every gradient, while the peaks
+    (and compile_budget_traces.py's table of them) were made without these few KiB."""
     for line in _call_body(code):
         if line.endswith("= args"):
-            for name in (n.strip() for n in line[: -len("= args")].split(",")):
-                key, nbytes = inputs.get(name, (None, Line(0, 0)))
-                if key in by_storage:
-                    live.alias(name, by_storage[key])
-                else:
-                    live.new(name, nbytes)
-                    by_storage.setdefault(key, name)
+            take_args([n.strip() for n in line[: -len("= args")].split(",") if n.strip()])
         elif line.startswith("return "):
-            returned = re.findall(r"\b(buf\w+)", line)
-            break
+            return _returned_names(line)
         elif line.startswith("del "):
             for name in line[4:].split(","):
                 live.drop(name.strip())
@@ -525,8 +693,26 @@ def _replay(code: str, sizes: dict[str, Line], inputs: dict[str, tuple[int, Line
             live.alias(m[1], m[2])
         elif (m := _ITEM.match(line)) or (m := _CALL.match(line)):
             live.new(m[1], sizes.get(m[1], Line(0, 0)))  # an extern kernel's result (or one item of its tuple)
-    outputs = {live.owner[n] for n in returned if n in live.owner}
-    return _envelope([(total, _sum(live_keys & outputs, live.made)) for total, live_keys in live.moments])
+        elif eager_results and (m := _EAGER.match(line)):
+            live.new(m[1], sizes.get(m[1], Line(0, 0)))
+        if _MATMUL.match(line) and ["matmul"] not in live.events:
+            live.events.append(["matmul"])
+    return []
+
+
+def _returned_names(line: str) -> list[str | None]:
+    """`return (buf3, reinterpret_tensor(buf7, (s0, 64), (64, 1), 0), None, s0, )`: the name each item is (a view:
+    the buffer it views), in order; None for None."""
+    inner = line[len("return "):].strip()
+    inner = inner[1:-1] if inner.startswith("(") and inner.endswith(")") else inner
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(inner + ","):
+        depth += 1 if ch in "([" else -1 if ch in ")]" else 0
+        if ch == "," and depth == 0:
+            items.append(inner[start:i].strip())
+            start = i + 1
+    names = [re.match(r"(?:reinterpret_tensor\()?(\w+)", item) for item in items if item]
+    return [None if m is None or m[1] == "None" else m[1] for m in names]
 
 
 def _sum(keys: set[int], sizes: dict[int, Line]) -> Line:

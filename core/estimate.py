@@ -469,6 +469,27 @@ def _untraceable(st: _Step) -> str | None:
     return next((why for hit, why in reasons if hit), None)
 
 
+def _graph_shape(st: _Step, experiment: Experiment):
+    """What memlab.core.compile_budget_model traces for this compiled step: the partitioner decides at the
+    experiment's own micro-batch (at least 2: torch.compile specializes a batch of 1)."""
+    from memlab.core.compile_budget_model import GraphShape
+
+    s, p = st.s, st.profile
+    attention = "flash" if p.attention.sdpa_backend in ("flash", "efficient") else "cudnn"
+    configured = max(2, experiment.train.batch_size // (st.k * st.world_size))
+    return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention)
+
+
+def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int):
+    """The GraphShape of this compiled step on one CUDA GPU (memlab.core.compile_budget_model), or a MemlabError
+    saying why it cannot be traced (_untraceable)."""
+    st = _resolve_step(experiment, profile, vocab_size, None, 1, "cuda")
+    why = _untraceable(st)
+    if why:
+        raise MemlabError(f"the compiled step cannot be traced with {why}")
+    return _graph_shape(st, experiment)
+
+
 def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, model: _ModelSaved, notes: list[str]) -> dict[str, dict[str, int]]:
     """A step compiled under checkpointing.budget < 1, traced on fake tensors (memlab.core.compile_budget_model): the
     partitioner's own choice of what to save, and Inductor's own buffers for both graphs, replayed. The backward's
@@ -479,12 +500,11 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     {} when not traced."""
     if st.profile.checkpointing.budget >= 1 or not st.compiled or _untraceable(st):
         return {}
-    from memlab.core.compile_budget_model import GraphShape, budget_peaks
+    from memlab.core.compile_budget_model import budget_peaks
 
     s, p = st.s, st.profile
-    attention = "flash" if p.attention.sdpa_backend in ("flash", "efficient") else "cudnn"
-    configured = max(2, experiment.train.batch_size // (st.k * st.world_size))  # torch.compile specializes a batch of 1
-    shape = GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention)
+    shape = _graph_shape(st, experiment)
+    configured = shape.batch
     try:
         peaks = budget_peaks(shape, s.b)
     except Exception as e:  # noqa: BLE001 (an estimate without the trace is still one: the interpolation, said so)

@@ -87,6 +87,7 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
     if p.compile.enabled:
         notes.append("compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)")
         p.compile.enabled = False
+        p.checkpointing.budget = 1.0  # torch.compile's setting: uncompiled, check_techniques refuses any other
     if p.precision.dtype == "fp16":
         notes.append("fp16's GradScaler left out (a scale and a flag per step: no memory of its own)")
     if device.type != "cuda":

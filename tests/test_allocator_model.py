@@ -239,7 +239,7 @@ def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, fo
     assert fits_replayed(experiment, prof, micro_batch=found, **at) and not fits_replayed(experiment, prof, micro_batch=found + 1, **at)
 
 
-def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compiled_step(capsys):
+def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compiled_step_it_cannot_trace(capsys):
     from memlab.cli import main
 
     def estimate(*args: str) -> dict:
@@ -253,7 +253,8 @@ def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compile
     r = out["replayed"]
     assert r["micro_batch"] == out["micro_batch"] and r["allocated_bytes"] <= r["reserved_bytes"]
     assert r["budget_bytes"] == 2 * 2**30 - 1247 * 2**20 and r["max_batch"] >= 1 and r["expandable_segments"] is False
-    assert "compiled step" in estimate("--profile", "compile")["replayed"]["refused"]
+    refused = estimate("--profile", "compile", "--set", "loss.chunked=true")["replayed"]["refused"]
+    assert refused == "the compiled step cannot be traced with a chunked or fused loss"
 
 
 @pytest.mark.parametrize("expandable, reserved, max_batch", [(False, 32 * MIB, 48), (True, 20 * MIB, 47)])
@@ -326,3 +327,90 @@ def test_the_h100s_own_trace_replayed_reserves_what_its_allocator_reserved_to_th
         events = [(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]
     summary = pl.read_parquet(next((REPLAY_CHECK / "runs" / case).glob("*/summary.parquet"))).row(0, named=True)
     assert model.replay(events).peak_reserved == summary["peak_reserved_bytes"]
+
+
+def _hand_made_compiled_step(params: list):
+    """A compiled step's events as compile_budget_model.step_events gives them: the forward saves 1000 bytes a
+    sample, runs a matmul, returns a 4-byte loss and frees a 3000-byte temporary; the backward frees the saved
+    buffer and makes each parameter's fp32 gradient."""
+    from memlab.core.compile_budget_model import Line, StepEvents
+
+    grads = [("alloc", f"bw{i}", Line(0, 4 * p.numel()), f"grad{i}") for i, p in enumerate(params)]
+    forward = (("alloc", "fw1", Line(1000, 0), "saved"), ("matmul",), ("alloc", "fw2", Line(0, 4), "loss"),
+               ("alloc", "fw3", Line(0, 3000), "temp"), ("free", "fw3"))
+    gradients = (None, *((f"bw{i}", tuple(p.shape)) for i, p in enumerate(params)), None)
+    return StepEvents(forward, (("free", "fw1"), *grads), "fw2", gradients)
+
+
+def test_a_compiled_step_replays_its_graphs_between_the_eager_parameters_tokens_and_optimizer(monkeypatch):
+    """compiled_trace runs fake_trace's two steps with the model's forward and backward replaced by the graphs'
+    events at the micro-batch: the forward's workspace at its first matmul, the loss freed once divided, and the
+    gradients (the backward's outputs) kept as .grad until zero_grad, after the optimizer made its state."""
+    from memlab.core import allocation_trace
+    from memlab.core import compile_budget_model as M
+    from memlab.core.config import load_experiment, load_profile
+
+    experiment = load_experiment("tiny")
+    model = M._gpt(M.GraphShape(2, 2, 64, 256, 512, 64, 0.0, 1.0, 8))
+    monkeypatch.setattr(M, "step_events", lambda shape: _hand_made_compiled_step(list(model.parameters())))
+    events = allocation_trace.compiled_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8)
+    at = {(ev[0], ev[1]): i for i, ev in enumerate(events)}
+    assert events[at["alloc", "0:fw1"]] == ("alloc", "0:fw1", 8000, "compiled forward: saved")
+    assert events[at["alloc", "0:fw1"] + 1][1] == "cublas workspace (forward)"
+    assert at["free", "0:fw2"] < at["free", "0:fw1"]  # the loss goes at its division, before the backward
+    state = [i for i, ev in enumerate(events) if ev[0] == "alloc" and ev[3] == "aten.zeros_like.default"]
+    assert len(state) == 2 * len(list(model.parameters()))  # AdamW's two moments, made at the first step
+    grads = [at["free", f"0:bw{i}"] for i in range(len(list(model.parameters())))]
+    assert max(state) < min(grads) and max(grads) < at["alloc", "1:fw1"]
+    assert not any(ev[0] == "alloc" and ev[3] == "aten.clone.default" for ev in events)  # .grad is the graph's buffer
+
+
+def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line():
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.errors import MemlabError
+
+    profile = load_profile("compile")
+    profile.kernels.fused = True
+    with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with fused or float8 kernels$"):
+        allocation_trace.replay_for_card(load_experiment("tiny"), profile, vocab_size=512, micro_batch=2, memory_bytes=2**31)
+
+
+def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_checks():
+    """fake_runnable runs compile uncompiled; checkpointing.budget is torch.compile's setting, refused without it
+    (memlab estimate --method fake --profile compile_budget stopped there)."""
+    import torch
+
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.memsnapshot import fake_runnable
+    from memlab.core.techniques import check_techniques
+
+    experiment, notes = load_experiment("tiny"), []
+    p = fake_runnable(experiment, load_profile("compile_budget"), torch.device("cpu"), notes)
+    assert (p.compile.enabled, p.checkpointing.budget) == (False, 1.0)
+    check_techniques(experiment, p, torch.device("cpu"))
+
+
+def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(monkeypatch):
+    """The tiny experiment's compile step, its events from compile_budget_traces.EVENTS (traced by torch 2.13 at
+    budget 1, the default partition): two steps replayed at micro-batch 8 peak at these bytes (64 MiB of them the
+    two cuBLAS workspaces), below the eager bf16 step's; no child process traces."""
+    from memlab.core import allocation_trace, compile_budget_model
+    from memlab.core.allocator_model import replay
+    from memlab.core.config import load_experiment, load_profile
+
+    if torch_release() != "2.13.0":
+        pytest.skip("the table's events are torch 2.13's")
+    monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
+    compile_budget_model._remembered_events.cache_clear()
+    experiment = load_experiment("tiny")
+    compiled = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
+    eager = replay(allocation_trace.step_trace(experiment, load_profile("bf16"), vocab_size=512, micro_batch=8))
+    assert (compiled.peak_allocated, compiled.peak_reserved) == (72233984, 73400320)
+    assert eager.peak_allocated > compiled.peak_allocated
+
+
+def torch_release() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]

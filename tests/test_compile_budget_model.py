@@ -101,3 +101,62 @@ def test_a_budget_of_zero_peaks_about_as_high_as_none_and_the_middle_lowest():
         peaks.append(E.estimate(e, p, vocab_size=512).total_bytes)
     assert peaks[0] > 0.98 * peaks[-1]
     assert min(peaks[1:4]) < 0.9 * peaks[-1] and max(peaks[1:4]) < 0.95 * peaks[-1]
+
+
+FORWARD = textwrap.dedent("""
+    def call(self, args):
+        primals_1, primals_2, primals_3 = args
+        args.clear()
+        s0 = primals_1
+        buf0 = empty_strided_cuda((s0, 8), (8, 1), torch.bfloat16)
+        extern_kernels.mm(primals_2, primals_3, out=buf0)
+        buf1 = empty_strided_cuda((s0, 8), (8, 1), torch.float32)
+        buf2 = empty_strided_cuda((), (), torch.float32)
+        del buf1
+        buf3 = empty_strided_cuda((64, ), (1, ), torch.float32)
+        return (buf2, primals_2, buf0, reinterpret_tensor(buf0, (8, s0), (1, 8), 0), buf3, s0, )
+""")
+BACKWARD = textwrap.dedent("""
+    def call(self, args):
+        s0, primals_2, mm, permute, unused, tangents_1 = args
+        args.clear()
+        buf0 = mm; del mm  # reuse
+        extern_kernels.mm(buf0, primals_2, out=buf0)
+        buf1 = empty_strided_cuda((8, 8), (8, 1), torch.float32)
+        del buf0
+        buf2 = empty_strided_cuda((4, ), (1, ), torch.float32)
+        del permute
+        buf3 = empty_strided_cuda((8, ), (1, ), torch.float32)
+        del buf3
+        buf4 = buf2[0:2].view(2).sum(dim=0).view([1])
+        return (None, None, buf1, reinterpret_tensor(buf2, (2, 2), (2, 1), 0), buf4, )
+""")
+
+
+def test_the_step_events_carry_the_saved_buffers_into_the_backward_and_keep_the_gradients():
+    """The forward returns [loss, saved..., symint]: buf0 is saved twice (mm, and a view as permute), one allocation
+    freed at the backward's last name for it (the reuse renames it: as a donated buffer, the gradient takes it);
+    buf1 goes when the forward ends, buf3 (saved, never named by the backward) when the backward ends; the
+    gradients stay, paired with the forward's parameter inputs (one made by an eager op in the wrapper, as a
+    mix-order reduction's sums are), and the first matmul of each graph is marked."""
+    links = M._saved_links_by_order(["primals_2", "buf0", "permute", "buf3", "s0"], symints=1,
+                                    backward_inputs=["s0", "primals_2", "mm", "permute", "unused"])
+    events = M._events_of((FORWARD, {}), (BACKWARD, {"buf4": M.Line(0, 4)}), links, [None, None, (8, 8), (2, 2), (1,)])
+    assert events.forward == (("alloc", "fw1", M.Line(16, 0), "buf0"), ("matmul",), ("alloc", "fw2", M.Line(32, 0), "buf1"),
+                              ("alloc", "fw3", M.Line(0, 4), "buf2"), ("free", "fw2"), ("alloc", "fw4", M.Line(0, 256), "buf3"))
+    assert events.backward == (("matmul",), ("alloc", "bw1", M.Line(0, 256), "buf1"), ("alloc", "bw2", M.Line(0, 16), "buf2"),
+                               ("free", "fw1"), ("alloc", "bw3", M.Line(0, 32), "buf3"), ("free", "bw3"),
+                               ("alloc", "bw4", M.Line(0, 4), "buf4"), ("free", "fw4"))
+    assert events.loss == "fw3" and events.gradients == (None, None, ("bw1", (8, 8)), ("bw2", (2, 2)), ("bw4", (1,)))
+    assert M.StepEvents.from_json(json.loads(json.dumps(events.to_json()))) == events
+
+
+def test_the_backward_takes_the_saved_values_in_aot_autograds_order():
+    # forward: [loss, a, b, s0]; backward: [s0, a, b, tangents]
+    assert M._saved_links_by_order(["a", "b", "s0"], symints=1, backward_inputs=["s0", "a", "b"]) == {1: "a", 2: "b"}
+    with pytest.raises(RuntimeError, match="AOTAutograd's order"):
+        M._saved_links_by_order(["a", "s0"], symints=1, backward_inputs=["s0", "a", "b"])
+
+
+def test_a_returned_view_is_the_buffer_it_views():
+    assert M._returned_names("return (buf3, reinterpret_tensor(buf7, (s0, 64), (64, 1), 0), None, s0, )") == ["buf3", "buf7", None, "s0"]
