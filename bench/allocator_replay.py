@@ -74,9 +74,12 @@ find-batch's and within 8.8% (14 within 1%). Held out from the allocator model: 
 segments (bench/results/expandable-check-h200/, an H200; the expandable mode was written from the allocator's source
 without them) and the four on the deep and long shapes (estimate-heldout-h100/frontier/find-batch/): within 3.4%,
 two of them one batch above find-batch's at the budget the GPU measured (seed-so-posts baseline with expandable
-segments, 102 for 101: the GPU's 102 needed one retry, the replay's none; deep chunked_ce, 42 for 41). `memlab
-estimate --method fake` takes the CUDA context as its constant 1.22 GiB, not the 0.72-0.74 the GPU measured, and
-there answers 100 and 41. Before a replayed fit had to be retry-free in the default mode too, the deep shape's bf16
+segments, 102 for 101: the GPU's 102 needed one retry, the replay's none; deep chunked_ce, 42 for 41). The
+compiled steps' replay (compile_budget_model.step_events) was checked on the seed shape and gpt2s while it was
+written (398 / 430 for 400 / 432, 42 for 42: not held out), then against three searches it had not seen (deep
+compile, long compile and compile_budget, estimate-heldout-h100/frontier/find-batch/): 43 for 42, 26 for 26, 33
+for 32. `memlab estimate --method fake` takes the CUDA context as its constant 1.22 GiB, not the 0.72-0.74 the GPU
+measured, and there answers 100, 41, 41, 25 and 32 for the five cases one above: never above find-batch's. Before a replayed fit had to be retry-free in the default mode too, the deep shape's bf16
 and chunked_ce replayed 40 and 43. Near the boundary the replayed fit
 is not monotone in the batch (gradcp_every2 fits 35 and 37, not 36 or 38), so a plain bisection's answer depends on
 where it starts (37 from 35). replayed_max_batch therefore confirms that the two batches below its answer fit too,
@@ -171,7 +174,8 @@ EXPANDABLE = ["allocator.expandable_segments=true"]
 HELD_OUT_CASES = [("seed-so-posts", p, SEED_DATA + EXPANDABLE, f"expandable-check-h200/seed_{p}.log") for p in ("bf16", "baseline", "chunked_ce")] + \
     [("gpt2s", p, EXPANDABLE, f"expandable-check-h200/gpt2s_{p}.log") for p in ("bf16", "chunked_ce", "gradcp")] + \
     [(f"bench/experiments/heldout_{e}.toml", p, [], f"estimate-heldout-h100/frontier/find-batch/{e}_{p}.log")
-     for e, p in (("deep", "bf16"), ("deep", "chunked_ce"), ("long", "bf16"), ("long", "gradcp_bf16"))]
+     for e, p in (("deep", "bf16"), ("deep", "chunked_ce"), ("long", "bf16"), ("long", "gradcp_bf16"),
+                  ("deep", "compile"), ("long", "compile"), ("long", "compile_budget"))]
 
 
 def logged_search(log: str) -> tuple[int, int]:
