@@ -475,3 +475,19 @@ def test_the_extrapolation_is_affine_through_two_fits_and_proportional_through_o
     assert bf.extrapolated_max(two) == 190  # 1 GiB fixed + 0.1 GiB a sequence
     assert bf.extrapolated_max([bf.ProbeResult(10, False, allocator_budget_bytes=20 * GiB)]) is None
     assert bf.extrapolated_max([bf.ProbeResult(10, True, peak_reserved_bytes=GiB)]) is None  # no budget: no guide
+
+
+@pytest.mark.parametrize("replayed, expected", [(100, 100), (None, "analytic"), (10**9, "analytic")])
+def test_the_prediction_takes_the_allocator_replay_where_it_is_smaller(monkeypatch, replayed, expected):
+    """With replay (a real GPU's find-batch and study), the smaller of the analytic figure and the replayed one; the
+    analytic figure where the step cannot be replayed (None) or the replay says more."""
+    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+
+    exp, prof = load_experiment("tiny"), load_profile("bf16")
+    analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)
+    asked = []
+    monkeypatch.setattr(bf, "_replayed_max_batch", lambda e, p, vocab, budget, near: asked.append((budget, near)) or replayed)
+    got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
+    assert got == (analytic if expected == "analytic" else expected)
+    assert asked == [(2 * 2**30 - CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
+    assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before

@@ -246,11 +246,12 @@ def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: boo
     return None
 
 
-def _start_from_estimate(exp: Experiment, prof: Profile, memory: int) -> tuple[int, int | None]:
-    """Where the doubling starts, and the estimator's prediction it starts from."""
+def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, on_gpu: bool) -> tuple[int, int | None]:
+    """Where the doubling starts, and the estimator's prediction it starts from (on a GPU, the allocator replay's where
+    it is smaller)."""
     from memlab.core import batchfind as bf
 
-    pred = bf.predicted_max_batch(exp, prof, memory)
+    pred = bf.predicted_max_batch(exp, prof, memory, replay=on_gpu)
     return bf.start_below(pred), pred
 
 
@@ -276,7 +277,7 @@ def find_batch(
     memory = cap or (gpu.total_bytes if gpu else 0)
     key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
     fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
-    hint, predicted = _start_from_estimate(exp, prof, memory) if memory else (1, None)
+    hint, predicted = _start_from_estimate(exp, prof, memory, bf.cuda_here()) if memory else (1, None)
     start = start or hint
     err = _err_console()
     exp_ref = "gpt2s" if experiment == "auto" else experiment
