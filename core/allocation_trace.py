@@ -130,13 +130,13 @@ def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: li
         def forward(ctx: Any, call: int, *weights: Any) -> Any:
             ctx.call, ctx.like = call, [(w.shape, w.dtype, w.device) for w in weights]
             replay(graphs.forward, call, "forward")
-            return tracer.adopted(lambda: torch.zeros((), device=weights[0].device), f"{call}:{graphs.loss}")
+            return _adopted(tracer, lambda: torch.zeros((), device=weights[0].device), f"{call}:{graphs.loss}")
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> tuple:
             replay(graphs.backward, ctx.call, "backward")
             keys = _gradient_keys(graphs.gradients, [shape for shape, _, _ in ctx.like])
-            return (None, *(tracer.adopted(lambda s=s, d=d, dev=dev: torch.empty(s, dtype=d, device=dev), f"{ctx.call}:{key}")
+            return (None, *(_adopted(tracer, lambda s=s, d=d, dev=dev: torch.empty(s, dtype=d, device=dev), f"{ctx.call}:{key}")
                             for key, (s, d, dev) in zip(keys, ctx.like)))
 
     return lambda x, y: CompiledGraphs.apply(next(calls), *params)
@@ -328,17 +328,18 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             self.seen.discard(key)
             events.append(("free", key if ident is None else ident, 0, ""))
 
-        def adopted(self, make: Callable[[], Any], ident: str) -> Any:
-            """The tensor `make` returns, standing for allocation `ident` that an event already made (a compiled
-            graph's buffer): not noted again, and freed under `ident` when its storage goes."""
-            self.paused = True
-            try:
-                t = make()
-            finally:
-                self.paused = False
-            storage = t.untyped_storage()
-            self.seen.add(storage._cdata)
-            weakref.finalize(storage, self._freed, storage._cdata, ident)
-            return t
-
     return Storages()
+
+
+def _adopted(tracer: Any, make: Callable[[], Any], ident: str) -> Any:
+    """The tensor `make` returns, standing for allocation `ident` that an event already made (a compiled graph's
+    buffer): not noted again by `tracer` (a _storage_tracer), and freed under `ident` when its storage goes."""
+    tracer.paused = True
+    try:
+        t = make()
+    finally:
+        tracer.paused = False
+    storage = t.untyped_storage()
+    tracer.seen.add(storage._cdata)
+    weakref.finalize(storage, tracer._freed, storage._cdata, ident)
+    return t
