@@ -6,7 +6,7 @@ another release are not used (the estimator traces). tests/test_compile_budget_m
 `EVENTS` holds, the same way, what `python -m memlab.core.compile_budget_model --events KEY_WITHOUT_TORCH` prints (the
 allocator replay's events of a compiled step, memlab.core.allocation_trace.compiled_trace) for the tiny experiment
 (tests/test_allocator_model.py), the seed shape's compile and compile_budget and gpt2s's compile (the checks in
-allocation_trace's docstring); bench/retrace_budget_table.py does not retrace these. Nothing here is fitted to a
+allocation_trace's docstring); bench/retrace_budget_table.py retraces both tables. Nothing here is fitted to a
 measurement.
 """
 
