@@ -231,9 +231,7 @@ def _step_events_traced(shape: GraphShape) -> StepEvents:
     forward, backward = _partitioned(shape)
     links = _saved_links(forward, backward)
     gradient_shapes = [None if n is None else tuple(n.meta["val"].shape) for n in list(backward.graph.nodes)[-1].args[0]]
-    donated = _donated(forward, backward)
-    return _events_of(_wrapper_code(forward, is_backward=False), _wrapper_code(backward, is_backward=True, donated=donated),
-                      links, gradient_shapes)
+    return _events_of(*_lowered(forward, backward), links, gradient_shapes)
 
 
 def _saved_links(forward: Any, backward: Any) -> dict[int, str]:
@@ -328,10 +326,15 @@ def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_
 def _traced(shape: GraphShape) -> BudgetTrace:
     forward, backward = _partitioned(shape)
     saved, inputs = _saved_bytes(forward), _input_storages(backward)  # before lowering moves every value to CUDA
+    fw_code, bw_code = _lowered(forward, backward)
+    return BudgetTrace(saved, _replay(*fw_code, {}), _replay(*bw_code, inputs))
+
+
+def _lowered(forward: Any, backward: Any) -> tuple[tuple[str, dict[str, Line]], tuple[str, dict[str, Line]]]:
+    """Both graphs' wrapper code, the backward lowered with the saved values AOTAutograd donates to it (_donated), as
+    torch.compile lowers it. Lowering moves every value to CUDA: read what the graphs hold before."""
     donated = _donated(forward, backward)
-    fw = _replay(*_wrapper_code(forward, is_backward=False), {})
-    bw = _replay(*_wrapper_code(backward, is_backward=True, donated=donated), inputs)
-    return BudgetTrace(saved, fw, bw)
+    return _wrapper_code(forward, is_backward=False), _wrapper_code(backward, is_backward=True, donated=donated)
 
 
 def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
