@@ -70,18 +70,7 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
     saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
     memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
-    import torch
-
-    from memlab.core.memsnapshot import fake_runnable, fake_step
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    profile = fake_runnable(experiment, profile, device, [])
-    events: list[Event] = []
-    tracer = _storage_tracer(torch, events)
-    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
-        step.run(batch())
-        step.run(batch())
-    return events
+    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels)
 
 
 def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
@@ -90,19 +79,28 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
     step's, on fake tensors as fake_trace records them. One symbolic trace (cached) serves every micro-batch. Raises
     a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
-    import torch
-
     from memlab.core.compile_budget_model import step_events
     from memlab.core.estimate import compiled_graph_shape
-    from memlab.core.memsnapshot import fake_runnable, fake_step
 
     graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
+    return _two_steps(experiment, profile, vocab_size, micro_batch, compiled=graphs)
+
+
+def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
+               compiled: Any = None) -> list[Event]:
+    """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
+    compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace)."""
+    import torch
+
+    from memlab.core.memsnapshot import fake_runnable, fake_step
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    profile = fake_runnable(experiment, profile, device, [])  # compile off: the stand-in below is the compiled model
+    profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
-    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer) as (step, batch):
-        step.train_model = _compiled_model(torch, step.model, graphs, tracer, events, micro_batch)
+    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
+        if compiled is not None:
+            step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
         step.run(batch())
         step.run(batch())
     return events
