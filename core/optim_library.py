@@ -57,6 +57,10 @@ def library_version(name: str) -> str:
 
 def build_library_optimizer(model: nn.Module, groups: list[dict], cfg: OptimizerConfig, train: TrainConfig) -> torch.optim.Optimizer:
     betas = (train.beta1, train.beta2)
+    if cfg.name == "adamw8bit":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(groups, lr=train.lr, betas=betas)
     if cfg.name == "adamw4bit":
         from torchao.optim import AdamW4bit
 

@@ -234,3 +234,30 @@ def test_adafactor_follows_the_schedule_at_its_own_relative_step_size():
         set_lr(opt, e.train.lr / 2)
     assert [g["lr"] for g in ada.param_groups] == pytest.approx([ADAFACTOR_LR / 2] * len(ada.param_groups))
     assert [g["lr"] for g in adamw.param_groups] == pytest.approx([e.train.lr / 2] * len(adamw.param_groups))
+
+
+@pytest.mark.parametrize("name", ["adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit"])
+def test_every_library_optimizer_is_built_by_its_library_class(name, monkeypatch):
+    """build_library_optimizer reaches each library's class (adamw8bit once fell out of it, so every real adamw8bit
+    run failed at build). The libraries are CUDA-only here: stand-in modules record what was built."""
+    import types
+
+    from memlab.core.optim_library import build_library_optimizer
+
+    built = []
+
+    def recorder(cls_name):
+        def make(groups, lr, betas, **kw):
+            built.append((cls_name, lr, betas, kw))
+            return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+        return make
+
+    classes = ("AdamW8bit", "AdamW4bit", "_AdamW", "PagedAdamW8bit")
+    for module in ("torchao.optim", "bitsandbytes.optim"):
+        monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{c: recorder(c) for c in classes}))
+    model = nn.Linear(4, 4)
+    train = TrainConfig()
+    build_library_optimizer(model, [{"params": list(model.parameters())}], OptimizerConfig(name=name), train)
+    want = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "bf16_sr": "_AdamW", "paged_adamw8bit": "PagedAdamW8bit"}[name]
+    assert [b[0] for b in built] == [want] and built[0][1] == train.lr
