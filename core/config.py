@@ -150,6 +150,14 @@ class KernelsConfig:
 
 
 @dataclass
+class CudaGraphConfig:
+    # The whole step (forward, backward, clipping, the optimizer) captured once as one CUDA graph and replayed: the
+    # host launches one graph a step, not every kernel (memlab.core.techniques.cuda_graph). Memory is measured while
+    # capturing; a graphed step has no phase times.
+    enabled: bool = False
+
+
+@dataclass
 class LossConfig:
     chunked: bool = False  # cross-entropy in chunks of rows: never materializes the B x T x V logits
     chunk_size: int = 4096  # rows (tokens) per chunk
@@ -186,6 +194,7 @@ class Profile:
     accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)

@@ -132,6 +132,7 @@ class _Run:
             "optimizer": info.get("optimizer", p.optimizer.name),
             "compile": info.get("compile", "off"),
             "kernels": info.get("kernels", "off"),
+            "cuda_graph": info.get("cuda_graph", "off"),
             "overrides": describe_overrides(p),
             "loss_kernel": info.get("loss_kernel", "full logits"),
             "steps": self.steps_done,

@@ -124,6 +124,15 @@ class PhaseMeter:
             rec.peak[phase] = max(rec.peak[phase] or 0, alloc)
             rec.peak_reserved = max(rec.peak_reserved or 0, reserved)
 
+    def replayed(self, peaks: dict[str, int]) -> None:
+        """A step replayed from a CUDA graph (memlab.core.techniques.cuda_graph): a replay allocates nothing, so its
+        phase peaks are the ones measured while the graph was captured; it has no phase marks, so no phase times."""
+        rec = self._record
+        if not (self.enabled and self.cuda) or rec is None:
+            return
+        rec.peak.update(peaks)
+        rec.peak_reserved = allocator_peaks()[1]  # the graph's pool included: reserved since the capture
+
     def finish_step(self, loss: Any, grad_norm: Any = None) -> StepRecord | None:
         """Close this step; return the previous step's completed record (None on the first call)."""
         assert self._record is not None
@@ -154,7 +163,7 @@ class PhaseMeter:
                 opened[phase] = mark
             else:
                 totals[phase] += self._elapsed(opened.pop(phase), mark)
-        if self.enabled:
+        if self.enabled and len(marks) > 2:  # a replayed graph's step has its start and end only
             rec.fwd_ms, rec.bwd_ms, rec.opt_ms = totals["fwd"], totals["bwd"], totals["opt"]
         else:
             rec.fwd_ms = rec.bwd_ms = rec.opt_ms = None

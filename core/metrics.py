@@ -93,6 +93,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("optimizer", STR, "text", "same"),
     Metric("compile", STR, "text", "same"),
     Metric("kernels", STR, "text", "same", 'kernels.fused / float8: "off", "fused (triton <version>)", "fused (CPU reference)", "float8 (torchao <version>, ...)"'),
+    Metric("cuda_graph", STR, "text", "same", 'cuda_graph.enabled: "off", or the step captured whole (its phases then have peaks from the capture and no times)'),
     Metric("overrides", STR, "text", "same", "experiment keys the profile set for itself (its [overrides]), e.g. train.clip=0.0; part of experiment_id too"),
     Metric("loss_kernel", STR, "text", "same", 'how the loss ran: "full logits", "chunked (<rows> rows)", or a library and its version, e.g. "liger 0.8.5 fused linear CE"'),
     # how far it got

@@ -59,6 +59,7 @@ class TrainStep:
     param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
     after_step: list[Callable[[int], None]] = field(default_factory=list)  # techniques' checks after step i (the memory cap)
+    graph: Any = None  # memlab.core.techniques.cuda_graph.StepGraph: cuda_graph.enabled captures `launch` and replays it
 
     @property
     def accumulation(self) -> int:
@@ -82,9 +83,17 @@ class TrainStep:
 
     def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,
             on_phase: Callable[[str], None] | None = None) -> StepResult:
-        """Forward and backward for each micro-batch, then the optimizer step. `meter` (a PhaseMeter) brackets the
-        phases; `on_phase` hears each phase's name as it starts (so an OOM says where it happened)."""
+        """One training step. `meter` (a PhaseMeter) brackets the phases; `on_phase` hears each phase's name as it
+        starts (so an OOM says where it happened). With cuda_graph.enabled the step is launched, then captured and
+        replayed (memlab.core.techniques.cuda_graph): the same `launch`, recorded once."""
         meter, on_phase = meter or _NoMeter(), on_phase or (lambda name: None)
+        if self.graph is not None:
+            return self.graph.run(self, list(micro_batches), meter, on_phase)
+        return self.launch(micro_batches, meter, on_phase)
+
+    def launch(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any,
+               on_phase: Callable[[str], None]) -> StepResult:
+        """Forward and backward for each micro-batch, then the optimizer step, each kernel launched from here."""
         loss_sum = None
         for i, (x, y) in enumerate(micro_batches):
             loss = self._forward_backward(i, x, y, meter, on_phase)

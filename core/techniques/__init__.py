@@ -16,7 +16,8 @@ step. `apply_techniques` applies them in this order, and why:
  7. compile         over the checkpointed blocks;
  8. distributed     DDP / FSDP2 last, around (FSDP2: inside) the finished module;
  9. optimizer       after wrapping: FSDP2 swaps in sharded parameters, which the optimizer must hold;
-10. act offload     a context the forward runs under.
+10. act offload     a context the forward runs under;
+11. cuda graph      last, on the finished step: TrainStep.run captures and replays it.
 
 Loader and accumulation only check (the batch iterator and TrainStep.run read their settings). The allocator's
 setting is an environment variable CUDA reads when it initializes: `apply_to_process` runs first in the run's
@@ -35,6 +36,7 @@ from memlab.core.techniques import (
     act_offload,
     allocator,
     checkpointing,
+    cuda_graph,
     distributed,
     float8,
     fused_kernels,
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from memlab.core.step import TrainStep
 
 BEFORE_MODEL = (memory_cap, precision, attention)
-ON_MODEL = (loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload)
+ON_MODEL = (loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
 CHECK_ONLY = (allocator, loader, accumulation)
 TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
@@ -73,6 +75,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     float8.check_plan(experiment, profile)
     loss.check_plan(experiment, profile, world)
     act_offload.check_plan(experiment, profile)
+    cuda_graph.check_plan(experiment, profile)
 
 
 def apply_techniques(step: TrainStep) -> None:
