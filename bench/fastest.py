@@ -7,15 +7,20 @@ A B A B so that clock and thermal drift hit both sides alike:
   memlab       memlab's engine, `fastest` profile (at batch 16 and at --memlab-batch)
   meters_on / meters_off  memlab `bf16` (--meters-profile, at --meters-batch) with all meters vs meters off:
                step time within 2% is the target
+  eq_*         with --equal-batches (issue 17): the compiled loop and memlab at the same batch (16, and 'max': the
+               largest both fit), both timed by the same wall clock over the measured steps, batch building
+               included on both sides; --equal-profiles adds other profiles at those batches
 Then, in a child process, time to first step of `memlab run --profile bf16` (token cache warm, no compile).
 Writes <out>/fastest.parquet and <out>/fastest.txt; prints the table last.
 
     python3 bench/fastest.py --out $OUT --steps 40 --rounds 2
+    python3 bench/fastest.py --out $OUT --rounds 3 --skip ref_eager,ref_compiled,memlab,meters,ttfs --equal-batches 16,max
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -163,6 +168,7 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
         step()
     torch.cuda.synchronize()
     times = []
+    wall0 = time.perf_counter()  # the same wall clock memlab's laps read: batch building and host gaps included
     for _ in range(steps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -172,11 +178,57 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
         if profiled:
             profiled.step()
     torch.cuda.synchronize()
+    wall = time.perf_counter() - wall0
     ms = statistics.median(a.elapsed_time(b) for a, b in times)
     params = sum(p.numel() for p in model.parameters())
     model = opt = fwd = None  # drop the references step() holds, so empty_cache can free them
     torch.cuda.empty_cache()
-    return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "first_step_s": first, "params": params, "batch": batch}
+    return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "tokens_per_s_wall": steps * batch * T / wall,
+            "first_step_s": first, "params": params, "batch": batch, "status": "finished"}
+
+
+def reference_or_oom(tokens, exp, vocab: int, batch: int, steps: int) -> dict:
+    """The compiled reference, or its out-of-memory as a row (the search for the largest common batch expects it)."""
+    try:
+        return reference_run(tokens, exp, vocab, batch, steps, compiled=True)
+    except torch.OutOfMemoryError as e:
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {"status": "oom", "batch": batch, "message": str(e).splitlines()[0]}
+
+
+def largest_common_batch(tokens, exp, vocab: int, experiment: str, profile: str, candidates: list[int]) -> int | None:
+    """The largest of `candidates` at which both the compiled reference and memlab's profile run three steps."""
+    for b in sorted(candidates, reverse=True):
+        ref = reference_or_oom(tokens, exp, vocab, b, 3)
+        print(f"largest common batch: reference at {b}: {ref['status']}", flush=True)
+        if ref["status"] == "finished":
+            ours = memlab_run(experiment, profile, 3, b)
+            print(f"largest common batch: memlab {profile} at {b}: {ours['status']}", flush=True)
+            if ours["status"] == "finished":
+                return b
+    return None
+
+
+def equal_batch_lines(med, best, equal: list[int], profiles: list[str]) -> list[str]:
+    """memlab against the compiled loop at the same batch, both by wall clock; which profile is fastest there."""
+    lines = ["At equal batch, each side timed by the same wall clock over its measured steps (batch building and host "
+             "gaps included); median of rounds, best against best in brackets:"]
+    for b in equal:
+        ref, ref_top = med(f"eq_ref_b{b}", "tokens_per_s_wall"), best(f"eq_ref_b{b}", "tokens_per_s_wall")
+        speeds = {p: med(f"eq_{p}_b{b}", "tokens_per_s_wall") for p in profiles}
+        for i, p in enumerate(profiles):
+            ours, top = speeds[p], best(f"eq_{p}_b{b}", "tokens_per_s_wall")
+            if not (ref and ours):
+                lines.append(f"  batch {b}: {p}: no figure (reference {ref}, memlab {ours})")
+                continue
+            target = "; target >= 1.15x" if i == 0 else ""
+            lines.append(f"  batch {b}: memlab {p} / compiled loop: {ours / ref:.3f}x [{top / ref_top:.3f}x]  "
+                         f"({ours:,.0f} vs {ref:,.0f} tokens/s{target})")
+        ranked = sorted((v, p) for p, v in speeds.items() if v)
+        if ranked:
+            lines.append(f"  batch {b}: fastest profile here: {ranked[-1][1]} ({ranked[-1][0]:,.0f} tokens/s)")
+    return lines
 
 
 def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters: bool = True, sets: list[str] | None = None,
@@ -202,7 +254,9 @@ def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters:
     torch.cuda.empty_cache()
     if s["status"] != "finished":
         return {"status": s["status"], "batch": batch, "message": failure.get("message")}
-    return {k: s[k] for k in ("step_ms_median", "tokens_per_s", "mfu", "params", "attention_kernel", "peak_alloc_bytes", "time_to_first_step_s", "compile_s")} | {"batch": batch, "status": "finished"}
+    keys = ("step_ms_median", "tokens_per_s", "tokens_per_s_wall", "mfu", "params", "attention_kernel", "peak_alloc_bytes",
+            "peak_reserved_bytes", "time_to_first_step_s", "compile_s", "cuda_graph")
+    return {k: s.get(k) for k in keys} | {"batch": batch, "status": "finished"}
 
 
 def time_to_first_step(runs_dir: Path) -> dict:
@@ -233,6 +287,11 @@ def main() -> None:
     ap.add_argument("--ref-batches", default="16", help="comma list: the compiled reference at these batches too")
     ap.add_argument("--meters-profile", default="bf16", help="the profile whose step time is compared with all meters on and off")
     ap.add_argument("--meters-batch", type=int, default=16)
+    ap.add_argument("--equal-batches", default="", help="comma list of batches ('max': the largest both fit, from --max-candidates): "
+                    "the compiled reference and memlab at the same batch, both by wall clock")
+    ap.add_argument("--max-candidates", default="192,176,160,144,128")
+    ap.add_argument("--equal-profiles", default="", help="';'-separated: more memlab profiles at each equal batch, each profile[,key=value...] "
+                    "(which is fastest there)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
@@ -283,7 +342,21 @@ def main() -> None:
         print(report, flush=True)
         (out / "kernels.txt").write_text(report + "\n")
 
+    equal = []
+    for b in filter(None, (x.strip() for x in args.equal_batches.split(","))):
+        found = largest_common_batch(tok.train, exp, vocab, args.experiment, args.profile,
+                                     [int(c) for c in args.max_candidates.split(",")]) if b == "max" else int(b)
+        record(f"equal_batch_{b}", 0, {"batch": found})
+        if found:
+            equal.append(found)
+    equal_profiles = [args.profile] + [p.strip() for p in args.equal_profiles.split(";") if p.strip()]
+
     for rnd in range(args.rounds):
+        for b in equal:
+            record(f"eq_ref_b{b}", rnd, reference_or_oom(tok.train, exp, vocab, b, args.steps))
+            for entry in equal_profiles:  # "profile[,key=value...]"
+                prof, *sets = entry.split(",")
+                record(f"eq_{entry}_b{b}", rnd, memlab_run(args.experiment, prof, args.steps, b, sets=sets))
         if "ref_eager" not in skip:
             record("ref_eager", rnd, reference_run(tok.train, exp, vocab, 16, args.steps, compiled=False))
         if "ref_compiled" not in skip:
@@ -309,8 +382,8 @@ def main() -> None:
         vals = of(case, key)
         return statistics.median(vals) if vals else None
 
-    def best(case: str) -> float | None:  # interference only ever slows a round down: the best is the least disturbed
-        vals = of(case, "tokens_per_s")
+    def best(case: str, key: str = "tokens_per_s") -> float | None:  # interference only slows a round: the best is the least disturbed
+        vals = of(case, key)
         return max(vals) if vals else None
 
     env = environment(torch.device("cuda"))
@@ -322,6 +395,8 @@ def main() -> None:
         ours, top = med(case), best(case)
         return f"{ours / ref_c:.3f}x [{top / ref_best:.3f}x]  ({ours:,.0f} vs {ref_c:,.0f} tokens/s [{top:,.0f} vs {ref_best:,.0f}]; target >= 1.15x)"
 
+    if equal:
+        lines += equal_batch_lines(med, best, equal, equal_profiles)
     for b in sorted({16, args.memlab_batch}):
         if ref_c and med(f"memlab_{args.profile}_b{b}"):
             lines.append(f"memlab {args.profile} (batch {b}) / compiled reference (batch 16): {vs_ref(f'memlab_{args.profile}_b{b}')}")
