@@ -21,10 +21,11 @@ storages are created and freed, in order, and how large.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from memlab.core.allocator_model import OutOfMemory, replay
 from memlab.core.config import Experiment, Profile
@@ -92,18 +93,60 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace)."""
     import torch
 
+    from memlab.core import replay_standins
     from memlab.core.memsnapshot import fake_runnable, fake_step
+    from memlab.core.techniques.precision import compute_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
-    with fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
+    construction: list[int] = []
+    with replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
+            fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
+        replay_standins.install(step, standins, compute_dtype(profile))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
         step.run(batch())
         step.run(batch())
-    return events
+    return _built_on_host(events, *construction)
+
+
+@contextlib.contextmanager
+def _model_construction(events: list[Event], window: list[int]) -> Iterator[None]:
+    """Fills `window` with the events GPT(...) appends while it is built: [first, past the last]."""
+    from unittest import mock
+
+    from memlab.core.model import GPT
+
+    init = GPT.__init__
+
+    def watched_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = len(events)
+        init(self, *args, **kwargs)
+        window[:] = [start, len(events)]
+
+    with mock.patch.object(GPT, "__init__", watched_init):
+        yield
+
+
+def _built_on_host(events: list[Event], start: int = 0, end: int = 0) -> list[Event]:
+    """The trace less what the model's construction made and freed itself. A run builds the model on the CPU and
+    moves it (TrainStep.build_model); the fake step builds it on the device, where its init's temporaries (the
+    untied head's V x C weight, replaced by the embedding's) left free blocks a run never has: on the seed shape
+    act_offload's backward cuBLAS workspace took one, and the replay reserved 11.02 GiB where the H100 reserved
+    14.09 (the workspace pinned a freed logits segment there, as it does for bf16). What outlives the construction
+    (the weights, moved) stays, as does bf16_pure's cast after it (the fp32 weights reach the device first)."""
+    made: dict[object, int] = {}
+    dropped: set[int] = set()
+    for i in range(start, end):
+        action, ident = events[i][0], events[i][1]
+        if action == "alloc":
+            made[ident] = i
+        elif ident in made:
+            dropped |= {made.pop(ident), i}
+    return [e for i, e in enumerate(events) if i not in dropped]
 
 
 def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:

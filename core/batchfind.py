@@ -672,7 +672,8 @@ def cuda_here() -> bool:
 
 
 def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int) -> int | None:
-    """The allocator replay's max micro-batch, None where the step cannot be replayed (offload, CUDA-only libraries)."""
+    """The allocator replay's max micro-batch, None where the step cannot be replayed (the compiled steps of
+    kernels.fused and float8; offload and the CUDA-only libraries replay through memlab.core.replay_standins)."""
     from memlab.core.allocation_trace import replayed_max_batch
 
     try:
