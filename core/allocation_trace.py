@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from memlab.core.allocator_model import OutOfMemory, replay
+from memlab.core.allocator_model import CAPTURE, OutOfMemory, replay
 from memlab.core.config import Experiment, Profile
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
@@ -90,7 +90,8 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
                compiled: Any = None) -> list[Event]:
     """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
-    compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace)."""
+    compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
+    With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it."""
     import torch
 
     from memlab.core import replay_standins
@@ -98,6 +99,9 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     from memlab.core.techniques.precision import compute_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from memlab.core.techniques.cuda_graph import WARM_STEPS
+
+    graphed = profile.cuda_graph.enabled
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
@@ -108,8 +112,12 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         replay_standins.install(step, standins, compute_dtype(profile))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
-        step.run(batch())
-        step.run(batch())
+        for _ in range(WARM_STEPS if graphed else 2):
+            step.run(batch())
+        if graphed:  # cuda_graph.enabled: after the launched steps, one captured into the graph's own pool
+            events.append((CAPTURE, None, 0))
+            tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream
+            step.run(batch())
     return _built_on_host(events, *construction)
 
 
@@ -199,8 +207,11 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
     fake_trace's."""
-    trace = compiled_trace if profile.compile.enabled else fake_trace
-    return trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch)
+    if profile.compile.enabled:
+        from memlab.core.replay_standins import compiled_standin
+
+        return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch)
+    return fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch)
 
 
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 MIB = 1 << 20
 MIN_BLOCK = 512  # kMinBlockSize: every size rounds up to a multiple of this
@@ -310,13 +311,64 @@ def _spans(start: Block, size: int) -> bool:
     return total >= size
 
 
-def replay(events: list[tuple], cap: int | None = None, expandable: bool = False) -> Allocator:
+CAPTURE = "capture"  # an event marking where a CUDA graph's capture begins (cuda_graph.enabled)
+
+
+@dataclass
+class GraphedAllocator:
+    """The general pool and, from a CUDA graph's capture on, the graph's private pool, under one cap. Capturing
+    (memlab.core.techniques.cuda_graph) first empties the general pool's cache; what the captured step allocates
+    then comes from the private pool, which cannot use the general pool's free blocks nor lend it its own, and which
+    the graph keeps. What was allocated before is freed into the pool it came from. The private pool uses the
+    ordinary segments with expandable segments on too: as we read CUDACachingAllocator.cpp, expandable segments are
+    not used for a private pool."""
+
+    main: Allocator
+    graph: Allocator | None = None
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+
+    def capture(self) -> None:
+        self.main._release_cached()
+        self.graph = Allocator(None if self.main.cap is None else self.main.cap - self.main.reserved)
+        self.peak_allocated, self.peak_reserved = self.main.peak_allocated, self.main.peak_reserved
+
+    def malloc(self, ident: object, nbytes: int) -> None:
+        (self.graph or self.main).malloc(ident, nbytes)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, ident: object) -> None:
+        owner = self.graph if self.graph is not None and ident in self.graph._live else self.main
+        owner.free(ident)
+
+    def _pools(self) -> list[Allocator]:
+        return [self.main] + ([self.graph] if self.graph is not None else [])
+
+    @property
+    def reserved(self) -> int:
+        return sum(a.reserved for a in self._pools())
+
+    @property
+    def allocated(self) -> int:
+        return sum(a.allocated for a in self._pools())
+
+    @property
+    def retries(self) -> int:
+        return sum(a.retries for a in self._pools())
+
+
+def replay(events: list[tuple], cap: int | None = None, expandable: bool = False) -> Allocator | GraphedAllocator:
     """Run ("alloc", id, bytes, ...) / ("free", id, ...) events through the model, with expandable segments or
-    without; raises OutOfMemory under `cap`. The model's `retries` counts the requests that needed a release."""
-    model = ExpandableAllocator(cap) if expandable else Allocator(cap)
+    without; raises OutOfMemory under `cap`. The model's `retries` counts the requests that needed a release. A
+    CAPTURE event moves what follows into a CUDA graph's private pool (GraphedAllocator)."""
+    model: Any = ExpandableAllocator(cap) if expandable else Allocator(cap)
     for action, ident, nbytes, *_ in events:
         if action == "alloc":
             model.malloc(ident, nbytes)
+        elif action == CAPTURE:
+            model = GraphedAllocator(model)
+            model.capture()
         else:
             model.free(ident)
     return model

@@ -371,7 +371,7 @@ def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line():
     from memlab.core.errors import MemlabError
 
     profile = load_profile("compile")
-    profile.kernels.fused = True
+    profile.kernels.float8 = True  # (kernels.fused replays as the stock compiled model: replay_standins.compiled_standin)
     with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with fused or float8 kernels$"):
         allocation_trace.replay_for_card(load_experiment("tiny"), profile, vocab_size=512, micro_batch=2, memory_bytes=2**31)
 
