@@ -121,6 +121,9 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
         raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
     if p.kernels.float8:
         raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
+    if p.cuda_graph.enabled:  # a capture allocates what the launched step does; the replay models the graph's pool
+        notes.append("cuda_graph measured launched (the same tensors; the allocator replay gives the graph its own pool)")
+        p.cuda_graph.enabled = False
 
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True) -> dict:

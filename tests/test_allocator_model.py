@@ -414,3 +414,21 @@ def torch_release() -> str:
     import torch
 
     return torch.__version__.split("+")[0]
+
+
+def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_smaller_max_batch(capsys):
+    """`memlab estimate --gpu-memory` (analytic by default): the analytic max batch is an upper estimate, so the
+    allocator replay runs as well and the batch to plan for is the smaller; without a card named, no replay."""
+    from memlab.cli import main
+
+    def estimate(*args: str) -> dict:
+        try:
+            main(["estimate", "--experiment", "tiny", "--profile", "bf16", "--json", *args])
+        except SystemExit as e:
+            assert e.code in (0, None)
+        return json.loads(capsys.readouterr().out)
+
+    out = estimate("--gpu-memory", "2GiB")
+    replayed = out["replayed"]["max_batch"]
+    assert replayed >= 1 and out["max_batch_to_plan"] == min(out["max_batch"], replayed)
+    assert "replayed" not in estimate()

@@ -100,18 +100,25 @@ def estimate(
         from memlab.core.memsnapshot import fake_estimate
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
+    # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
+    replay_too = method == "fake" or (gpu_memory is not None and world == 1)
+    if replay_too:
         replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch)
     notes += result.notes
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
         if method == "fake":
             out["analytic_total_bytes"] = analytic.total_bytes
+        if replay_too:
             out["replayed"] = dataclasses.asdict(replayed) if replayed else {"refused": no_replay}
+            out["max_batch_to_plan"] = min(max_batch, replayed.max_batch) if replayed and max_batch else max_batch
         typer.echo(json.dumps(out))
         return
     _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from, world, prof.distributed.mode)
-    if method == "fake":
+    if replay_too:
         _print_replayed(replayed, no_replay, where)
+    if replayed and max_batch:
+        typer.echo(f"max micro-batch to plan for: {min(max_batch, replayed.max_batch)} (the smaller of the two; find-batch and the study on a GPU start there)")
 
 
 def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int):
