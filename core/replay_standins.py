@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import torch
 
 from memlab.core.config import Profile
+from memlab.core.offload import HostCopies
 
 LIBRARY_OPTIMIZERS = ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit")
 
@@ -342,21 +343,13 @@ def save_on_host() -> Any:
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
-class DeviceSideCopies:
+class DeviceSideCopies(HostCopies):
     """memlab.core.offload.CudaCopies as the allocator sees it: to_host allocates host memory only, to_device one
-    device tensor of the host copy's size (on the compute stream, as CudaCopies does); no streams to wait for."""
+    device tensor of the host copy's size (on the compute stream, as CudaCopies does); no streams to wait for
+    (HostCopies' tokens and waits)."""
 
     def to_host(self, t: torch.Tensor) -> HostCopy:
         return HostCopy(t.size(), t.dtype)
 
     def to_device(self, host: HostCopy, device: torch.device) -> torch.Tensor:
         return torch.empty(host.size, dtype=host.dtype, device=device)
-
-    def mark(self) -> None:
-        return None
-
-    def wait(self, token: None) -> None:
-        pass
-
-    def drain(self) -> None:
-        pass
