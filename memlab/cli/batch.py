@@ -58,7 +58,7 @@ def estimate(
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size, over all ranks); the micro-batch is it divided by accumulation.steps x --nproc.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
     gpu_memory: EstimateMemoryOpt = None,
-    method: Annotated[str, typer.Option("--method", help="analytic (from the configuration) | fake (one step measured on fake tensors: no GPU, no memory).")] = "analytic",
+    method: Annotated[str, typer.Option("--method", help="auto (analytic; with --gpu-memory the allocator replay too, seconds) | analytic (from the configuration alone) | fake (one step measured on fake tensors, and the replay: no GPU, no memory).")] = "auto",
     as_json: JsonOpt = False,
     set_: SetOpt = None,
 ) -> None:
@@ -67,8 +67,8 @@ def estimate(
     from memlab.core.batchfind import gpu_info
     from memlab.core.errors import ConfigError
 
-    if method not in ("analytic", "fake"):
-        raise ConfigError(f"--method {method!r} is not valid; choose one of: analytic, fake")
+    if method not in ("auto", "analytic", "fake"):
+        raise ConfigError(f"--method {method!r} is not valid; choose one of: auto, analytic, fake")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
     overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
@@ -101,7 +101,7 @@ def estimate(
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
     # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
-    replay_too = method == "fake" or (gpu_memory is not None and world == 1)
+    replay_too = method == "fake" or (method == "auto" and gpu_memory is not None and world == 1)
     if replay_too:
         replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch)
     notes += result.notes
