@@ -8,6 +8,8 @@ host memory or in CUDA unified memory is not on the allocator's books, so it is 
                paged_adamw8bit                bitsandbytes 0.50.2 optim/optimizer.py (Optimizer2State.init_state,
                                               Optimizer8bit.get_state_buffer)
                optimizer.offload              memlab.core.techniques.optim_offload: state and step on the host
+               galore                         AdamW itself: its full-size state is more than GaLore's projected
+                                              one (an upper bound: the max batch errs low), SVD temporaries left out
     loss       liger                          liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py
                cce                            cut-cross-entropy 25.1.1 cce.py, cce_lse_forward.py, indexed_dot.py,
                                               cce_backward.py, utils.py
@@ -54,6 +56,8 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
         optimizer, p.optimizer.offload = "offload", False
     elif p.optimizer.name in LIBRARY_OPTIMIZERS:
         optimizer, p.optimizer.name = p.optimizer.name, "adamw"
+    elif p.optimizer.name == "galore":  # AdamW's state bounds GaLore's rank-r state from above: the replay errs low
+        p.optimizer.name = "adamw"
     if p.loss.fused != "none":
         loss, p.loss.fused = p.loss.fused, "none"
     if p.checkpointing.offload:

@@ -1,0 +1,59 @@
+"""Issue 17, max batch: the prediction find-batch and the study start from on a GPU (batchfind.predicted_max_batch
+with the allocator replay: the smaller of the analytic and replayed figures) against the max batch find-batch found
+on the H100, for every built-in single-GPU profile of the committed seeds' study (a 24 GiB card, the seeds' shape;
+bench/results/study-so-posts-h100/comparison.parquet), beside that study's own prediction (analytic, of its day).
+Runs on a CPU (fake tensors); prints a Markdown table and counts.
+
+    python bench/prediction_vs_found.py [--out FILE]
+
+The seeds' shape is not held out from the replay: its traces were compared with these runs while the replay and
+its stand-ins were written (bench/allocator_replay.py says which). `fastest` was found at 400 there without its
+CUDA graph and at 398 with it (results/graph-step-h100/7-find-batch); the graphed figure is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import polars as pl
+
+from memlab.core import batchfind as bf
+from memlab.core.config import apply_overrides, load_experiment, load_profile
+
+STUDY = Path(__file__).parent / "results" / "study-so-posts-h100"
+GRAPHED = {"fastest": 398}  # found with cuda_graph.enabled (graph-step-h100/7-find-batch), which fastest now has
+SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the study's data, as bench/allocator_replay.py
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    study = pl.read_parquet(STUDY / "comparison.parquet").filter(pl.col("max_batch_measured"))
+    card = int(study["gpu_memory_cap_bytes"].drop_nulls()[0])
+    rows, over, within = [], 0, 0
+    for r in study.sort("profile").iter_rows(named=True):
+        exp, prof = load_experiment("seed-so-posts"), load_profile(r["profile"])
+        apply_overrides(exp, prof, list(SEED_DATA))
+        found = GRAPHED.get(r["profile"], r["max_batch"])
+        t = time.monotonic()
+        predicted = bf.predicted_max_batch(exp, prof, card, replay=True)
+        off = (predicted - found) / found if predicted else None
+        over += bool(off is not None and off > 0)
+        within += bool(off is not None and abs(off) <= 0.10)
+        rows.append(f"| {r['profile']} | {found} | {predicted} | {off:+.1%} | {r['predicted_max_batch']} | {time.monotonic() - t:.0f} s |"
+                    if off is not None else f"| {r['profile']} | {found} | — | — | {r['predicted_max_batch']} | |")
+        print(rows[-1], flush=True)
+    head = ["| profile | found on the H100 | predicted now | off | the study's prediction (analytic) | time |",
+            "|:--|--:|--:|--:|--:|--:|"]
+    tail = f"\n{len(rows)} profiles: {over} predicted above the batch found, {within} within 10% of it; card {card / 2**30:.2f} GiB"
+    text = "\n".join(head + rows) + tail
+    print(tail)
+    if args.out:
+        Path(args.out).write_text(text + "\n\ncommand: python bench/prediction_vs_found.py --out " + args.out + "\n")
+
+
+if __name__ == "__main__":
+    main()
