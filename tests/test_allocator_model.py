@@ -239,15 +239,20 @@ def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, fo
     assert fits_replayed(experiment, prof, micro_batch=found, **at) and not fits_replayed(experiment, prof, micro_batch=found + 1, **at)
 
 
-def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compiled_step_it_cannot_trace(capsys):
+def _estimate_json(capsys, *args: str) -> dict:
+    """`memlab estimate --experiment tiny --json ARGS`, in this process: its JSON object."""
     from memlab.cli import main
 
+    try:
+        main(["estimate", "--experiment", "tiny", "--json", *args])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compiled_step_it_cannot_trace(capsys):
     def estimate(*args: str) -> dict:
-        try:
-            main(["estimate", "--experiment", "tiny", "--method", "fake", "--json", *args])
-        except SystemExit as e:
-            assert e.code in (0, None)
-        return json.loads(capsys.readouterr().out)
+        return _estimate_json(capsys, "--method", "fake", *args)
 
     out = estimate("--profile", "bf16", "--gpu-memory", "2GiB")
     r = out["replayed"]
@@ -419,16 +424,7 @@ def torch_release() -> str:
 def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_smaller_max_batch(capsys):
     """`memlab estimate --gpu-memory` (analytic by default): the analytic max batch is an upper estimate, so the
     allocator replay runs as well and the batch to plan for is the smaller; without a card named, no replay."""
-    from memlab.cli import main
-
-    def estimate(*args: str) -> dict:
-        try:
-            main(["estimate", "--experiment", "tiny", "--profile", "bf16", "--json", *args])
-        except SystemExit as e:
-            assert e.code in (0, None)
-        return json.loads(capsys.readouterr().out)
-
-    out = estimate("--gpu-memory", "2GiB")
+    out = _estimate_json(capsys, "--profile", "bf16", "--gpu-memory", "2GiB")
     replayed = out["replayed"]["max_batch"]
     assert replayed >= 1 and out["max_batch_to_plan"] == min(out["max_batch"], replayed)
-    assert "replayed" not in estimate()
+    assert "replayed" not in _estimate_json(capsys, "--profile", "bf16")
