@@ -74,10 +74,11 @@ class MemoryCap:
     """An emulated card: its total (--gpu-memory), and what the caching allocator may hold of it."""
 
     card_bytes: int  # the emulated card's total memory
-    budget_bytes: int  # the allocator's cap: the card less what this process holds outside the allocator
+    budget_bytes: int  # the allocator's cap: the card less the driver's reserve and what this process holds outside the allocator
     outside_bytes: int | None  # CUDA context, cuBLAS workspace...: measured through NVML (None: NVML could not tell)
     index: int = 0  # the GPU
     device_before: int | None = None  # NVML's device use before this process's context (the fallback's baseline)
+    driver_bytes: int = 0  # the driver's own reserve on this GPU (NVML v2 `reserved`), which a real card also loses
 
 
 class OverTheCard(Exception):
@@ -98,21 +99,22 @@ def tightened_budget(cap: MemoryCap, nvml_used_bytes: int | None, reserved_bytes
     outside = outside_allocator(nvml_used_bytes, reserved_bytes)
     if outside is None:
         return cap.budget_bytes
-    budget = min(cap.budget_bytes, cap.card_bytes - outside)
+    budget = min(cap.budget_bytes, cap.card_bytes - cap.driver_bytes - outside)
     if reserved_bytes > budget:
         raise OverTheCard(f"this process holds {gib(reserved_bytes + outside)} ({gib(reserved_bytes)} reserved by the allocator, "
                           f"{gib(outside)} outside it): more than the {gib(cap.card_bytes)} card")
     return budget
 
 
-def allocator_budget(card_bytes: int, nvml_used_bytes: int | None, reserved_bytes: int) -> int:
+def allocator_budget(card_bytes: int, nvml_used_bytes: int | None, reserved_bytes: int, driver_bytes: int = 0) -> int:
     """What the caching allocator may reserve so that this process fits a card of `card_bytes` in total: the card
-    less what NVML sees this process hold beyond the allocator's reserved memory (the CUDA context, library
-    handles and workspaces). NVML unable to tell (None): the whole card, as before. Raises when nothing is left."""
-    outside = outside_allocator(nvml_used_bytes, reserved_bytes) or 0
+    less the driver's own reserve (which a real card loses too; on the H100 0.47 GiB, measured with no process on
+    it) and less what NVML sees this process hold beyond the allocator's reserved memory (the CUDA context,
+    library handles and workspaces). NVML unable to tell (None): nothing outside. Raises when nothing is left."""
+    outside = (outside_allocator(nvml_used_bytes, reserved_bytes) or 0) + driver_bytes
     if card_bytes <= outside:
-        raise DeviceError(f"a card of {gib(card_bytes)} is less than what this process holds outside the allocator "
-                          f"({gib(outside)}: the CUDA context and workspaces, measured through NVML); give more")
+        raise DeviceError(f"a card of {gib(card_bytes)} is less than what this process holds outside the allocator with "
+                          f"the driver's reserve ({gib(outside)}: the CUDA context, workspaces and the driver, measured through NVML); give more")
     return card_bytes - outside
 
 
@@ -126,9 +128,10 @@ def apply_memory_cap(device: Any) -> MemoryCap | None:
 
     card, index = request
     used, reserved, before = _used_outside_allocator(index)
-    budget = allocator_budget(card, used, reserved)
+    driver = driver_reserved(_nvml_handle(_nvml_index(index)))
+    budget = allocator_budget(card, used, reserved, driver)
     torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(index).total_memory, index)
-    return MemoryCap(card, budget, outside_allocator(used, reserved), index, before)
+    return MemoryCap(card, budget, outside_allocator(used, reserved), index, before, driver)
 
 
 def tighten_memory_cap(cap: MemoryCap) -> MemoryCap:
@@ -207,6 +210,19 @@ def _nvml_handle(nvml_idx: int) -> Any:
         return pynvml.nvmlDeviceGetHandleByIndex(nvml_idx)
     except Exception:  # noqa: BLE001 (no NVML: the cap stays the whole card)
         return None
+
+
+def driver_reserved(handle: Any) -> int:
+    """The driver's own reserve on this GPU (NVML's v2 memory info, `reserved`: held by no process, counted in the
+    device's v1 `used`); 0 where NVML or its v2 call is not there."""
+    if handle is None:
+        return 0
+    import pynvml
+
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).reserved)
+    except Exception:  # noqa: BLE001 (an older NVML or binding: no v2 memory info)
+        return 0
 
 
 def _nvml_device_used(handle: Any) -> int | None:

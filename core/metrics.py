@@ -115,7 +115,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("estimate_peak_bytes", INT, "bytes", "rank0", "the analytic estimate of peak allocated (memlab estimate)"),
     Metric("max_batch", INT, "count", "rank0", "largest micro-batch that completes full steps", "max batch", 13, figure=True),
     Metric("gpu_memory_cap_bytes", INT, "bytes", "same", "the emulated card's total memory (--gpu-memory); null: the whole card"),
-    Metric("allocator_budget_bytes", INT, "bytes", "same", "the allocator's cap under --gpu-memory: the card's total less the CUDA context and workspaces NVML saw"),
+    Metric("allocator_budget_bytes", INT, "bytes", "same", "the allocator's cap under --gpu-memory: the card's total less the driver's reserve and the CUDA context and workspaces NVML saw"),
     # speed
     Metric("step_ms_median", FLOAT, "ms", "max", "median step time over measured steps", "step ms", 14, **_MEASURED),
     Metric("step_ms_p90", FLOAT, "ms", "max", "90th percentile step time", **_MEASURED),

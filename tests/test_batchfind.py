@@ -320,6 +320,23 @@ def test_the_allocator_budget_is_the_card_less_what_the_process_holds_outside_th
         bf.allocator_budget(512 * 2**20, 600 * 2**20, 0)
 
 
+def test_the_drivers_own_reserve_comes_off_the_card_too(monkeypatch):
+    """A real card loses the driver's reserve as well (NVML v2 `reserved`: 0.469 GiB on the H100 with no process on
+    it, bench/results/cap-check-h100/NOTE.md); it comes off the budget at the start and whenever it is tightened."""
+    import sys
+    from types import SimpleNamespace
+
+    card, context, driver = 24 * 2**30, 600 * 2**20, 480 * 2**20
+    assert bf.allocator_budget(card, context, 0, driver) == card - context - driver
+    cap = bf.MemoryCap(card, card - context - driver, context, driver_bytes=driver)
+    assert bf.tightened_budget(cap, context + 2**30, 0) == card - context - 2**30 - driver  # the context grew
+    v2 = SimpleNamespace(nvmlMemory_v2=2, nvmlDeviceGetMemoryInfo=lambda h, version=1: SimpleNamespace(reserved=driver))
+    monkeypatch.setitem(sys.modules, "pynvml", v2)
+    assert bf.driver_reserved(object()) == driver and bf.driver_reserved(None) == 0
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace())  # a binding without v2 memory info
+    assert bf.driver_reserved(object()) == 0
+
+
 def test_a_probe_reports_the_budget_its_child_measured():
     from types import SimpleNamespace
 

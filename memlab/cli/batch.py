@@ -379,7 +379,7 @@ def _print_found(result: Any, report: dict[str, Any], memory_view: dict[str, Any
     typer.echo(f"max micro-batch: {result.max_batch} ({exact})")
     typer.echo(f"probes: {len(result.probes)}" + (" (answer from the cache)" if not result.probes else "") + f" · time {report['seconds']:.1f} s · {report['gpu_name']}" + (f" · cap {gib(cap)}" if cap else ""))
     if cap:
-        outside = f"{gib(total - budget)} outside it (CUDA context, workspaces), measured through NVML" if budget else "not reported by the probes"
+        outside = f"{gib(total - budget)} outside it (the driver's reserve, the CUDA context, workspaces), measured through NVML" if budget else "not reported by the probes"
         typer.echo(f"memory: a card of {gib(total)} in total assumed (--gpu-memory) · allocator budget {gib(budget)} ({outside})")
     elif total:
         typer.echo(f"memory: the whole card, {gib(total)} · allocator not capped")
