@@ -32,6 +32,9 @@ class _NoMeter:
     def end(self, phase: str) -> None:
         pass
 
+    def replayed(self, peaks: dict[str, int]) -> None:
+        pass
+
 
 @dataclass
 class StepResult:

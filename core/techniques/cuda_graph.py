@@ -114,8 +114,7 @@ class StepGraph:
                 sy.copy_(y, non_blocking=True)
         on_phase("graph")
         self.graph.replay()
-        if hasattr(meter, "replayed"):
-            meter.replayed(self.peaks)
+        meter.replayed(self.peaks)
         return self._outputs()
 
     def _record(self, step: TrainStep, batches: list, on_phase: Callable[[str], None]) -> None:

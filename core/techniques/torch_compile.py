@@ -2,7 +2,8 @@
 
 The CUDA-graph modes (reduce-overhead, max-autotune) are refused: a CUDA graph's memory pool is allocated when the
 graph is recorded and lives outside the per-phase peak resets (DESIGN.md "What is measured"), so the phase peaks
-would miss it and memory would not compare with other profiles."""
+would miss it and memory would not compare with other profiles. cuda_graph.enabled (memlab.core.techniques.cuda_graph)
+captures the whole step instead, measuring its memory while capturing."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
 
         raise ConfigError(
             f"compile.mode = {c.mode!r} records CUDA graphs, whose memory pool is outside memlab's per-phase peak "
-            "resets (memory would be measured wrong); use compile.mode = 'default' or 'max-autotune-no-cudagraphs'"
+            "resets (memory would be measured wrong); use compile.mode = 'default' or 'max-autotune-no-cudagraphs', and "
+            "cuda_graph.enabled = true for a graph whose memory is measured"
         )
 
 
