@@ -64,7 +64,6 @@ def estimate(
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
     from memlab.core import estimate as est_mod
-    from memlab.core.batchfind import gpu_info
     from memlab.core.errors import ConfigError
 
     if method not in ("auto", "analytic", "fake"):
@@ -82,15 +81,7 @@ def estimate(
         check_plan(exp, prof, world)  # the combinations `memlab run --nproc` refuses, refused here too
     if method == "fake" and world > 1:
         raise ConfigError("--method fake measures one process; with --nproc use --method analytic")
-    notes: list[str] = []
-    if gpu_memory is not None:
-        memory, where = parse_size(gpu_memory), f"--gpu-memory {gpu_memory}"
-    else:
-        info = gpu_info() if _cuda_visible() else None
-        if info is not None:
-            memory, where = info.total_bytes, info.name
-        else:
-            memory, where = parse_size(DEFAULT_CARD), "no GPU here: an 80 GB H100 assumed"
+    memory, where = _card_to_fit(gpu_memory)
     vocab, vocab_from = est_mod.vocab_for(exp)
     analytic = est_mod.estimate(exp, prof, vocab_size=vocab, world_size=world)
     result = analytic
@@ -104,21 +95,34 @@ def estimate(
     replay_too = method == "fake" or (method == "auto" and gpu_memory is not None and world == 1)
     if replay_too:
         replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch)
-    notes += result.notes
+    plan = min(max_batch, replayed.max_batch) if replayed and max_batch else max_batch
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
         if method == "fake":
             out["analytic_total_bytes"] = analytic.total_bytes
         if replay_too:
             out["replayed"] = dataclasses.asdict(replayed) if replayed else {"refused": no_replay}
-            out["max_batch_to_plan"] = min(max_batch, replayed.max_batch) if replayed and max_batch else max_batch
+            out["max_batch_to_plan"] = plan
         typer.echo(json.dumps(out))
         return
     _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from, world, prof.distributed.mode)
     if replay_too:
         _print_replayed(replayed, no_replay, where)
     if replayed and max_batch:
-        typer.echo(f"max micro-batch to plan for: {min(max_batch, replayed.max_batch)} (the smaller of the two; find-batch and the study on a GPU start there)")
+        typer.echo(f"max micro-batch to plan for: {plan} (the smaller of the two; find-batch and the study on a GPU start there)")
+
+
+def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
+    """The memory the estimate fits (bytes, and where the figure came from): --gpu-memory, else this machine's GPU,
+    else an 80 GB H100."""
+    from memlab.core.batchfind import gpu_info
+
+    if gpu_memory is not None:
+        return parse_size(gpu_memory), f"--gpu-memory {gpu_memory}"
+    info = gpu_info() if _cuda_visible() else None
+    if info is not None:
+        return info.total_bytes, info.name
+    return parse_size(DEFAULT_CARD), "no GPU here: an 80 GB H100 assumed"
 
 
 def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int):
