@@ -96,11 +96,10 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
 
     from memlab.core import replay_standins
     from memlab.core.memsnapshot import fake_runnable, fake_step
+    from memlab.core.techniques.cuda_graph import WARM_STEPS
     from memlab.core.techniques.precision import compute_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from memlab.core.techniques.cuda_graph import WARM_STEPS
-
     graphed = profile.cuda_graph.enabled
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
