@@ -95,19 +95,22 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     import torch
 
     from memlab.core import replay_standins
+    from memlab.core.cuda_temporaries import attention_backward_kernel
     from memlab.core.memsnapshot import fake_runnable, fake_step
     from memlab.core.techniques.cuda_graph import WARM_STEPS
     from memlab.core.techniques.precision import compute_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = profile.cuda_graph.enabled
+    attention_backward = attention_backward_kernel(profile)  # before the stand-ins rename the kernel
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
     construction: list[int] = []
     with replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
-            fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels) as (step, batch):
+            fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels,
+                      attention_backward=attention_backward) as (step, batch):
         replay_standins.install(step, standins, compute_dtype(profile))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
@@ -331,8 +334,11 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
     sat in a freed logits segment, and the next step's logits needed a new one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from memlab.core.cuda_temporaries import Sms, sum_staging_bytes
+
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     workspace = cublas_workspace_bytes(capability)
+    sms = Sms.of_this_device()
 
     class Storages(TorchDispatchMode):
         def __init__(self) -> None:
@@ -353,6 +359,8 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
                 self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
             if func is torch.ops.aten._softmax_backward_data.default:
                 self._softmax_backward_temporary(args[0])
+            if func is torch.ops.aten.sum.dim_IntList:
+                self._reduction_staging(args[0], args[1])
             return out
 
         def _softmax_backward_temporary(self, grad: Any) -> None:
@@ -361,6 +369,17 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             key = f"softmax backward temporary {len(events)}"
             events.append(("alloc", key, grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)"))
             events.append(("free", key, 0, ""))
+
+        def _reduction_staging(self, t: Any, dims: Any) -> None:
+            # a sum split across thread blocks stages partial sums in a buffer of its own, freed on return
+            # (Reduce.cuh; a Linear's bias gradient over every token: memlab.core.cuda_temporaries)
+            if not t.is_contiguous():
+                return
+            nbytes = sum_staging_bytes(tuple(t.shape), list(dims or []), t.dtype == torch.float64, sms)
+            if nbytes:
+                key = f"reduction staging {len(events)}"
+                events.append(("alloc", key, nbytes, "reduction staging buffer (CUDA)"))
+                events.append(("free", key, 0, ""))
 
         def workspace(self, phase: str) -> None:
             if phase not in self.workspaces:

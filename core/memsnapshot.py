@@ -149,11 +149,12 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
 
 @contextlib.contextmanager
 def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, *watchers: Any,
-              gpu_kernels: bool = True) -> Iterator[tuple[Any, Callable[[], list]]]:
+              gpu_kernels: bool = True, attention_backward: str = "") -> Iterator[tuple[Any, Callable[[], list]]]:
     """The engine's step (memlab.core.step) built on fake tensors, inside `watchers` (dispatch modes entered before
     the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
     `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
-    save (unless `gpu_kernels` is False: this device's own)."""
+    save (unless `gpu_kernels` is False: this device's own). `attention_backward` names the GPU backend whose
+    backward workspace the fused SDPA allocates and frees (memlab.core.cuda_temporaries; "" for none)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -165,7 +166,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
     with contextlib.ExitStack() as stack:
-        kernels = _gpu_kernels(torch, p) if gpu_kernels else contextlib.nullcontext()
+        kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
         for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
             stack.enter_context(mode)
         step = build_step(experiment, p, device, vocab_size, on_device=True)
@@ -187,10 +188,10 @@ def _scalars(torch: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _gpu_kernels(torch: Any, p: Profile) -> Iterator[None]:
+def _gpu_kernels(torch: Any, p: Profile, attention_backward: str = "") -> Iterator[None]:
     """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
     step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
-    with _fused_sdpa(torch, p), _fused_dropout(torch):
+    with _fused_sdpa(torch, p, attention_backward), _fused_dropout(torch):
         yield
 
 
@@ -206,12 +207,15 @@ def _fused_dropout(torch: Any) -> Any:
     return mock.patch.object(torch.nn.functional, "dropout", dropout)
 
 
-def _fused_sdpa(torch: Any, p: Profile) -> Any:
+def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
     """F.scaled_dot_product_attention replaced by what a fused GPU kernel (flash, cuDNN, efficient) allocates: its
     output and an fp32 (B, H, T) log-sum-exp, both saved; in backward the three input gradients; dropout is drawn
     inside the kernel (no mask). On a CPU, SDPA with dropout takes the math path, which saves the T x T
     probabilities and their mask (13% over the H100's peak on the seed shape). Left alone where the profile pins
-    sdpa_backend = math, which saves T x T on a GPU too."""
+    sdpa_backend = math, which saves T x T on a GPU too. With `backend`, backward also allocates and frees that
+    GPU kernel's workspace once the gradients exist (memlab.core.cuda_temporaries)."""
+    from memlab.core.cuda_temporaries import sdpa_backward_workspace_bytes
+
     if p.attention.sdpa_backend == "math":
         return contextlib.nullcontext()
 
@@ -226,7 +230,11 @@ def _fused_sdpa(torch: Any, p: Profile) -> Any:
         @staticmethod
         def backward(ctx, grad):
             q, k, v, _, _ = ctx.saved_tensors
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            workspace = sdpa_backward_workspace_bytes(backend, *q.shape)
+            if workspace:
+                torch.empty(workspace, dtype=torch.uint8, device=q.device)  # made and dropped: freed within the kernel
+            return grads
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
         return FusedAttention.apply(q, k, v)
