@@ -675,8 +675,23 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
         return None
     if not replay or analytic is None:
         return analytic
-    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - est.CUDA_CONTEXT_BYTES, analytic)
+    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic)
     return min(analytic, replayed) if replayed else analytic
+
+
+def context_bytes_here() -> int:
+    """What a run holds outside the allocator on this machine's GPU, for a prediction made before any probe: the
+    H100's measured context, libraries and driver reserve (estimate.CUDA_CONTEXT_BYTES) with this GPU's own driver
+    reserve in place of the H100's. On an H200 (a 0.60 GiB reserve) the H100's figure left liger_ce on the T 8192
+    shape predicted one above the batch found (bench/results/prediction-check/). No GPU or no NVML v2: the H100's."""
+    import torch
+
+    from memlab.core import estimate as est
+
+    if not torch.cuda.is_available():
+        return est.CUDA_CONTEXT_BYTES
+    here = driver_reserved(_nvml_handle(_nvml_index(0)))
+    return est.CUDA_CONTEXT_BYTES - est.H100_DRIVER_RESERVE_BYTES + here if here else est.CUDA_CONTEXT_BYTES
 
 
 def cuda_here() -> bool:

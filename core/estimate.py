@@ -49,6 +49,9 @@ WORKSPACE_BYTES: dict[str, int] = {
 # kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every run of
 # bench/results/techniques-h100: 1231 .. 1263 MiB, median 1247.
 CUDA_CONTEXT_BYTES = 1247 * MIB
+# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card: bench/results/cap-check-h100/
+# NOTE.md); a GPU with another reserve (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
+H100_DRIVER_RESERVE_BYTES = 480 * MIB
 
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
 # the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the

@@ -508,3 +508,14 @@ def test_the_prediction_takes_the_allocator_replay_where_it_is_smaller(monkeypat
     assert got == (analytic if expected == "analytic" else expected)
     assert asked == [(2 * 2**30 - CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
     assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
+
+
+@pytest.mark.parametrize("reserve,expect_mib", [(None, 1247), (480 * 2**20, 1247), (615 * 2**20, 1382)])
+def test_a_prediction_on_a_gpu_counts_its_own_driver_reserve_in_place_of_the_h100s(reserve, expect_mib, monkeypatch):
+    """The H100's 1,247 MiB outside the allocator hold its driver's 480 MiB reserve; an H200 reserves 615 MiB. No
+    GPU, or no NVML v2 answer (0): the H100's figure."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: reserve is not None)
+    monkeypatch.setattr(bf, "_nvml_index", lambda index: index)
+    monkeypatch.setattr(bf, "_nvml_handle", lambda index: object())
+    monkeypatch.setattr(bf, "driver_reserved", lambda handle: reserve or 0)
+    assert bf.context_bytes_here() == expect_mib * 2**20
