@@ -7,6 +7,8 @@
 #                                         compile_budget, float8, cce) at batch 16 and the largest batch both fit
 #   bash bench/graph_step.sh OUT seed     the seeds' shape (4 x 256, seq 256, a 50k head, dropout 0.1) at batch 64, where
 #                                         the host sets the pace; and find-batch of bf16 with and without a graph
+#   bash bench/graph_step.sh OUT accum    `fastest` with and without its graph at accumulation 2 and a validation every 10
+#                                         steps: the per-step losses side by side (a graph must not change the sums)
 # after `source bench/gpu_setup.sh` (polars must import: the engine writes Parquet).
 set -u
 OUT=$1; PART=$2; mkdir -p "$OUT"
@@ -47,4 +49,21 @@ seed)
     memlab find-batch --profile bf16 --set cuda_graph.enabled=$g --gpu-memory 12GiB --steps 4 --experiment gpt2s --refresh > "$OUT/find-batch-$g.log" 2>&1
     echo "find-batch bf16 cuda_graph=$g: rc $?"; tail -4 "$OUT/find-batch-$g.log"
   done;;
+accum)
+  for g in true false; do
+    memlab run --profile fastest --set cuda_graph.enabled=$g --set accumulation.steps=2 --set train.eval_every=10 --steps 30 \
+      --runs-dir "$OUT/accum-$g" > "$OUT/accum-$g.log" 2>&1
+    echo "memlab run fastest accumulation 2, eval every 10, cuda_graph=$g: rc $?"; tail -3 "$OUT/accum-$g.log"
+  done
+  summ "$OUT/accum-true" "$OUT/accum-false" | tee "$OUT/accum.txt"
+  python3 - "$OUT" <<'PY' | tee -a "$OUT/accum.txt"
+import sys, glob, polars as pl
+out = sys.argv[1]
+steps = {g: pl.read_parquet(glob.glob(f"{out}/accum-{g}/*/steps.parquet")[0]) for g in ("true", "false")}
+both = steps["true"].select("step", pl.col("loss").alias("graphed")).join(
+    steps["false"].select("step", pl.col("loss").alias("launched")), on="step")
+print(both.with_columns((pl.col("graphed") - pl.col("launched")).abs().alias("diff")))
+print("largest |loss difference|:", both.select((pl.col("graphed") - pl.col("launched")).abs().max()).item())
+PY
+  ;;
 esac

@@ -3,11 +3,15 @@
 # a short run with --memory-snapshot; bench/allocator_replay.py then replays its snapshot (the model's reserved peak
 # beside the allocator's own) and a fake-tensor trace of the same step made here (on a GPU machine the fake tensors
 # are CUDA's), and dumps both traces (what allocated each block) for setting them side by side.
-# Cases: the seed shape's bf16 (SDPA with dropout: replayed 13% fragmented on a CPU, 31% on the H100), its baseline
-# (eager attention: agrees), gpt2s bf16 (agrees).
-# usage: source bench/gpu_setup.sh; bash bench/replay_check.sh OUT_DIR
+# Cases (named on the command line; the first three by default): the seed shape's bf16 (SDPA with dropout: replayed
+# 13% fragmented on a CPU, 31% on the H100), its baseline (eager attention: agrees), gpt2s bf16 (agrees); then the
+# profiles the replay reserved too little or too much for through its stand-ins (bench/allocator_replay.py
+# --against-h100 --standins): liger_ce, cce and leanest on the T 8192 shape, leanest on gpt2s, liger_ce on the seed
+# shape and on bigvocab.
+# usage: source bench/gpu_setup.sh; bash bench/replay_check.sh OUT_DIR [CASE...]
 set -u
-out=${1:?output folder}; mkdir -p "$out"
+out=${1:?output folder}; shift; mkdir -p "$out"
+cases=("$@"); [ ${#cases[@]} -gt 0 ] || cases=(seed_bf16 seed_baseline gpt2s_bf16)
 seed=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
 check() {  # name experiment profile micro-batch [--set ...]
   local name=$1 e=$2 p=$3 b=$4; shift 4
@@ -22,6 +26,16 @@ check() {  # name experiment profile micro-batch [--set ...]
   gzip -f "$out/$name".*.jsonl
   rm -f "$snap"  # large; the dumps keep what the comparison needs
 }
-check seed_bf16 seed-so-posts bf16 64 "${seed[@]}"
-check seed_baseline seed-so-posts baseline 64 "${seed[@]}"
-check gpt2s_bf16 gpt2s bf16 16
+long=bench/experiments/heldout_long.toml
+for c in "${cases[@]}"; do
+  case $c in
+    seed_bf16) check seed_bf16 seed-so-posts bf16 64 "${seed[@]}";;
+    seed_baseline) check seed_baseline seed-so-posts baseline 64 "${seed[@]}";;
+    gpt2s_bf16) check gpt2s_bf16 gpt2s bf16 16;;
+    long_liger_ce|long_cce|long_leanest) check "$c" $long "${c#long_}" 2;;
+    gpt2s_leanest) check gpt2s_leanest gpt2s leanest 16;;
+    seed_liger_ce) check seed_liger_ce seed-so-posts liger_ce 64 "${seed[@]}";;
+    bigvocab_liger_ce) check bigvocab_liger_ce bigvocab liger_ce 24;;
+    *) echo "unknown case $c";;
+  esac
+done
