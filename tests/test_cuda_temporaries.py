@@ -57,15 +57,20 @@ def test_the_staging_buffer_follows_the_gpus_sm_count():
 @pytest.mark.parametrize("backend,marker", [("CUDNN_ATTENTION", "run_cudnn_SDP_bprop"), ("FLASH_ATTENTION", "flash")])
 def test_the_attention_backward_workspace_is_the_h100s(backend, marker):
     """The fp32 transient of cuDNN's backward and flash's dq accumulator, for each shape probed."""
-    checked = 0
     name = "cudnn" if backend.startswith("CUDNN") else "flash"
+    largest: dict[str, int] = {}  # flash also makes its (B, H, T) fp32 softmax sums: the accumulator is the larger
     for row in _probe():
-        m = re.fullmatch(r"sdpa (\d+)x(\d+)x(\d+)x(\d+) p[\d.]+ " + backend, row["case"])
-        kernel_block = any(marker in f for f in row["frames"]) and "at::native::contiguous" not in row["frames"]
-        if m and row["freed"] and kernel_block and row["bytes"] >= 2**20:  # not flash's 512 KiB softmax sums
-            assert sdpa_backward_workspace_bytes(name, *map(int, m.groups())) == row["bytes"], row["case"]
+        made_by_kernel = any(marker in f for f in row["frames"])
+        not_a_gradient = not {"at::native::contiguous", "at::native::empty_like"} & set(row["frames"])
+        if row["freed"] and made_by_kernel and not_a_gradient:
+            largest[row["case"]] = max(largest.get(row["case"], 0), row["bytes"])
+    checked = 0
+    for case, measured in largest.items():
+        m = re.fullmatch(r"(?:sdpa|model layout) (\d+)x(\d+)x(\d+)x(\d+) p[\d.]+ " + backend, case)
+        if m:
+            assert sdpa_backward_workspace_bytes(name, *map(int, m.groups())) == measured, case
             checked += 1
-    assert checked >= 2
+    assert checked >= 5  # head dims 64 and 32, with and without dropout, bare and in the model's layout
 
 
 @pytest.mark.parametrize("attention,dtype,expect", [
