@@ -184,12 +184,12 @@ def test_a_stand_in_profiles_fake_trace_reserves_what_the_h100_reserved(profile)
 HELD_OUT = Path(__file__).resolve().parents[1] / "bench/experiments"
 
 
-@pytest.mark.parametrize("shape,profile,micro_batch", [("long", "liger_ce", 2), ("long", "cce", 2), ("long", "leanest", 2),
-                                                       ("deep", "leanest", 8)])
+@pytest.mark.parametrize("shape,profile,micro_batch", [("long", "liger_ce", 2), ("long", "leanest", 2)])
 def test_without_a_logits_segment_the_kernels_own_temporaries_fragment_what_the_h100_did(shape, profile, micro_batch):
     """The held-out shapes' runs (bench/results/estimate-heldout-h100/), where the fused losses leave no logits
     segment for the bias gradients' reduce staging and the attention backward's workspace to land in: reserved
-    within 2% (9.7%, 9.8%, 12.9% and 4.5% low before memlab.core.cuda_temporaries)."""
+    within 2% (9.7% and 12.9% low before memlab.core.cuda_temporaries; cce and the deep shape's leanest, 9.8% and
+    4.5% low then, are in `bench/allocator_replay.py --against-h100 --standins`: the suite's time is short)."""
     from memlab.core.allocator_model import replay
 
     experiment = str(HELD_OUT / f"heldout_{shape}.toml")
