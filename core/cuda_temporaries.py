@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memlab.core.config import Profile
 
 MAX_REDUCE_THREADS = 512  # Reduce.cuh's threads a block, for every dtype but complex128
 WARP = 32
@@ -116,7 +120,7 @@ def sdpa_backward_workspace_bytes(backend: str, batch: int, heads: int, seq_len:
     return 0
 
 
-def attention_backward_kernel(profile) -> str:
+def attention_backward_kernel(profile: Profile) -> str:
     """The backend whose backward workspace sdpa_backward_workspace_bytes gives, for `profile` on an H100: SDPA's
     auto runs cuDNN there in bf16 and fp16 (the H100's traces, torch 2.11) and the efficient kernel in fp32 (not
     modelled); the flash family runs FlashAttention-2's backward (the flash-attn library's or SDPA's)."""
