@@ -366,20 +366,21 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
         def _softmax_backward_temporary(self, grad: Any) -> None:
             # CUDA's softmax backward (SoftMax.cu, softmax_backward_cuda_out) computes tmp = grad * output into a
             # tensor of its own after allocating grad_input, and frees it on return; the fake kernel makes none
-            key = f"softmax backward temporary {len(events)}"
-            events.append(("alloc", key, grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)"))
-            events.append(("free", key, 0, ""))
+            self._within_the_kernel(grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)")
 
         def _reduction_staging(self, t: Any, dims: Any) -> None:
             # a sum split across thread blocks stages partial sums in a buffer of its own, freed on return
             # (Reduce.cuh; a Linear's bias gradient over every token: memlab.core.cuda_temporaries)
-            if not t.is_contiguous():
-                return
-            nbytes = sum_staging_bytes(tuple(t.shape), list(dims or []), t.dtype == torch.float64, sms)
-            if nbytes:
-                key = f"reduction staging {len(events)}"
-                events.append(("alloc", key, nbytes, "reduction staging buffer (CUDA)"))
-                events.append(("free", key, 0, ""))
+            if t.is_contiguous():
+                nbytes = sum_staging_bytes(tuple(t.shape), list(dims or []), t.dtype == torch.float64, sms)
+                if nbytes:
+                    self._within_the_kernel(nbytes, "reduction staging buffer (CUDA)")
+
+        def _within_the_kernel(self, nbytes: int, where: str) -> None:
+            """A block a CUDA kernel allocates and frees before it returns."""
+            key = f"{where} {len(events)}"
+            events.append(("alloc", key, nbytes, where))
+            events.append(("free", key, 0, ""))
 
         def workspace(self, phase: str) -> None:
             if phase not in self.workspaces:
