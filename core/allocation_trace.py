@@ -334,7 +334,7 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
     sat in a freed logits segment, and the next step's logits needed a new one)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlab.core.cuda_temporaries import Sms, sum_staging_bytes
+    from memlab.core.cuda_temporaries import Sms
 
     capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     workspace = cublas_workspace_bytes(capability)
@@ -357,24 +357,10 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
                     self._note(t.untyped_storage(), op)
             if op.startswith(MATMULS):
                 self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
-            if func is torch.ops.aten._softmax_backward_data.default:
-                self._softmax_backward_temporary(args[0])
-            if func is torch.ops.aten.sum.dim_IntList:
-                self._reduction_staging(args[0], args[1])
+            temporary = _kernel_temporary(torch, func, args, sms)
+            if temporary:
+                self._within_the_kernel(*temporary)
             return out
-
-        def _softmax_backward_temporary(self, grad: Any) -> None:
-            # CUDA's softmax backward (SoftMax.cu, softmax_backward_cuda_out) computes tmp = grad * output into a
-            # tensor of its own after allocating grad_input, and frees it on return; the fake kernel makes none
-            self._within_the_kernel(grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)")
-
-        def _reduction_staging(self, t: Any, dims: Any) -> None:
-            # a sum split across thread blocks stages partial sums in a buffer of its own, freed on return
-            # (Reduce.cuh; a Linear's bias gradient over every token: memlab.core.cuda_temporaries)
-            if t.is_contiguous():
-                nbytes = sum_staging_bytes(tuple(t.shape), list(dims or []), t.dtype == torch.float64, sms)
-                if nbytes:
-                    self._within_the_kernel(nbytes, "reduction staging buffer (CUDA)")
 
         def _within_the_kernel(self, nbytes: int, where: str) -> None:
             """A block a CUDA kernel allocates and frees before it returns."""
@@ -400,6 +386,23 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             events.append(("free", key if ident is None else ident, 0, ""))
 
     return Storages()
+
+
+def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int, str] | None:
+    """(bytes, what) of the block a CUDA kernel for `func` allocates and frees before it returns, which its fake
+    kernel does not make; None for an op without one."""
+    from memlab.core.cuda_temporaries import sum_staging_bytes
+
+    if func is torch.ops.aten._softmax_backward_data.default:
+        # SoftMax.cu, softmax_backward_cuda_out: tmp = grad * output, a tensor of its own after grad_input
+        grad = args[0]
+        return grad.numel() * grad.element_size(), "softmax backward temporary (CUDA)"
+    if func is torch.ops.aten.sum.dim_IntList and args[0].is_contiguous():
+        # a sum split across thread blocks stages partial sums (Reduce.cuh; a Linear's bias gradient over every token)
+        t = args[0]
+        nbytes = sum_staging_bytes(tuple(t.shape), list(args[1] or []), t.dtype == torch.float64, sms)
+        return (nbytes, "reduction staging buffer (CUDA)") if nbytes else None
+    return None
 
 
 def _adopted(tracer: Any, make: Callable[[], Any], ident: str) -> Any:
