@@ -658,11 +658,17 @@ def _read_cache() -> dict:
 
 
 def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, replay: bool = False) -> int | None:
-    """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell. With `replay`
-    (where find-batch and the study search on a GPU: seconds to a minute of CPU), the smaller of that and the allocator
-    replay's (memlab.core.allocation_trace) where the step can be replayed: the analytic figure leaves fragmentation to
-    a margin and overshoots where large transient blocks dominate (the seed shape's bf16 under a 24 GiB card: 146
-    against find-batch's 102; replayed, 100)."""
+    """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell.
+
+    Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
+    pattern (estimate.FRAGMENTATION_MARGIN: 5% plain, 13% recompute, 22% offload). With `replay` (where find-batch
+    and the study search on a GPU: seconds to a minute of CPU) and a step the allocator replay can run
+    (memlab.core.allocation_trace), the smaller of the replayed figure and the analytic one with the plain margin
+    only. The replay lays out the step's own blocks, so it models the fragmentation the larger margins stood in
+    for (those held the deep shape's leanest 13% below the batch found); the analytic bound stays as a guard for
+    what the replay misses in the tensors themselves (the deep shape's liger_ce: replayed 42, found 41, analytic 40).
+    The analytic figure alone overshoots where large transient blocks fragment the reserve more than its margin
+    allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100)."""
     import dataclasses
 
     from memlab.core import estimate as est
@@ -676,7 +682,10 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     if not replay or analytic is None:
         return analytic
     replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic)
-    return min(analytic, replayed) if replayed else analytic
+    if not replayed:
+        return analytic
+    guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, pattern="plain")
+    return min(guard, replayed)
 
 
 def context_bytes_here() -> int:

@@ -1079,23 +1079,24 @@ def allocation_pattern(profile: Profile) -> str:
     return "plain"
 
 
-def usable_bytes(memory_bytes: int, *, profile: Profile | None = None) -> int:
+def usable_bytes(memory_bytes: int, *, profile: Profile | None = None, pattern: str | None = None) -> int:
     """What the allocator can hand out as tensors on a card of `memory_bytes` in total (a real one, or --gpu-memory's
     emulated one: both hold the CUDA context, loaded kernels and library workspaces outside the allocator, 1.20-1.23
-    GiB at the peak of every H100 run of the study), less the fragmentation margin of the profile's allocation
-    pattern (plain when no profile is given)."""
+    GiB at the peak of every H100 run of the study), less the fragmentation margin of `pattern` (by default the
+    profile's allocation pattern; plain when no profile is given)."""
     avail = memory_bytes - CUDA_CONTEXT_BYTES
-    margin = FRAGMENTATION_MARGIN[allocation_pattern(profile) if profile is not None else "plain"]
-    return int(avail * (1 - margin))
+    pattern = pattern or (allocation_pattern(profile) if profile is not None else "plain")
+    return int(avail * (1 - FRAGMENTATION_MARGIN[pattern]))
 
 
 def predict_max_batch(
     experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, limit: int = 1 << 20,
-    world_size: int = 1,
+    world_size: int = 1, pattern: str | None = None,
 ) -> int:
-    """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits).
-    Peak memory grows monotonically with the batch, so grow-then-bisect on the pure function finds it exactly."""
-    budget = usable_bytes(memory_bytes, profile=profile)
+    """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits), with the
+    fragmentation margin of `pattern` (usable_bytes). Peak memory grows monotonically with the batch, so
+    grow-then-bisect on the pure function finds it exactly."""
+    budget = usable_bytes(memory_bytes, profile=profile, pattern=pattern)
 
     def fits(b: int) -> bool:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget

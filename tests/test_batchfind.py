@@ -494,19 +494,23 @@ def test_the_extrapolation_is_affine_through_two_fits_and_proportional_through_o
     assert bf.extrapolated_max([bf.ProbeResult(10, True, peak_reserved_bytes=GiB)]) is None  # no budget: no guide
 
 
-@pytest.mark.parametrize("replayed, expected", [(100, 100), (None, "analytic"), (10**9, "analytic")])
-def test_the_prediction_takes_the_allocator_replay_where_it_is_smaller(monkeypatch, replayed, expected):
-    """With replay (a real GPU's find-batch and study), the smaller of the analytic figure and the replayed one; the
-    analytic figure where the step cannot be replayed (None) or the replay says more."""
-    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+@pytest.mark.parametrize("replayed, expected", [(100, 100), (None, "analytic"), (10**9, "guard")])
+@pytest.mark.parametrize("profile", ["bf16", "gradcp_bf16", "act_offload"])
+def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monkeypatch, profile, replayed, expected):
+    """With replay (a real GPU's find-batch and study), the smaller of the replayed figure and the analytic one with
+    the plain fragmentation margin only (the replay lays the blocks out itself); the analytic figure with its
+    pattern's own margin where the step cannot be replayed (None)."""
+    from memlab.core import estimate as E
 
-    exp, prof = load_experiment("tiny"), load_profile("bf16")
+    exp, prof = load_experiment("tiny"), load_profile(profile)
     analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)
+    guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
     monkeypatch.setattr(bf, "_replayed_max_batch", lambda e, p, vocab, budget, near: asked.append((budget, near)) or replayed)
     got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
-    assert got == (analytic if expected == "analytic" else expected)
-    assert asked == [(2 * 2**30 - CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
+    assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
+    assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
+    assert (guard == analytic) == (E.allocation_pattern(prof) == "plain") and guard >= analytic
     assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
 
 
