@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 17: find-batch under a 24 GiB card on held-out shapes, several searches side by side on one GPU. Each probe
+# is its own process, capped to the emulated card through NVML's per-process figure, so searches sharing the GPU do
+# not change each other's budget (3 x 24 GiB fit an 80 GB H100). Cases are written as for bench/predict_first.py,
+# which writes the predictions first, on a CPU. Each experiment's corpus is tokenized once before the searches
+# start, so they do not race for the token cache.
+# usage: source bench/gpu_setup.sh; bash bench/heldout_parallel_findbatch.sh OUT PARALLEL EXPERIMENT:PROFILE[:KEY=VALUE] ...
+set -u
+out=${1:?output folder}; parallel=${2:?searches at once}; shift 2
+mkdir -p "$out"
+for experiment in $(printf '%s\n' "$@" | cut -d: -f1 | sort -u); do
+  memlab data prepare --experiment "$experiment" >> "$out/data-prepare.log" 2>&1 || echo "data prepare failed: $experiment"
+done
+search() {  # EXPERIMENT:PROFILE[:KEY=VALUE]
+  local experiment=${1%%:*} rest=${1#*:} set=() name
+  local profile=${rest%%:*}
+  [[ $rest == *:* ]] && set=(--set "${rest#*:}")
+  name=$(basename "$experiment" .toml)-${rest//[:=]/-}
+  name=${name//allocator.expandable_segments-true/expandable}
+  echo "== $name start $(date -u +%T)"
+  timeout 500 memlab find-batch --profile "$profile" --experiment "$experiment" --gpu-memory 24GiB --steps 3 "${set[@]}" > "$out/find-batch-$name.log" 2>&1
+  echo "== $name rc $? end $(date -u +%T)"
+}
+export -f search; export out
+printf '%s\n' "$@" | xargs -P "$parallel" -I{} bash -c 'search "$@"' _ {}
+for f in "$out"/find-batch-*.log; do echo "-- $f"; grep -E "max micro-batch|estimator predicted|with expandable|memory:|retries" "$f"; done

@@ -1,0 +1,57 @@
+"""Issue 17, max batch held out: write down what find-batch will start from *before* the GPU searches run. For each
+case (an experiment, a profile, optional --set overrides) under a card of --gpu-memory, the prediction
+batchfind.predicted_max_batch(..., replay=True) gives on a GPU (the smaller of the allocator replay's figure and the
+analytic guard), beside its parts. Runs on a CPU (fake tensors; the H100's 1,247 MiB outside the allocator assumed).
+
+    python bench/predict_first.py --out FILE --gpu-memory 24 EXPERIMENT:PROFILE[:KEY=VALUE,...] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from memlab.core import batchfind as bf
+from memlab.core import estimate as est
+from memlab.core.config import apply_overrides, load_experiment, load_profile
+
+GIB = 2**30
+
+
+def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | None]:
+    """(analytic with the profile's own margin, the analytic guard with the plain margin, the replay's, predicted)."""
+    single = dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
+    vocab, _ = est.vocab_for(experiment)
+    analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
+    guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
+    replayed = bf._replayed_max_batch(experiment, single, vocab, card - bf.context_bytes_here(), analytic)
+    return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gpu-memory", type=float, default=24.0, help="the card, GiB")
+    ap.add_argument("cases", nargs="+", help="EXPERIMENT:PROFILE[:KEY=VALUE,...]")
+    args = ap.parse_args()
+    card = int(args.gpu_memory * GIB)
+    rows = ["| experiment | profile | overrides | analytic (own margin) | guard (plain margin) | replay | predicted |",
+            "|:--|:--|:--|--:|--:|--:|--:|"]
+    for case in args.cases:
+        name, prof_name, *rest = case.split(":")
+        overrides = rest[0].split(",") if rest else []
+        experiment, profile = load_experiment(name), load_profile(prof_name)
+        apply_overrides(experiment, profile, overrides)
+        t = time.monotonic()
+        analytic, guard, replayed, predicted = parts(experiment, profile, card)
+        rows.append(f"| {Path(name).name} | {prof_name} | {' '.join(overrides)} | {analytic} | {guard} | {replayed} | **{predicted}** |")
+        print(rows[-1], f"({time.monotonic() - t:.0f} s)", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(rows) + f"\n\ncard {args.gpu_memory:g} GiB; command: python bench/predict_first.py "
+                              f"--out {args.out} --gpu-memory {args.gpu_memory:g} {' '.join(args.cases)}\n")
+
+
+if __name__ == "__main__":
+    main()
