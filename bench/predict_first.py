@@ -1,7 +1,9 @@
 """Issue 17, max batch held out: write down what find-batch will start from *before* the GPU searches run. For each
 case (an experiment, a profile, optional --set overrides) under a card of --gpu-memory, the prediction
 batchfind.predicted_max_batch(..., replay=True) gives on a GPU (the smaller of the allocator replay's figure and the
-analytic guard), beside its parts. Runs on a CPU (fake tensors; the H100's 1,247 MiB outside the allocator assumed).
+analytic guard), beside its parts; the replay's column is its figure under the whole allocator budget, the
+prediction takes it under the budget less batchfind.REPLAY_MARGIN. Runs on a CPU (fake tensors; the H100's
+1,247 MiB outside the allocator assumed).
 
     python bench/predict_first.py --out FILE --gpu-memory 24 EXPERIMENT:PROFILE[:KEY=VALUE,...] ...
 """
@@ -37,7 +39,7 @@ def main() -> None:
     ap.add_argument("cases", nargs="+", help="EXPERIMENT:PROFILE[:KEY=VALUE,...]")
     args = ap.parse_args()
     card = int(args.gpu_memory * GIB)
-    rows = ["| experiment | profile | overrides | analytic (own margin) | guard (plain margin) | replay | predicted |",
+    rows = ["| experiment | profile | overrides | analytic (own margin) | guard (plain margin) | replay (whole budget) | predicted |",
             "|:--|:--|:--|--:|--:|--:|--:|"]
     for case in args.cases:
         name, prof_name, *rest = case.split(":")
