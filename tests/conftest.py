@@ -15,6 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # pytest-xdist runs two workers (pyproject addopts): one thread each, so together they fill the 2 cores CI has.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Their child processes too (memlab run, torchrun's ranks, the tracer): with a thread per core, a child's OpenMP
+    # threads spin against the other worker, up to twice a child's CPU time on 2 cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor compiles in the process that asks, not in a pool of workers that each import torch first: the same code,
+# less than half the CPU time of the compiling tests on 2 cores.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

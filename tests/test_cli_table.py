@@ -35,6 +35,10 @@ def memlab(*args: str) -> int:
     return 0
 
 
+# The tests that read the real runs share one xdist worker (pyproject: --dist loadgroup), which trains them once.
+SHARES_REAL_RUNS = pytest.mark.xdist_group("cli-table-real-runs")
+
+
 @pytest.fixture(scope="session")
 def real_runs(tmp_path_factory) -> Path:
     """runs/ with three finished runs of the tiny experiment: baseline, gradcp, and an SDPA profile from a file."""
@@ -83,6 +87,7 @@ def markdown_rows(text: str) -> dict[str, dict[str, str]]:
 # ---------------------------------------------------------------------------------------------- real runs
 
 
+@SHARES_REAL_RUNS
 def test_real_runs_table_matches_their_parquet_files(real, capsys):
     assert memlab("table", real, "--format", "markdown") == 0
     out = capsys.readouterr().out
@@ -111,6 +116,7 @@ def test_real_runs_table_matches_their_parquet_files(real, capsys):
     assert "- not measured on these runs: fwd GiB, bwd GiB, opt GiB, peak GiB, reserved GiB, NVML GiB, max batch, MFU" in out
 
 
+@SHARES_REAL_RUNS
 def test_real_runs_comparison_parquet_and_relative_columns(real, capsys):
     assert memlab("table", real) == 0
     table = pl.read_parquet(real / "comparison.parquet")
@@ -131,6 +137,7 @@ def test_real_runs_comparison_parquet_and_relative_columns(real, capsys):
     assert "baseline (base)" in out
 
 
+@SHARES_REAL_RUNS
 def test_real_runs_csv_and_json_carry_raw_units(real, capsys):
     assert memlab("table", real, "--format", "csv") == 0
     csv = pl.read_csv(capsys.readouterr().out.encode())
@@ -144,6 +151,7 @@ def test_real_runs_csv_and_json_carry_raw_units(real, capsys):
     assert csv.filter(pl.col("profile") == "gradcp")["tokens_per_s"][0] == pytest.approx(s["gradcp"]["tokens_per_s"])
 
 
+@SHARES_REAL_RUNS
 def test_parquet_to_stdout(real, tmp_path):
     out = tmp_path / "results.parquet"
     with out.open("wb") as f:
@@ -154,6 +162,7 @@ def test_parquet_to_stdout(real, tmp_path):
     assert pl.read_parquet(tmp_path / "c.parquet").height == 3
 
 
+@SHARES_REAL_RUNS
 def test_real_runs_plot(real, tmp_path, capsys):
     out = tmp_path / "compare.png"
     assert memlab("plot", real, "-o", out) == 0
@@ -163,6 +172,7 @@ def test_real_runs_plot(real, tmp_path, capsys):
     assert png_size(real / "compare.png") == figure_size_px(1)
 
 
+@SHARES_REAL_RUNS
 def test_killed_run_and_damaged_runs_beside_real_ones(real, capsys):
     s = summaries(real)
     killed = real / "20990101-000000-killed-0000"

@@ -31,6 +31,10 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "memlab-cache"))
 
 
+# The tests that read `tiny_data` share one xdist worker (pyproject: --dist loadgroup), which builds it once.
+SHARES_TINY_DATA = pytest.mark.xdist_group("data-tiny")
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> tuple[Path, TokenData, float]:
     """The `tiny` experiment's data (stdlib, bpe:512, 300 files), built once per session in its own cache."""
@@ -226,6 +230,7 @@ def test_stdlib_files_are_deterministic_and_exclude_site_packages():
     assert names != sorted(names)  # spread by hash, not alphabetical
 
 
+@SHARES_TINY_DATA
 def test_tiny_experiment_data(tiny_data):
     root, data, cold_s = tiny_data
     exp = load_experiment("tiny")
@@ -244,6 +249,7 @@ def test_tiny_experiment_data(tiny_data):
     assert whole[-1] == 0
 
 
+@SHARES_TINY_DATA
 def test_tiny_tokens_decode_back_to_the_stdlib_files(tiny_data):
     from tokenizers import Tokenizer
 
@@ -255,6 +261,7 @@ def test_tiny_tokens_decode_back_to_the_stdlib_files(tiny_data):
         assert tok.decode(ids) == (stdlib_dir() / rel).read_bytes().decode("utf-8", "replace")
 
 
+@SHARES_TINY_DATA
 def test_second_load_is_a_fast_cache_hit(tiny_data):
     root, first, _ = tiny_data
     with env(MEMLAB_CACHE=str(root)):
@@ -267,6 +274,7 @@ def test_second_load_is_a_fast_cache_hit(tiny_data):
     assert np.array_equal(again.val, first.val)
 
 
+@SHARES_TINY_DATA
 def test_val_slice_is_shared_and_val_tokens_only_moves_the_split(tiny_data):
     root, first, _ = tiny_data
     with env(MEMLAB_CACHE=str(root)):
@@ -276,6 +284,7 @@ def test_val_slice_is_shared_and_val_tokens_only_moves_the_split(tiny_data):
     assert len(more.train) + 8192 == len(first.train) + 4096
 
 
+@SHARES_TINY_DATA
 def test_stdlib_path_imports_neither_datasets_nor_the_cli_libraries(tiny_data):
     root, _, _ = tiny_data
     code = (

@@ -33,6 +33,10 @@ def _state(out: Path) -> dict:
     return json.loads((out / "study.json").read_text())
 
 
+# The tests that read `done` share one xdist worker (pyproject: --dist loadgroup), so the study is made once, not on each.
+SHARES_DONE = pytest.mark.xdist_group("study-done")
+
+
 @pytest.fixture(scope="module")
 def done(tmp_path_factory) -> tuple[Path, int]:
     """baseline and bf16 at the common batch and at their own (predicted) max; tf32 is refused on the CPU."""
@@ -40,6 +44,7 @@ def done(tmp_path_factory) -> tuple[Path, int]:
     return out, _study([*STUDY, "--profiles", "baseline,bf16,tf32", "--at-max", "--out", str(out)])
 
 
+@SHARES_DONE
 def test_a_study_records_every_profile_and_goes_on_past_a_refusal(done):
     out, code = done
     assert code == 1  # a run did not finish (tf32), as `memlab sweep` says it
@@ -56,6 +61,7 @@ def test_a_study_records_every_profile_and_goes_on_past_a_refusal(done):
     assert items["common/bf16"]["batch"] == 8  # the experiment's batch
 
 
+@SHARES_DONE
 def test_the_report_labels_predictions_at_max_rows_and_the_refusal(done):
     out, _ = done
     md = (out / "report.md").read_text()
@@ -72,6 +78,7 @@ def test_the_report_labels_predictions_at_max_rows_and_the_refusal(done):
     assert "memlab run --profile bf16 --experiment tiny --device cpu" in commands and "--set train.batch_size=10 --set accumulation.steps=1" in commands
 
 
+@SHARES_DONE
 def test_the_reports_numbers_are_the_runs_own(done):
     out, _ = done
     table = pl.read_parquet(out / "comparison.parquet")
@@ -93,6 +100,7 @@ def test_the_reports_numbers_are_the_runs_own(done):
             assert row["mem_saved_pct"] is None and row["throughput_x"] == pytest.approx(own["tokens_per_s"] / base["tokens_per_s"])
 
 
+@SHARES_DONE
 def test_a_second_invocation_redoes_nothing_finished(done):
     out, _ = done
     before = sorted(p.name for p in (out / "runs").iterdir())
@@ -101,6 +109,7 @@ def test_a_second_invocation_redoes_nothing_finished(done):
     assert len(_state(out)["invocations"]) == 2
 
 
+@SHARES_DONE
 def test_redo_measures_a_profile_again_and_keeps_its_old_runs_aside(done, tmp_path):
     import shutil
 
@@ -116,6 +125,7 @@ def test_redo_measures_a_profile_again_and_keeps_its_old_runs_aside(done, tmp_pa
     assert pl.read_parquet(out / "comparison.parquet").filter(pl.col("profile") == "bf16")["path"].str.contains("superseded").sum() == 0
 
 
+@SHARES_DONE
 def test_redo_of_a_profile_the_study_has_not_run_is_refused_untouched(done, capsys):
     out, _ = done
     before = (out / "study.json").read_bytes()
@@ -159,6 +169,7 @@ def test_an_out_that_is_not_writable_is_refused(tmp_path, capsys):
     assert "is not writable" in capsys.readouterr().err
 
 
+@SHARES_DONE
 def test_a_folder_of_another_experiment_is_refused_untouched(done, capsys):
     out, _ = done
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

@@ -63,6 +63,10 @@ def _flags_show_no_type() -> None:
 
 
 def _register_commands() -> None:
+    # Once per process: each call appends every command to the app again, and Typer rebuilds all the copies on every
+    # main(), so in-process callers (the tests) paid more on each call.
+    if app.registered_commands:
+        return
     # Imported here so that `memlab --help` stays fast and each module owns its commands.
     from memlab.cli import batch, data, info, run, study, sweep, table, tui_cmd
 
