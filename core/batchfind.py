@@ -657,9 +657,10 @@ def _read_cache() -> dict:
         return {"entries": {}}
 
 
-# The share of the allocator budget the replayed max batch leaves free. At the batches find-batch found, the replay
-# reserved up to 1.9% less than the H100 (act_offload on the wide held-out shape, 22.22 for 22.64 GiB at 136, every
-# tensor right: bench/results/prediction-check/heldout-3/), enough to put its figure one to three above.
+# The share of the allocator budget the replayed max batch leaves free (allocation_trace.replayed_max_batch's
+# margin). At the batches find-batch found, the replay reserved up to 1.9% less than the H100 (act_offload on the
+# wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right: bench/results/prediction-check/heldout-3/),
+# enough to put its figure one to three above.
 REPLAY_MARGIN = 0.03
 
 
@@ -669,9 +670,10 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
     pattern (estimate.FRAGMENTATION_MARGIN: 5% plain, 13% recompute, 22% offload). With `replay` (where find-batch
     and the study search on a GPU: seconds to a minute of CPU) and a step the allocator replay can run
-    (memlab.core.allocation_trace), the smaller of the replayed figure (under the budget less REPLAY_MARGIN) and
-    the analytic one with the plain margin only. The replay lays out the step's own blocks, so it models the fragmentation the larger margins stood in
-    for (those held the deep shape's leanest 13% below the batch found); the analytic bound stays as a guard for
+    (memlab.core.allocation_trace), the smaller of the replayed figure (stepped down to leave REPLAY_MARGIN of the
+    budget free) and the analytic one with the plain margin only. The replay lays out the step's own blocks, so it
+    models the fragmentation the larger margins stood in for (those held the deep shape's leanest 13% below the
+    batch found); the analytic bound stays as a guard for
     what the replay misses in the tensors themselves (the deep shape's liger_ce: replayed 42, found 41, analytic 40).
     The analytic figure alone overshoots where large transient blocks fragment the reserve more than its margin
     allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100)."""
@@ -687,8 +689,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
         return None
     if not replay or analytic is None:
         return analytic
-    budget = int((memory_bytes - context_bytes_here()) * (1 - REPLAY_MARGIN))
-    replayed = _replayed_max_batch(experiment, single, vocab, budget, analytic)
+    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic)
     if not replayed:
         return analytic
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, pattern="plain")
@@ -724,7 +725,8 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes:
     from memlab.core.allocation_trace import replayed_max_batch
 
     try:
-        return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2)) or None
+        return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
+                                  margin=REPLAY_MARGIN) or None
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
         return None
 

@@ -225,6 +225,25 @@ def test_a_fit_that_is_not_monotone_is_confirmed_below_so_the_answer_errs_low():
     assert largest_fitting(lambda b: b == 2, 2, 10, confirm=2) == 0
 
 
+def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again(monkeypatch):
+    """The replay's max batch leaves a share of the budget free by stepping its answer under the whole budget down to
+    the largest that fits the smaller one. Searched again under the smaller budget with the non-monotone
+    confirmation, heldout_mid's gradcp_every2 lost four (26 for find-batch's 30)."""
+    from memlab.core import allocation_trace
+
+    budget = 1000
+    tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
+    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes:
+                        micro_batch <= 30 if budget_bytes == budget else micro_batch in tight_fits)
+    args = dict(vocab_size=8, budget_bytes=budget, start=16)
+    assert allocation_trace.replayed_max_batch(None, None, **args) == 30
+    assert allocation_trace.replayed_max_batch(None, None, **{**args, "budget_bytes": int(budget * 0.97)}) == 25
+    stepped = allocation_trace.replayed_max_batch(None, None, **args, margin=0.03)
+    assert stepped == 27 and stepped in tight_fits  # bisection above the floor (27): a fit, at most the whole's
+    assert allocation_trace.stepped_down(lambda b: b <= 12, 30, 27) == 12  # the floor does not fit: halving below it
+    assert allocation_trace.stepped_down(lambda b: False, 30, 27) == 0
+
+
 @pytest.mark.parametrize("profile, found", [("bf16", 24), ("gradcp_bf16", 68), ("baseline", 8)])
 def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, found):
     """bench/results/estimate-h100/find_batch_12gib: the H100's largest micro-batch under a 12 GiB allocator cap;

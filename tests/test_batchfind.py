@@ -509,7 +509,7 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     monkeypatch.setattr(bf, "_replayed_max_batch", lambda e, p, vocab, budget, near: asked.append((budget, near)) or replayed)
     got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
-    assert asked == [(int((2 * 2**30 - E.CUDA_CONTEXT_BYTES) * (1 - bf.REPLAY_MARGIN)), analytic)] and analytic > 100
+    assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
     assert (guard == analytic) == (E.allocation_pattern(prof) == "plain") and guard >= analytic
     assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
 
