@@ -224,9 +224,9 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
     and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds.
     With `margin`, that answer then steps down to the largest batch whose trace also fits under the budget less that
-    share (headroom for what the replay misses in the reserve), without confirming the two below again: a search
-    under the smaller budget confirmed anew lost four on a shape whose fits are not monotone (heldout_mid
-    gradcp_every2: 26 for find-batch's 30, where the whole budget's answer and the margin's step give 29)."""
+    share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
+    already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
+    lowers the figure)."""
     def fits(b: int, budget: int = budget_bytes) -> bool:
         return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget)
 
