@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from memlab.core import batchfind as bf
+from memlab.core.allocation_trace import replayed_max_batch
 from memlab.core import estimate as est
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 
@@ -28,7 +29,8 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     vocab, _ = est.vocab_for(experiment)
     analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
-    replayed = bf._replayed_max_batch(experiment, single, vocab, card - bf.context_bytes_here(), analytic)
+    replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
+                                  start=max(1, analytic // 2))  # the whole budget: no margin
     return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
 
 
