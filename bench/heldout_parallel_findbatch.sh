@@ -5,11 +5,12 @@
 # which writes the predictions first, on a CPU. Each experiment's corpus is tokenized once before the searches
 # start, so they do not race for the token cache.
 # usage: source bench/gpu_setup.sh; bash bench/heldout_parallel_findbatch.sh OUT PARALLEL EXPERIMENT:PROFILE[:KEY=VALUE] ...
-set -u
+set -u -o pipefail
 out=${1:?output folder}; parallel=${2:?searches at once}; shift 2
 mkdir -p "$out"
 for experiment in $(printf '%s\n' "$@" | cut -d: -f1 | sort -u); do
-  memlab data prepare --experiment "$experiment" >> "$out/data-prepare.log" 2>&1 || echo "data prepare failed: $experiment"
+  # into this script's own output, not a file of its own: the device tool brings back only so many files a call
+  memlab data prepare --experiment "$experiment" 2>&1 | tail -2 || echo "data prepare failed: $experiment"
 done
 search() {  # EXPERIMENT:PROFILE[:KEY=VALUE]
   local experiment=${1%%:*} rest=${1#*:} set=() name
