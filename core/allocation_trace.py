@@ -234,21 +234,13 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     if not margin or not best:
         return best
     tight = int(budget_bytes * (1 - margin))
-    return stepped_down(lambda b: fits(b, tight), best, max(1, int(best * (1 - 3 * margin))))
+    return stepped_down(lambda b: fits(b, tight), best, max(1, int(best * (1 - 3 * margin))))  # bisects from 3 margins below
 
 
 def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
-    """The largest b <= best with fits(b): bisection between `floor` and `best`, halving below `floor` if even it
-    does not fit."""
-    if fits(best):
-        return best
-    if not fits(floor):
-        return _bisected(fits, floor // 2, floor - 1) if floor > 1 else 0
-    lo, hi = floor, best
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    """The largest b <= best with fits(b): `best` itself, else a bisection from `floor` (halving below it if even
+    that does not fit)."""
+    return best if fits(best) else _bisected(fits, floor, best - 1)
 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int) -> bool:

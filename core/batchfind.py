@@ -673,8 +673,8 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     (memlab.core.allocation_trace), the smaller of the replayed figure (stepped down to leave REPLAY_MARGIN of the
     budget free) and the analytic one with the plain margin only. The replay lays out the step's own blocks, so it
     models the fragmentation the larger margins stood in for (those held the deep shape's leanest 13% below the
-    batch found); the analytic bound stays as a guard for
-    what the replay misses in the tensors themselves (the deep shape's liger_ce: replayed 42, found 41, analytic 40).
+    batch found); the analytic bound stays as a guard for what the replay misses in the tensors themselves (the
+    deep shape's liger_ce: replayed 42, found 41, analytic 40).
     The analytic figure alone overshoots where large transient blocks fragment the reserve more than its margin
     allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100)."""
     import dataclasses
