@@ -267,10 +267,11 @@ class Replayed:
     micro_batch: int
     allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
     reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
-    budget_bytes: int  # the card less the CUDA context (estimate.CUDA_CONTEXT_BYTES)
+    budget_bytes: int  # the card less what a run holds outside the allocator (batchfind.context_bytes_here)
     max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
+    margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
 
     @property
     def fragmentation(self) -> float:
@@ -278,22 +279,23 @@ class Replayed:
 
 
 def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
-                    start: int = 16) -> Replayed:
-    """`memlab estimate --method fake`'s allocator figures. A compiled step replays what Inductor plans
-    (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong."""
+                    start: int = 16, margin: float = 0.0) -> Replayed:
+    """`memlab estimate --method fake`'s allocator figures, its max batch as find-batch's prediction takes it (the
+    budget less what this GPU holds outside the allocator, `margin` left free). A compiled step replays what Inductor
+    plans (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong."""
+    from memlab.core.batchfind import context_bytes_here
     from memlab.core.errors import MemlabError
-    from memlab.core.estimate import CUDA_CONTEXT_BYTES
 
-    budget = memory_bytes - CUDA_CONTEXT_BYTES
+    budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
     try:
         at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), expandable=expandable)
-        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start)
+        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable, profile.compile.enabled)
+    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable, profile.compile.enabled, margin)
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm: int = 0) -> int:

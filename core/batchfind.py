@@ -690,10 +690,15 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     if not replay or analytic is None:
         return analytic
     replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic)
-    if not replayed:
-        return analytic
-    guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=memory_bytes, pattern="plain")
-    return min(guard, replayed)
+    return guarded(experiment, single, vocab, memory_bytes, replayed) if replayed else analytic
+
+
+def guarded(experiment: Any, profile: Any, vocab: int, memory_bytes: int, replayed: int) -> int:
+    """The prediction from the replay's max batch (REPLAY_MARGIN left free): no more than the analytic figure with
+    the plain fragmentation margin (predicted_max_batch says why). `memlab estimate` plans with it too."""
+    from memlab.core import estimate as est
+
+    return min(est.predict_max_batch(experiment, profile, vocab_size=vocab, memory_bytes=memory_bytes, pattern="plain"), replayed)
 
 
 def context_bytes_here() -> int:

@@ -64,6 +64,7 @@ def estimate(
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
     from memlab.core import estimate as est_mod
+    from memlab.core.batchfind import guarded
     from memlab.core.errors import ConfigError
 
     if method not in ("auto", "analytic", "fake"):
@@ -95,7 +96,7 @@ def estimate(
     replay_too = method == "fake" or (method == "auto" and gpu_memory is not None and world == 1)
     if replay_too:
         replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch)
-    plan = min(max_batch, replayed.max_batch) if replayed and max_batch else max_batch
+    plan = guarded(exp, prof, vocab, memory, replayed.max_batch) if replayed and max_batch else max_batch
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
         if method == "fake":
@@ -109,7 +110,8 @@ def estimate(
     if replay_too:
         _print_replayed(replayed, no_replay, where)
     if replayed and max_batch:
-        typer.echo(f"max micro-batch to plan for: {plan} (the smaller of the two; find-batch and the study on a GPU start there)")
+        typer.echo(f"max micro-batch to plan for: {plan} (the replay's, no more than the analytic figure with the plain 5% "
+                   "fragmentation margin; find-batch and the study on a GPU start there)")
 
 
 def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
@@ -128,10 +130,12 @@ def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
 def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int):
     """(the allocator model over the fake trace, None) or (None, why not)."""
     from memlab.core.allocation_trace import replay_for_card
+    from memlab.core.batchfind import REPLAY_MARGIN
     from memlab.core.errors import MemlabError
 
     try:
-        return replay_for_card(exp, prof, vocab_size=vocab, micro_batch=micro_batch, memory_bytes=memory, start=max(1, start)), ""
+        return replay_for_card(exp, prof, vocab_size=vocab, micro_batch=micro_batch, memory_bytes=memory, start=max(1, start),
+                               margin=REPLAY_MARGIN), ""
     except MemlabError as e:
         return None, str(e)
 
@@ -143,7 +147,7 @@ def _print_replayed(r, no_replay: str, where: str) -> None:
     mode = "expandable_segments:True" if r.expandable_segments else "default settings"
     typer.echo(f"allocator replay (CUDA's caching allocator, {mode}, over this step's trace): {gib(r.reserved_bytes)} reserved at "
                f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {r.max_batch} without an allocator retry in "
-               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context)")
+               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
     typer.echo(f"  {REPLAY_CHECKED['compiled' if r.compiled else r.expandable_segments]}")
 
 
