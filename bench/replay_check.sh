@@ -8,21 +8,27 @@
 # profiles the replay reserved too little or too much for through its stand-ins (bench/allocator_replay.py
 # --against-h100 --standins): liger_ce, cce and leanest on the T 8192 shape, leanest on gpt2s, liger_ce on the seed
 # shape and on bigvocab.
+# A case `probe:EXPERIMENT:PROFILE:MICRO_BATCH` runs as a find-batch probe does (3 steps, the optimizer state made in
+# the first, no evaluation but one window at the end) and replays only the real trace; its fake trace can be made
+# on any machine (`python bench/allocator_replay.py --fake ...`, same overrides).
 # usage: source bench/gpu_setup.sh; bash bench/replay_check.sh OUT_DIR [CASE...]
 set -u
 out=${1:?output folder}; shift; mkdir -p "$out"
 cases=("$@"); [ ${#cases[@]} -gt 0 ] || cases=(seed_bf16 seed_baseline gpt2s_bf16)
 seed=(--set 'data.source="stdlib"' --set 'data.tokenizer="bpe:8192"' --set data.streaming=false --set 'data.split="train"')
+steps=4 fake=1
 check() {  # name experiment profile micro-batch [--set ...]
   local name=$1 e=$2 p=$3 b=$4; shift 4
   echo "== $name: $p on $e at micro-batch $b ($(date -u +%T))"
-  timeout 300 memlab run --profile "$p" --experiment "$e" --device cuda --steps 4 --memory-snapshot \
+  timeout 300 memlab run --profile "$p" --experiment "$e" --device cuda --steps $steps --memory-snapshot \
     --runs-dir "$out/runs/$name" "$@" --set train.batch_size="$b" 2>&1 | tail -3
   local snap; snap=$(ls "$out"/runs/"$name"/*/memory_snapshot.pickle 2>/dev/null | head -1)
   [ -n "$snap" ] || { echo "no snapshot for $name"; return; }
   echo -n "real trace: "; python3 bench/allocator_replay.py "$snap" --dump "$out/$name.real.jsonl"
+  if [ $fake = 1 ]; then
   echo -n "fake trace: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --dump "$out/$name.fake.jsonl"
   echo -n "fake trace, this GPU's own SDPA and dropout: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --device-kernels
+  fi
   gzip -f "$out/$name".*.jsonl
   rm -f "$snap"  # large; the dumps keep what the comparison needs
 }
@@ -36,6 +42,10 @@ for c in "${cases[@]}"; do
     gpt2s_leanest) check gpt2s_leanest gpt2s leanest 16;;
     seed_liger_ce) check seed_liger_ce seed-so-posts liger_ce 64 "${seed[@]}";;
     bigvocab_liger_ce) check bigvocab_liger_ce bigvocab liger_ce 24;;
+    probe:*) IFS=: read -r _ e p b <<<"$c"
+      t=$(python3 -c "from memlab.cli.options import resolve; print(resolve('$e', '$p', 'cpu', [])[0].model.seq_len)")
+      steps=3 fake=0 check "$(basename "${e%.toml}")_${p}_$b" "$e" "$p" "$b" --set train.measure_after=1 \
+        --set train.eval_every=0 --set data.val_tokens=$((t + 1));;
     *) echo "unknown case $c";;
   esac
 done

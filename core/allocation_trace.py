@@ -22,6 +22,7 @@ storages are created and freed, in order, and how large.
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,13 +365,17 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             self.paused = False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.add.Tensor and _engine_accumulates_in_place(torch, args, kwargs):
+                func = torch.ops.aten.add_.Tensor
             out = func(*args, **(kwargs or {}))
             if self.paused:
                 return out
             op = str(func)
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    self._note(t.untyped_storage(), op)
+            outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if func is torch.ops.aten.native_dropout.default:
+                outputs.reverse()  # CUDA's dropout kernel makes its mask before its output (the fake kernel: after)
+            for t in outputs:
+                self._note(t.untyped_storage(), op)
             if op.startswith(MATMULS):
                 self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
             temporary = _kernel_temporary(torch, func, args, sms)
@@ -402,6 +407,51 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             events.append(("free", key if ident is None else ident, 0, ""))
 
     return Storages()
+
+
+DISPATCH_WRAPPERS = ("torch/_dynamo/", "torch/_compile.py")  # what wraps a mode's __torch_dispatch__ (no op's code)
+
+
+def _from_the_engine() -> bool:
+    """Whether the op now dispatched was called by the autograd engine itself, not by Python code: past the frames
+    that wrap __torch_dispatch__, the next is the backward's entry (`_engine_run_backward`), or none at all on the
+    engine's own thread for a device."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "__torch_dispatch__":
+        frame = frame.f_back
+    frame = frame.f_back if frame is not None else None
+    while frame is not None and any(w in frame.f_code.co_filename.replace("\\", "/") for w in DISPATCH_WRAPPERS):
+        frame = frame.f_back
+    return frame is None or frame.f_code.co_name == "_engine_run_backward"
+
+
+def _engine_accumulates_in_place(torch: Any, args: tuple, kwargs: dict | None) -> bool:
+    """Whether this add is the autograd engine summing two gradients of one tensor, which a run does in place
+    (InputBuffer's accumulate: old_var.add_(var) when the engine holds the last reference to old_var and its storage
+    and old_var is dense), while under a dispatch mode it always adds out of place (a Python mode makes every tensor
+    "subclass-like"). On the fat held-out shape that extra block per residual stream was what the H100 did not
+    allocate: its step-1 backward diverged from the replay there. Taken as the engine's: an add with grad mode off,
+    inside a backward, called from no Python code but the backward's own entry (a Python backward's adds are its
+    own), of two tensors alike in shape and dtype, old_var dense and no view, its storage held by nothing else."""
+    if kwargs or torch.is_grad_enabled() or torch._C._current_graph_task_id() == -1:
+        return False
+    if not _from_the_engine():
+        return False
+    old, new = args[0], args[1]
+    if not isinstance(new, torch.Tensor) or old.shape != new.shape or old.dtype != new.dtype or old._base is not None:
+        return False
+    # the count includes the UntypedStorage object made to ask it
+    return _dense(old.shape, old.stride()) and torch._C._storage_Use_Count(old.untyped_storage()._cdata) == 2
+
+
+def _dense(shape: tuple, strides: tuple) -> bool:
+    """is_non_overlapping_and_dense: some order of the dimensions lays the elements out contiguously."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(shape, strides) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int, str] | None:

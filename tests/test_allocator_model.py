@@ -478,3 +478,74 @@ def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_sma
     experiment, profile = load_experiment("tiny"), load_profile("gradcp_bf16")
     guard = E.predict_max_batch(experiment, profile, vocab_size=E.vocab_for(experiment)[0], memory_bytes=2 * 2**30, pattern="plain")
     assert guard > out["max_batch"] and out["max_batch_to_plan"] == min(guard, out["replayed"]["max_batch"])
+
+
+PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100), ("heldout_fat", "gradcp_every2", 101),
+                ("heldout_fat", "sac_ops", 87), ("seed_shape", "adafactor", 114)]
+
+
+@pytest.mark.parametrize("experiment, profile, micro_batch", PROBE_TRACES)
+def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, profile, micro_batch, model):
+    """bench/replay_check.sh's probe cases (three steps as find-batch probes, each trace complete): the fake trace
+    replayed reserves what the H100's own trace replays to, within 0.1%, and that is what its allocator reserved
+    (replay.log). fat gradcp_every2 at 101 jumps 1.78 GiB over 100 on the H100; the fake trace showed it only once
+    the engine's gradient sums were in place (allocation_trace._engine_accumulates_in_place)."""
+    import gzip
+    import re
+
+    from memlab.cli.options import resolve
+    from memlab.core.allocation_trace import fake_trace
+    from memlab.core.estimate import vocab_for
+
+    dump = REPLAY_CHECK / f"{experiment}_{profile}_{micro_batch}.real.jsonl.gz"
+    if not dump.is_file():
+        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+    with gzip.open(dump, "rt") as lines:
+        real = model.replay([(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]).peak_reserved
+    log = (REPLAY_CHECK / "probes/replay.log").read_text()
+    case = log[log.index(f"== {experiment}_{profile}_{micro_batch}:"):]
+    own = float(re.search(r"the allocator's own reserved peak ([\d.]+) GiB", case)[1])
+    assert real / 2**30 == pytest.approx(own, abs=0.005)
+    exp, prof = resolve(str(HELD_OUT / f"{experiment}.toml"), profile, "cpu", [])
+    fake = model.replay(fake_trace(exp, prof, vocab_size=vocab_for(exp)[0], micro_batch=micro_batch)).peak_reserved
+    assert fake == pytest.approx(real, rel=0.001)
+
+
+def test_the_fake_trace_sums_two_gradients_of_one_tensor_in_place_as_the_engine_does():
+    """Autograd's engine adds a tensor's second gradient into its first (InputBuffer's accumulate) when it holds the
+    only reference; under a dispatch mode it adds out of place, one block more per residual stream. The trace's mode
+    makes that add in place again, and the gradient is the same."""
+    import torch
+
+    from memlab.core import allocation_trace
+
+    def traced() -> tuple[list, torch.Tensor]:
+        events: list = []
+        w = torch.linspace(-1, 1, 1000, requires_grad=True)
+        with allocation_trace._storage_tracer(torch, events):
+            x = w * 1.0
+            loss = (x.sin() + x.cos()).sum()
+            forward = len(events)
+            loss.backward()
+        return [e for e in events[forward:] if e[0] == "alloc" and str(e[3]).startswith("aten.add")], w.grad
+
+    adds, grad = traced()
+    assert adds == []
+    assert torch.allclose(grad, torch.linspace(-1, 1, 1000).cos() - torch.linspace(-1, 1, 1000).sin())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(allocation_trace, "_engine_accumulates_in_place", lambda *a: False)
+        assert len(traced()[0]) == 1
+
+
+def test_the_fake_trace_makes_dropouts_mask_before_its_output_as_cudas_kernel_does():
+    """CUDA's native_dropout allocates its bool mask, then its output (the H100 trace of the mid held-out shape);
+    the fake kernel the other way round, which put the two blocks in each other's places."""
+    from memlab.cli.options import resolve
+    from memlab.core import allocation_trace
+
+    experiment, prof = resolve("tiny", "bf16", "cpu", ["model.dropout=0.1"])
+    events = allocation_trace.fake_trace(experiment, prof, vocab_size=256, micro_batch=4)
+    dropout = [e[2] for e in events if e[0] == "alloc" and e[3] == "aten.native_dropout.default"]
+    assert dropout and len(dropout) % 2 == 0
+    masks, outputs = dropout[0::2], dropout[1::2]
+    assert all(m * 2 <= o for m, o in zip(masks, outputs))  # one byte an element against two or four
