@@ -434,6 +434,12 @@ def _live_peak(records: list[list[Any]], n_events: int, cut: int) -> tuple[int, 
     return peak, peak_at
 
 
+def _record(torch: Any, context: str) -> None:
+    """Record the allocator's history (a ring of MAX_ENTRIES), Python stacks for `context` ("all": allocations and
+    frees; "alloc": allocations only). Called again with another context, torch keeps what it recorded."""
+    torch.cuda.memory._record_memory_history(enabled="all", context=context, stacks="python", max_entries=MAX_ENTRIES)
+
+
 class SnapshotSink:
     """A sink for the engine that records the allocator from construction (before the model exists) until
     `steps` measured steps are done (or the run ends), then writes the snapshot and the breakdown into the run
@@ -452,8 +458,27 @@ class SnapshotSink:
         self.result: dict[str, Any] | None = None
         self.path: Path | None = None
         self.estimate: Estimate | None = None
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=MAX_ENTRIES)
+        _record(torch, "all")
         self._recording = True
+        self._backward = torch.autograd.backward
+        torch.autograd.backward = self._backward_recorded
+
+    def _backward_recorded(self, *args: Any, **kwargs: Any) -> Any:
+        """torch.autograd.backward with frees recorded without their stacks while it runs. With their stacks
+        (context "all"), a backward that recomputes checkpointed blocks fails: the non-reentrant checkpoint stops a
+        recomputation early by raising inside it, and recording a free's Python stack while that exception is in
+        flight loses it ("SystemError: ... returned NULL without setting an exception", torch 2.11 on an H100:
+        bench/snapshot_stop_probe.py; with context "alloc", or the early stop off, it ran). Allocations keep their
+        stacks; the breakdown reads free stacks only for zero_grad, which runs outside backward."""
+        import torch
+
+        if self._recording:
+            _record(torch, "alloc")
+        try:
+            return self._backward(*args, **kwargs)
+        finally:
+            if self._recording:
+                _record(torch, "all")
 
     def emit(self, ev: dict) -> None:
         kind = ev.get("event")
@@ -481,8 +506,7 @@ class SnapshotSink:
         import torch
 
         snap = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        self._recording = False
+        self._stop(torch)
         folder = self.run_dir or Path(".")
         self.path = folder / SNAPSHOT_FILE
         tmp = self.path.with_suffix(".tmp")
@@ -502,5 +526,9 @@ class SnapshotSink:
         if self._recording:
             import torch
 
-            torch.cuda.memory._record_memory_history(enabled=None)
-            self._recording = False
+            self._stop(torch)
+
+    def _stop(self, torch: Any) -> None:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        torch.autograd.backward = self._backward
+        self._recording = False

@@ -57,3 +57,24 @@ def test_the_installed_files_are_found_by_module(fresh_paths):
     assert M.classify(_frames(optim.__file__), None, True, True) == "optimizer_state"
     assert M.classify(_frames(optim_offload.__file__), None, True, True) == "optimizer_state"
     assert M.classify(_frames("/elsewhere/memlab/core/engine.py", "_train"), None, False, True) == "other"
+
+
+def test_the_recorder_drops_free_stacks_while_backward_runs_and_puts_backward_back(monkeypatch):
+    """--memory-snapshot records frees without their Python stacks during backward: with them, recomputing a
+    checkpointed block failed the run on an H100 (bench/snapshot_stop_probe.py). The recorder is torch's, mocked here;
+    the backward is a real one on the CPU, and torch.autograd.backward is torch's own again once recording stops."""
+    import torch
+
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", context="all", **_: calls.append(context if enabled else None))
+    own = torch.autograd.backward
+    sink = M.SnapshotSink(torch.device("cuda"))
+    w = torch.ones(3, requires_grad=True)
+    (w * 2).sum().backward()
+    sink.close()
+    (w * 2).sum().backward()  # after recording: no more calls
+    assert calls == ["all", "alloc", "all", None]
+    assert torch.autograd.backward is own
+    assert w.grad.tolist() == [4.0, 4.0, 4.0]
