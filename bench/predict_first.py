@@ -30,7 +30,7 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
     replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
-                                  start=max(1, analytic // 2))  # the whole budget: no margin
+                                  start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
     return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
 
 

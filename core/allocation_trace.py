@@ -66,16 +66,17 @@ def _frame(frames: list[dict]) -> str:
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               gpu_kernels: bool = True) -> list[Event]:
+               gpu_kernels: bool = True, capped: bool = False) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
     saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
     memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
-    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels)
+    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped)
 
 
-def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
+def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+                   capped: bool = False) -> list[Event]:
     """fake_trace's two steps with the model's forward and backward replaced by the compiled graphs' own buffers
     (memlab.core.compile_budget_model.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
     token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
@@ -85,14 +86,15 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     from memlab.core.estimate import compiled_graph_shape
 
     graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
-    return _two_steps(experiment, profile, vocab_size, micro_batch, compiled=graphs)
+    return _two_steps(experiment, profile, vocab_size, micro_batch, compiled=graphs, capped=capped)
 
 
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
-               compiled: Any = None) -> list[Event]:
+               compiled: Any = None, capped: bool = False) -> list[Event]:
     """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
-    With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it."""
+    With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
+    `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
     import torch
 
     from memlab.core import replay_standins
@@ -108,6 +110,8 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
+    if capped:
+        _memory_cap_measurement(tracer, events)
     construction: list[int] = []
     with replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
             fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels,
@@ -122,6 +126,22 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
             tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream
             step.run(batch())
     return _built_on_host(events, *construction)
+
+
+CAP_MATRIX = 256 * 256 * 4  # batchfind._used_outside_allocator's fp32 256 x 256 matrix
+
+
+def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
+    """What a run under --gpu-memory's cap (MEMLAB_GPU_MEMORY_BYTES: find-batch's and the study's probes) allocates
+    before its model (batchfind._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
+    which the forward's matmuls then share, and a scalar; all but the workspace freed. The workspace then sits in a
+    segment of its own, not in a freed logits segment: on the mid held-out shape the H100 reserved 20.42 GiB at
+    micro-batch 27 with the cap and 22.18 without it (bench/results/replay-check-h100/)."""
+    where = "the memory cap's measurement (batchfind._used_outside_allocator)"
+    events += [("alloc", "cap matrix", CAP_MATRIX, where), ("alloc", "cap square", CAP_MATRIX, where)]
+    tracer.workspace("forward")
+    events += [("alloc", "cap sum", 4, where), ("free", "cap square", 0, ""), ("free", "cap sum", 0, ""),
+               ("free", "cap matrix", 0, "")]
 
 
 @contextlib.contextmanager
@@ -207,29 +227,31 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
         raise RuntimeError("the compiled backward returns no gradient for a parameter of the model") from None
 
 
-def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int) -> list[Event]:
+def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+               capped: bool = False) -> list[Event]:
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
-    fake_trace's."""
+    fake_trace's; `capped`: a run under --gpu-memory's cap."""
     if profile.compile.enabled:
         from memlab.core.replay_standins import compiled_standin
 
-        return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch)
-    return fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch)
+        return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
+                              capped=capped)
+    return fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
 
 
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)
 
 
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
-                       start: int = 16, limit: int = 1 << 20, margin: float = 0.0) -> int:
+                       start: int = 16, limit: int = 1 << 20, margin: float = 0.0, capped: bool = False) -> int:
     """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
     and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds.
     With `margin`, that answer then steps down to the largest batch whose trace also fits under the budget less that
     share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
     already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
-    lowers the figure)."""
+    lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes)."""
     def fits(b: int, budget: int = budget_bytes) -> bool:
-        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget)
+        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget, capped=capped)
 
     best = largest_fitting(fits, max(1, start), limit, confirm=CONFIRM_BELOW)
     if not margin or not best:
@@ -244,7 +266,8 @@ def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
     return best if fits(best) else _bisected(fits, floor, best - 1)
 
 
-def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int) -> bool:
+def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int,
+                  capped: bool = False) -> bool:
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
     allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
     find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
@@ -253,8 +276,8 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
     expandable = profile.allocator.expandable_segments
     try:
-        model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), budget_bytes,
-                       expandable=expandable)
+        model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
+                       budget_bytes, expandable=expandable)
     except OutOfMemory:
         return False
     return model.retries == 0
@@ -280,18 +303,21 @@ class Replayed:
 
 
 def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
-                    start: int = 16, margin: float = 0.0) -> Replayed:
+                    start: int = 16, margin: float = 0.0, capped: bool = False) -> Replayed:
     """`memlab estimate --method fake`'s allocator figures, its max batch as find-batch's prediction takes it (the
     budget less what this GPU holds outside the allocator, `margin` left free). A compiled step replays what Inductor
-    plans (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong."""
+    plans (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong.
+    `capped`: the card is emulated under --gpu-memory's cap, as find-batch's and the study's probes run."""
     from memlab.core.batchfind import context_bytes_here
     from memlab.core.errors import MemlabError
 
     budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
     try:
-        at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch), expandable=expandable)
-        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin)
+        at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
+                    expandable=expandable)
+        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin,
+                                  capped=capped)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)

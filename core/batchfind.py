@@ -664,7 +664,8 @@ def _read_cache() -> dict:
 REPLAY_MARGIN = 0.03
 
 
-def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, replay: bool = False) -> int | None:
+def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, replay: bool = False,
+                        capped: bool = True) -> int | None:
     """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell.
 
     Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
@@ -676,7 +677,9 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     batch found); the analytic bound stays as a guard for what the replay misses in the tensors themselves (the
     deep shape's liger_ce: replayed 42, found 41, analytic 40).
     The analytic figure alone overshoots where large transient blocks fragment the reserve more than its margin
-    allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100)."""
+    allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100).
+    `capped`: the probes run under --gpu-memory's cap (an emulated card), whose measurement allocates before the model
+    (allocation_trace._memory_cap_measurement); False for a search on the card's own memory."""
     import dataclasses
 
     from memlab.core import estimate as est
@@ -689,7 +692,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
         return None
     if not replay or analytic is None:
         return analytic
-    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic)
+    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic, capped)
     return guarded(experiment, single, vocab, memory_bytes, replayed) if replayed else analytic
 
 
@@ -724,14 +727,14 @@ def cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
-def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int) -> int | None:
+def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool) -> int | None:
     """The allocator replay's max micro-batch, None where the step cannot be replayed (the compiled steps of
     kernels.fused and float8; offload and the CUDA-only libraries replay through memlab.core.replay_standins)."""
     from memlab.core.allocation_trace import replayed_max_batch
 
     try:
         return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
-                                  margin=REPLAY_MARGIN) or None
+                                  margin=REPLAY_MARGIN, capped=capped) or None
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
         return None
 

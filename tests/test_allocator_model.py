@@ -480,16 +480,20 @@ def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_sma
     assert guard > out["max_batch"] and out["max_batch_to_plan"] == min(guard, out["replayed"]["max_batch"])
 
 
-PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100), ("heldout_fat", "gradcp_every2", 101),
-                ("heldout_fat", "sac_ops", 87), ("seed_shape", "adafactor", 114)]
+PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100, "replay.log"), ("heldout_fat", "gradcp_every2", 101, "replay.log"),
+                ("heldout_fat", "sac_ops", 87, "replay.log"), ("seed_shape", "adafactor", 114, "replay.log"),
+                ("heldout_mid", "gradcp_every2", 27, "replay-2.log"), ("heldout_mid", "gradcp_every2", 30, "replay-2.log"),
+                ("heldout_mid", "gradcp_every2", 27, None)]
 
 
-@pytest.mark.parametrize("experiment, profile, micro_batch", PROBE_TRACES)
-def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, profile, micro_batch, model):
+@pytest.mark.parametrize("experiment, profile, micro_batch, log", PROBE_TRACES)
+def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, profile, micro_batch, log, model):
     """bench/replay_check.sh's probe cases (three steps as find-batch probes, each trace complete): the fake trace
     replayed reserves what the H100's own trace replays to, within 0.1%, and that is what its allocator reserved
-    (replay.log). fat gradcp_every2 at 101 jumps 1.78 GiB over 100 on the H100; the fake trace showed it only once
-    the engine's gradient sums were in place (allocation_trace._engine_accumulates_in_place)."""
+    (the call's log). fat gradcp_every2 at 101 jumps 1.78 GiB over 100 on the H100; the fake trace showed it only
+    once the engine's gradient sums were in place (allocation_trace._engine_accumulates_in_place). The last case ran
+    under a 24 GiB card's cap (MEMLAB_GPU_MEMORY_BYTES, as find-batch's probe): 20.42 GiB where the same run uncapped
+    reserved 22.18, the cap's measurement having put the cuBLAS workspace in a segment of its own."""
     import gzip
     import re
 
@@ -497,18 +501,40 @@ def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, p
     from memlab.core.allocation_trace import fake_trace
     from memlab.core.estimate import vocab_for
 
-    dump = REPLAY_CHECK / f"{experiment}_{profile}_{micro_batch}.real.jsonl.gz"
+    name = f"{experiment}_{profile}_{micro_batch}" + ("" if log else "_capped")
+    dump = REPLAY_CHECK / f"{name}.real.jsonl.gz"
     if not dump.is_file():
         pytest.skip("bench/results is not beside tests/ (an installed copy)")
     with gzip.open(dump, "rt") as lines:
         real = model.replay([(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]).peak_reserved
-    log = (REPLAY_CHECK / "probes/replay.log").read_text()
-    case = log[log.index(f"== {experiment}_{profile}_{micro_batch}:"):]
-    own = float(re.search(r"the allocator's own reserved peak ([\d.]+) GiB", case)[1])
-    assert real / 2**30 == pytest.approx(own, abs=0.005)
+    if log:
+        text = (REPLAY_CHECK / "probes" / log).read_text()
+        case = text[text.index(f"== {name}:"):]
+        own = float(re.search(r"the allocator's own reserved peak ([\d.]+) GiB", case)[1])
+        assert real / 2**30 == pytest.approx(own, abs=0.005)
     exp, prof = resolve(str(HELD_OUT / f"{experiment}.toml"), profile, "cpu", [])
-    fake = model.replay(fake_trace(exp, prof, vocab_size=vocab_for(exp)[0], micro_batch=micro_batch)).peak_reserved
-    assert fake == pytest.approx(real, rel=0.001)
+    trace = fake_trace(exp, prof, vocab_size=vocab_for(exp)[0], micro_batch=micro_batch, capped=log is None)
+    assert model.replay(trace).peak_reserved == pytest.approx(real, rel=0.001)
+
+
+def test_a_capped_runs_trace_starts_with_the_caps_measurement_and_its_workspace_serves_the_forward():
+    """Under --gpu-memory's cap the run measures the card before its model (batchfind._used_outside_allocator): its
+    matmul makes the main thread's cuBLAS workspace, which the forward's matmuls then use; the backward's thread
+    makes its own at its first matmul."""
+    from memlab.cli.options import resolve
+    from memlab.core import allocation_trace
+
+    experiment, prof = resolve("tiny", "bf16", "cpu", [])
+    plain = allocation_trace.fake_trace(experiment, prof, vocab_size=256, micro_batch=2)
+    capped = allocation_trace.fake_trace(experiment, prof, vocab_size=256, micro_batch=2, capped=True)
+    workspaces = [[e[1] for e in t if str(e[1]).startswith("cublas workspace")] for t in (plain, capped)]
+    assert workspaces == [["cublas workspace (forward)", "cublas workspace (backward)"]] * 2
+    assert capped[2][1] == "cublas workspace (forward)"  # after the matrix and its square, before the model
+    assert [e[0] for e in capped[:7]] == ["alloc"] * 4 + ["free"] * 3
+    def shape(trace: list) -> list:  # storage ids differ between traces; what and where do not
+        return [(e[0], e[2], e[3]) for e in trace if e[1] != "cublas workspace (forward)"]
+
+    assert shape(capped[7:]) == shape(plain)
 
 
 def test_the_fake_trace_sums_two_gradients_of_one_tensor_in_place_as_the_engine_does():

@@ -506,10 +506,11 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)
     guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
-    monkeypatch.setattr(bf, "_replayed_max_batch", lambda e, p, vocab, budget, near: asked.append((budget, near)) or replayed)
+    monkeypatch.setattr(bf, "_replayed_max_batch",
+                        lambda e, p, vocab, budget, near, capped: asked.append((budget, near, capped)) or replayed)
     got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
-    assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic)] and analytic > 100
+    assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic, True)] and analytic > 100  # an emulated card by default
     assert (guard == analytic) == (E.allocation_pattern(prof) == "plain") and guard >= analytic
     assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
 

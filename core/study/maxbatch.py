@@ -49,7 +49,8 @@ def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
     """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here()), where
+    return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here(),
+                                  capped=bool(plan.cap_bytes)), where
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],

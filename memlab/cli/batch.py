@@ -95,7 +95,7 @@ def estimate(
     # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
     replay_too = method == "fake" or (method == "auto" and gpu_memory is not None and world == 1)
     if replay_too:
-        replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch)
+        replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch, capped=gpu_memory is not None)
     plan = guarded(exp, prof, vocab, memory, replayed.max_batch) if replayed and max_batch else max_batch
     if as_json:
         out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
@@ -127,15 +127,16 @@ def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
     return parse_size(DEFAULT_CARD), "no GPU here: an 80 GB H100 assumed"
 
 
-def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int):
-    """(the allocator model over the fake trace, None) or (None, why not)."""
+def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int, capped: bool):
+    """(the allocator model over the fake trace, None) or (None, why not). `capped`: --gpu-memory names the card,
+    which find-batch and the study emulate under a cap."""
     from memlab.core.allocation_trace import replay_for_card
     from memlab.core.batchfind import REPLAY_MARGIN
     from memlab.core.errors import MemlabError
 
     try:
         return replay_for_card(exp, prof, vocab_size=vocab, micro_batch=micro_batch, memory_bytes=memory, start=max(1, start),
-                               margin=REPLAY_MARGIN), ""
+                               margin=REPLAY_MARGIN, capped=capped), ""
     except MemlabError as e:
         return None, str(e)
 
@@ -261,12 +262,12 @@ def _allocator_advice(probes: list[ProbeResult], max_batch: int, expandable: boo
     return None
 
 
-def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, on_gpu: bool) -> tuple[int, int | None]:
+def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, on_gpu: bool, capped: bool) -> tuple[int, int | None]:
     """Where the doubling starts, and the estimator's prediction it starts from (on a GPU, the allocator replay's where
     it is smaller)."""
     from memlab.core import batchfind as bf
 
-    pred = bf.predicted_max_batch(exp, prof, memory, replay=on_gpu)
+    pred = bf.predicted_max_batch(exp, prof, memory, replay=on_gpu, capped=capped)
     return bf.start_below(pred), pred
 
 
@@ -292,7 +293,7 @@ def find_batch(
     memory = cap or (gpu.total_bytes if gpu else 0)
     key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
     fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
-    hint, predicted = _start_from_estimate(exp, prof, memory, bf.cuda_here()) if memory else (1, None)
+    hint, predicted = _start_from_estimate(exp, prof, memory, bf.cuda_here(), cap is not None) if memory else (1, None)
     start = start or hint
     err = _err_console()
     exp_ref = "gpt2s" if experiment == "auto" else experiment
