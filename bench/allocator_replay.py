@@ -15,7 +15,7 @@ Two traces:
     python bench/allocator_replay.py --against-h100 --standins   # the profiles memlab.core.replay_standins covers
     python3 bench/allocator_replay.py --against-cuda    # on a GPU: the model beside this torch's own allocator
 
-Against the GPU (`python bench/allocator_replay.py --against-h100`, 2026-11-26 12:10 UTC, on a CPU machine: fake traces, each
+Against the GPU (`python bench/allocator_replay.py --against-h100`, 2026-11-26 12:40 UTC, on a CPU machine: fake traces, each
 beside the committed H100 run of the same profile, experiment and micro-batch, then the max micro-batch replayed
 under the allocator budget the H100's find-batch searched under; tests/test_allocator_model.py checks some of them).
 Nothing in the model was fitted to these: its constants are the allocator's. What the fake trace adds to a CPU's
@@ -59,13 +59,13 @@ replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 | seed-so-posts gradcp_bf16 | 23.26 | 135 / 135 (+0.0%) |
 | seed-so-posts bf16 | 23.26 | 102 / 102 (+0.0%) |
 | seed-so-posts selective | 23.26 | 102 / 103 (-1.0%) |
-| seed-so-posts chunked_ce | 23.26 | 1855 / 1961 (-5.4%) |
+| seed-so-posts chunked_ce | 23.26 | 1854 / 1961 (-5.5%) |
 | seed-so-posts bf16 (expandable) | 23.26 | 102 / 102 (+0.0%) |
 | seed-so-posts baseline (expandable) | 23.28 | 102 / 101 (+1.0%) |
-| seed-so-posts chunked_ce (expandable) | 23.26 | 1926 / 1916 (+0.5%) |
+| seed-so-posts chunked_ce (expandable) | 23.26 | 1916 / 1916 (+0.0%) |
 | gpt2s bf16 (expandable) | 11.26 | 23 / 23 (+0.0%) |
 | gpt2s chunked_ce (expandable) | 11.26 | 29 / 29 (+0.0%) |
-| gpt2s gradcp (expandable) | 11.28 | 37 / 32 (+15.6%) |
+| gpt2s gradcp (expandable) | 11.28 | 32 / 32 (+0.0%) |
 | heldout_deep.toml bf16 | 23.26 | 39 / 39 (+0.0%) |
 | heldout_deep.toml chunked_ce | 23.26 | 42 / 41 (+2.4%) |
 | heldout_long.toml bf16 | 23.26 | 15 / 15 (+0.0%) |
@@ -76,20 +76,19 @@ replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 
 Since 2026-11-26 12:00 UTC the fake trace sums a tensor's two gradients in place, as autograd's engine does on the
 GPU (a dispatch mode made every such sum a new block: allocation_trace._engine_accumulates_in_place), and makes
-dropout's mask before its output, as CUDA's kernel does. Both were found on complete H100 traces of find-batch-like
-probes (bench/replay_check.sh probe:..., `../results/replay-check-h100/probes/`): the fat held-out shape's
-gradcp_every2 reserves 1.78 GiB more at 101 than at 100, which the fake trace now shows to the hundredth
-(tests/test_allocator_model.py). Every reserved figure above moved to within 0.1% of the H100's; the max batches
-moved by one or two (seed baseline 101, was 102; seed gradcp 152, was 151; seed chunked_ce 1855, was 1788), but for
-gpt2s gradcp with expandable segments, now 37 for find-batch's 32. There the replay under the H200's 11.28 GiB
-reproduces each of find-batch's probes (32 fits reserving 9.95 GiB; 33, 34 and 38 need two allocator retries,
-33 reserving 10.03 after them), and fits 35, 36 and 37 without a retry: batches the search, which assumes a fit is
-monotone in the batch, never tried. Whether the H200 fits them is not known; find-batch's prediction leaves 3% of
-the budget free (batchfind.REPLAY_MARGIN) and says 31 there.
+dropout's mask before its output, as CUDA's kernel does; and a search's replay starts with what the memory cap's
+own measurement allocates before the model (a matrix, its square, the main thread's cuBLAS workspace:
+allocation_trace._memory_cap_measurement), as find-batch's probes run under --gpu-memory (the gpt2s searches under
+12 GiB above predate that measurement and replay without it). All three were found on complete H100 traces of
+find-batch-like runs (bench/replay_check.sh probe:..., `../results/replay-check-h100/`): the fat held-out shape's
+gradcp_every2 reserves 1.78 GiB more at 101 than at 100, and the mid shape's reserved 20.42 GiB at 27 under the cap
+and 22.18 without it; the fake traces now give both to the hundredth (tests/test_allocator_model.py). Every reserved
+figure above is within 0.1% of the H100's; of the max batches, seed baseline moved to 101 (was 102), seed gradcp to
+152 (151), seed chunked_ce to 1854 (1788) and, with expandable segments, to 1916 (1903), find-batch's.
 
 The replayed max micro-batch is a fit without an allocator retry, as find-batch counts one (batchfind.clean_fit).
 On the sixteen H100 searches, on which the trace's missing allocations were found (not held out), it is never above
-find-batch's and within 8.8% (13 within 1%; gpt2s chunked_ce 29 for 30 since the kernels' temporaries). Held out
+find-batch's and within 5.5% (14 within 1%; gpt2s chunked_ce 29 for 30 since the kernels' temporaries, seed chunked_ce 1854 for 1961). Held out
 from the allocator model: the six searches with expandable segments (bench/results/expandable-check-h200/, an
 H200; the expandable mode was written from the allocator's source without them) and the four on the deep and long shapes (estimate-heldout-h100/frontier/find-batch/): within 3.4%,
 two of them one batch above find-batch's at the budget the GPU measured (seed-so-posts baseline with expandable
