@@ -393,6 +393,9 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten.add.Tensor and _engine_accumulates_in_place(torch, args, kwargs):
                 func = torch.ops.aten.add_.Tensor
+            held = _embedding_backward_blocks(func, args) if not self.paused else None
+            if held:
+                held = (self._within_the_call(held[0], "embedding backward (CUDA)"), held[1])
             out = func(*args, **(kwargs or {}))
             if self.paused:
                 return out
@@ -407,7 +410,22 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             temporary = _kernel_temporary(torch, func, args, sms)
             if temporary:
                 self._within_the_kernel(*temporary)
+            if held:
+                keys = held[0] + self._within_the_call(held[1], "embedding backward (CUDA)")
+                events.extend(("free", key, 0, "") for key in reversed(keys))
             return out
+
+        def _within_the_call(self, blocks: list[tuple[int, bool]], where: str) -> list[str]:
+            """Allocate (bytes, held) blocks in order, a transient one freed at once; the held ones' keys."""
+            keys = []
+            for nbytes, kept in blocks:
+                key = f"{where} {len(events)}"
+                events.append(("alloc", key, nbytes, where))
+                if kept:
+                    keys.append(key)
+                else:
+                    events.append(("free", key, 0, ""))
+            return keys
 
         def _within_the_kernel(self, nbytes: int, where: str) -> None:
             """A block a CUDA kernel allocates and frees before it returns."""
@@ -478,6 +496,36 @@ def _dense(shape: tuple, strides: tuple) -> bool:
             return False
         expected *= size
     return True
+
+
+SORTLESS_INDICES = 3072  # embedding_dense_backward_cuda: up to this many indices (unscaled), no sort, no buffers
+ROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu's NROWS_PER_THREAD: how finely it splits each token's rows
+
+
+def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | None:
+    """The blocks CUDA's embedding backward holds while it runs, as (bytes, held) before and after it makes the
+    weight's gradient (Embedding.cu, EmbeddingBackwardKernel.cu), all freed before it returns: the sorted indices
+    and their order, a range for the sort; then segment offsets, a count, the per-segment partial counts and
+    offsets, and the partial sums, fp32 rows for up to indices / 10 + min(indices, vocabulary) partial segments
+    (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). On the square held-out
+    shape that block, freed inside the step, split a freed segment the fake trace had kept whole: the H100 ran out
+    of memory at selective's micro-batch 49 where the replay fitted (bench/results/replay-check-h100/). cub's own
+    temporaries (under 1 MiB there) are left out."""
+    import torch
+
+    if func is not torch.ops.aten.embedding_dense_backward.default:
+        return None
+    grad, indices, vocabulary, scaled = args[0], args[1], int(args[2]), bool(args[4]) if len(args) > 4 else False
+    n = indices.numel()
+    if n <= SORTLESS_INDICES and not scaled:
+        return None
+    segments = min(n, vocabulary)
+    partial = n // ROWS_PER_THREAD + segments
+    wide = 8 if grad.dtype == torch.float64 else 4  # the partial sums accumulate in fp32 (fp64 for fp64)
+    before = [(n * 8, True), (n * 8, True), (n * 8, False)]
+    after = [(n * 8, True), (8, True), (n * 8, False), (segments * 8, True), (segments * 8, True), (8, True),
+             (partial * 8, True), (partial * grad.shape[-1] * wide, True)]
+    return before, after
 
 
 def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int, str] | None:

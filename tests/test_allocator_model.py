@@ -575,3 +575,29 @@ def test_the_fake_trace_makes_dropouts_mask_before_its_output_as_cudas_kernel_do
     assert dropout and len(dropout) % 2 == 0
     masks, outputs = dropout[0::2], dropout[1::2]
     assert all(m * 2 <= o for m, o in zip(masks, outputs))  # one byte an element against two or four
+
+
+def test_the_fake_trace_holds_cudas_embedding_backward_buffers_sized_as_on_the_h100(model):
+    """CUDA's embedding backward sorts the indices and sums each token's rows in partial segments: fp32 rows for
+    indices / 10 + min(indices, vocabulary) of them, allocated and freed inside the kernel. The H100's trace of the
+    square held-out shape's selective at micro-batch 48 (49,152 tokens, 1,024 wide) has that block; the fake trace
+    now makes one of the same size, and replays to the same reserve."""
+    import gzip
+
+    from memlab.cli.options import resolve
+    from memlab.core.allocation_trace import fake_trace
+
+    dump = REPLAY_CHECK / "heldout_square_selective_48_capped.real.jsonl.gz"
+    if not dump.is_file():
+        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+    with gzip.open(dump, "rt") as lines:
+        real = [(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]
+    row = 1024 * 4
+    made_and_freed = [a[2] for a, b in zip(real, real[1:]) if a[0] == "alloc" and b == ("free", a[1], 0) and a[2] % row == 0
+                      and a[2] // row == 49_152 // 10 + 8192]
+    assert len(made_and_freed) == 3  # once a step, three steps
+    experiment, prof = resolve(str(HELD_OUT / "heldout_square.toml"), "selective", "cpu", [])
+    events = fake_trace(experiment, prof, vocab_size=8192, micro_batch=48, capped=True)
+    partial_sums = [e[2] for e in events if e[0] == "alloc" and e[3] == "embedding backward (CUDA)" and e[2] > MIB]
+    assert partial_sums == made_and_freed[:2]  # two steps
+    assert model.replay(events).peak_reserved == pytest.approx(model.replay(real).peak_reserved, rel=0.001)
