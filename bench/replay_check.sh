@@ -11,6 +11,7 @@
 # A case `probe:EXPERIMENT:PROFILE:MICRO_BATCH` runs as a find-batch probe does (3 steps, the optimizer state made in
 # the first, no evaluation but one window at the end) and replays only the real trace; its fake trace can be made
 # on any machine (`python bench/allocator_replay.py --fake ...`, same overrides).
+# SEGMENTS=1 also writes every trace event with the allocator's segment events (bench/snapshot_events.py).
 # usage: source bench/gpu_setup.sh; bash bench/replay_check.sh OUT_DIR [CASE...]
 set -u
 out=${1:?output folder}; shift; mkdir -p "$out"
@@ -30,6 +31,7 @@ check() {  # name experiment profile micro-batch [--set ...]
   echo -n "fake trace, this GPU's own SDPA and dropout: "; python3 bench/allocator_replay.py --fake "$e" "$p" "$b" "$@" --device-kernels
   fi
   gzip -f "$out/$name".*.jsonl
+  [ -n "${SEGMENTS:-}" ] && python3 bench/snapshot_events.py "$snap" "$out/$name.events.jsonl.gz"  # with the segment events
   rm -f "$snap"  # large; the dumps keep what the comparison needs
 }
 long=bench/experiments/heldout_long.toml

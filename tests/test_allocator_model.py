@@ -233,7 +233,7 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
 
     budget = 1000
     tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
-    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes:
+    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped:
                         micro_batch <= 30 if budget_bytes == budget else micro_batch in tight_fits)
     args = dict(vocab_size=8, budget_bytes=budget, start=16)
     assert allocation_trace.replayed_max_batch(None, None, **args) == 30
@@ -480,20 +480,23 @@ def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_sma
     assert guard > out["max_batch"] and out["max_batch_to_plan"] == min(guard, out["replayed"]["max_batch"])
 
 
-PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100, "replay.log"), ("heldout_fat", "gradcp_every2", 101, "replay.log"),
-                ("heldout_fat", "sac_ops", 87, "replay.log"), ("seed_shape", "adafactor", 114, "replay.log"),
-                ("heldout_mid", "gradcp_every2", 27, "replay-2.log"), ("heldout_mid", "gradcp_every2", 30, "replay-2.log"),
-                ("heldout_mid", "gradcp_every2", 27, None)]
+PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100, False, "replay.log"), ("heldout_fat", "gradcp_every2", 101, False, "replay.log"),
+                ("heldout_fat", "sac_ops", 87, False, "replay.log"), ("seed_shape", "adafactor", 114, False, "replay.log"),
+                ("heldout_mid", "gradcp_every2", 27, False, "replay-2.log"), ("heldout_mid", "gradcp_every2", 30, False, "replay-2.log"),
+                ("heldout_mid", "gradcp_every2", 27, True, None), ("heldout_square", "gradcp_every2", 59, True, "replay-3.log"),
+                ("heldout_square", "selective", 48, True, "replay-3.log")]
 
 
-@pytest.mark.parametrize("experiment, profile, micro_batch, log", PROBE_TRACES)
-def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, profile, micro_batch, log, model):
+@pytest.mark.parametrize("experiment, profile, micro_batch, capped, log", PROBE_TRACES)
+def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, profile, micro_batch, capped, log, model):
     """bench/replay_check.sh's probe cases (three steps as find-batch probes, each trace complete): the fake trace
     replayed reserves what the H100's own trace replays to, within 0.1%, and that is what its allocator reserved
     (the call's log). fat gradcp_every2 at 101 jumps 1.78 GiB over 100 on the H100; the fake trace showed it only
-    once the engine's gradient sums were in place (allocation_trace._engine_accumulates_in_place). The last case ran
-    under a 24 GiB card's cap (MEMLAB_GPU_MEMORY_BYTES, as find-batch's probe): 20.42 GiB where the same run uncapped
-    reserved 22.18, the cap's measurement having put the cuBLAS workspace in a segment of its own."""
+    once the engine's gradient sums were in place (allocation_trace._engine_accumulates_in_place). The capped cases
+    ran under a 24 GiB card's cap (MEMLAB_GPU_MEMORY_BYTES, as find-batch's probes): mid gradcp_every2 at 27
+    reserved 20.42 GiB there and 22.18 uncapped, the cap's measurement having put the cuBLAS workspace in a segment
+    of its own; square gradcp_every2 at 59 reserved 1.85 GiB more than the model gave until best fit broke ties
+    between equal blocks toward the newer large segment, as the driver's addresses do."""
     import gzip
     import re
 
@@ -501,8 +504,8 @@ def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, p
     from memlab.core.allocation_trace import fake_trace
     from memlab.core.estimate import vocab_for
 
-    name = f"{experiment}_{profile}_{micro_batch}" + ("" if log else "_capped")
-    dump = REPLAY_CHECK / f"{name}.real.jsonl.gz"
+    name = f"{experiment}_{profile}_{micro_batch}"
+    dump = REPLAY_CHECK / f"{name}{'_capped' if capped else ''}.real.jsonl.gz"
     if not dump.is_file():
         pytest.skip("bench/results is not beside tests/ (an installed copy)")
     with gzip.open(dump, "rt") as lines:
@@ -513,7 +516,7 @@ def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, p
         own = float(re.search(r"the allocator's own reserved peak ([\d.]+) GiB", case)[1])
         assert real / 2**30 == pytest.approx(own, abs=0.005)
     exp, prof = resolve(str(HELD_OUT / f"{experiment}.toml"), profile, "cpu", [])
-    trace = fake_trace(exp, prof, vocab_size=vocab_for(exp)[0], micro_batch=micro_batch, capped=log is None)
+    trace = fake_trace(exp, prof, vocab_size=vocab_for(exp)[0], micro_batch=micro_batch, capped=capped)
     assert model.replay(trace).peak_reserved == pytest.approx(real, rel=0.001)
 
 
@@ -601,3 +604,17 @@ def test_the_fake_trace_holds_cudas_embedding_backward_buffers_sized_as_on_the_h
     partial_sums = [e[2] for e in events if e[0] == "alloc" and e[3] == "embedding backward (CUDA)" and e[2] > MIB]
     assert partial_sums == made_and_freed[:2]  # two steps
     assert model.replay(events).peak_reserved == pytest.approx(model.replay(real).peak_reserved, rel=0.001)
+
+
+def test_best_fit_breaks_a_tie_toward_the_newer_large_segment_and_the_older_small_one(model):
+    """Equal free blocks: the one at the lower address wins, and the driver put each new large segment below the
+    ones before it (bench/snapshot_events.py on two H100 traces); small-pool segments are taken oldest first."""
+    a = model.Allocator()
+    for key, nbytes in (("x", 100 * MIB), ("y", 100 * MIB), ("p", 4096), ("q", 2 * MIB - 4096), ("r", 4096),
+                        ("s", 2 * MIB - 4096)):
+        a.malloc(key, nbytes)  # x, y: large segments 1 and 2; p and q fill small segment 3, r and s segment 4
+    for key in ("x", "y", "p", "r"):
+        a.free(key)
+    a.malloc("large", 60 * MIB)
+    a.malloc("small", 4096)
+    assert (a._live["large"].segment, a._live["small"].segment) == (2, 3)
