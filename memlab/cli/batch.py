@@ -154,7 +154,7 @@ def _print_replayed(r, no_replay: str, where: str) -> None:
 
 REPLAY_CHECKED = {  # what each mode of the allocator model was checked against, by expandable_segments (or compiled)
     False: "checked against the GPU (bench/allocator_replay.py --against-h100): reserved within 0.1% in 11 H100 runs; max batch never "
-           "above find-batch's and within 5.5% in 16 H100 searches, within 2.4% in 4 held out (the deep and long shapes: one 42 for 41)",
+           "above find-batch's and within 5.5% in 16 H100 searches, exact in 4 held out (the deep and long shapes)",
     True: "expandable segments as torch 2.11's allocator source has them, followed to the byte by its allocator on hand-made and "
           "random traces (--against-cuda); max batch within 3.4% of find-batch's in 6 held-out searches (one 102 for 101)",
     "compiled": "a compiled step: Inductor's own buffers, from its wrapper code for CUDA traced on fake tensors; on the H100 the seed "
