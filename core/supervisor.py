@@ -307,6 +307,15 @@ def interrupt_self() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def honour_sigint() -> None:
+    """In a supervised child (`memlab run --events -`): SIGINT raises KeyboardInterrupt, as cancel() and
+    interrupt_self expect, even where the child inherited SIGINT ignored (a supervisor started as a shell's `cmd &`
+    without job control, some CI runners): Python keeps an inherited SIG_IGN, and the cancelled run then waited out
+    its 20 s grace for SIGTERM (tests/test_supervisor.py failed so once in CI). Main thread only, as signal.signal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def stop_when_orphaned(poll_s: float = 1.0, getppid: Callable[[], int] = os.getppid,
                        interrupt: Callable[[], None] | None = None) -> threading.Thread:
     """In a supervised child (`memlab run --events -`): when its supervisor dies (SIGKILL, a timeout that killed

@@ -11,6 +11,8 @@ from memlab.core.supervisor import ChildSpec
 # What every fake child can call: emit an event on stdout, make a run folder as the engine does (run.json running).
 PRELUDE = textwrap.dedent("""
     import json, os, shutil, signal, sys, time
+    from memlab.core.supervisor import honour_sigint
+    honour_sigint()  # as `memlab run --events -` does under a supervisor
     RUNS, PROFILE = sys.argv[1], sys.argv[2]
     def emit(kind, **fields):
         print(json.dumps({"event": kind, "t": time.time(), **fields}), flush=True)

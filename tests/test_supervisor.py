@@ -146,6 +146,30 @@ def test_a_folder_outside_the_runs_folder_is_never_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no run.json beside it
 
 
+def test_a_child_that_inherits_sigint_ignored_still_stops_on_cancel(tmp_path):
+    """A supervisor started with SIGINT ignored (a shell's `cmd &` without job control) passes that to its children,
+    and Python keeps it: cancel()'s SIGINT then did nothing for its 20 s grace. The child takes SIGINT back
+    (supervisor.honour_sigint, which `memlab run --events -` and the fake children call): here it starts ignored."""
+    import dataclasses
+    import sys
+    import time
+
+    child: ChildRun
+    spec = fake_spec("sleeps", tmp_path)
+    ignored = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.executable, sys.argv[1:])"
+    spec = dataclasses.replace(spec, command=[sys.executable, "-c", ignored, *spec.command])
+
+    def cancel_at_step(event):
+        if event["event"] == "step":
+            child.cancel(grace_s=5.0)
+
+    started = time.monotonic()
+    child = ChildRun(spec, on_event=cancel_at_step)
+    result = child.wait()
+    assert result.status == "interrupted" and "KeyboardInterrupt" in result.message
+    assert time.monotonic() - started < 5.0  # SIGINT, not SIGTERM after the grace
+
+
 def test_a_cancelled_child_that_reports_nothing_is_interrupted(tmp_path):
     child: ChildRun
 

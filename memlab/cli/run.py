@@ -61,9 +61,10 @@ def run(
         args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
         _exec_torchrun(nproc, args, exp, prof, dev)
     apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
-    from memlab.core.supervisor import SUPERVISED_ENV, stop_when_orphaned
+    from memlab.core.supervisor import SUPERVISED_ENV, honour_sigint, stop_when_orphaned
 
     if events == "-" and os.environ.get(SUPERVISED_ENV):  # a supervisor's child: if it dies, stop, not run on unwatched
+        honour_sigint()
         stop_when_orphaned()
     sinks, snapshot = _sinks(events, memory_snapshot, dev)
     status = _run_and_report(exp, prof, dev, runs_dir, sinks, snapshot, quiet=events == "-",
