@@ -128,17 +128,17 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     return _built_on_host(events, *construction)
 
 
-CAP_MATRIX = 256 * 256 * 4  # batchfind._used_outside_allocator's fp32 256 x 256 matrix
-
-
 def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
     """What a run under --gpu-memory's cap (MEMLAB_GPU_MEMORY_BYTES: find-batch's and the study's probes) allocates
     before its model (batchfind._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
     which the forward's matmuls then share, and a scalar; all but the workspace freed. The workspace then sits in a
     segment of its own, not in a freed logits segment: on the mid held-out shape the H100 reserved 20.42 GiB at
     micro-batch 27 with the cap and 22.18 without it (bench/results/replay-check-h100/)."""
+    from memlab.core.batchfind import MEASURE_SIDE
+
     where = "the memory cap's measurement (batchfind._used_outside_allocator)"
-    events += [("alloc", "cap matrix", CAP_MATRIX, where), ("alloc", "cap square", CAP_MATRIX, where)]
+    matrix = MEASURE_SIDE * MEASURE_SIDE * 4  # fp32
+    events += [("alloc", "cap matrix", matrix, where), ("alloc", "cap square", matrix, where)]
     tracer.workspace("forward")
     events += [("alloc", "cap sum", 4, where), ("free", "cap square", 0, ""), ("free", "cap sum", 0, ""),
                ("free", "cap matrix", 0, "")]
@@ -370,85 +370,94 @@ def cublas_workspace_bytes(capability: tuple[int, int] | None) -> int:
     return sum(int(kib) * 1024 * int(count) for kib, count in re.findall(r":(\d+):(\d+)", config))
 
 
+class _TraceBook:
+    """The trace's bookkeeping behind _storage_tracer's dispatch mode: the storages it has seen (freed when they
+    go), the cuBLAS workspaces made so far, and the blocks a kernel makes and holds inside itself."""
+
+    def __init__(self, torch: Any, events: list[Event]) -> None:
+        from memlab.core.cuda_temporaries import Sms
+
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        self.torch, self.events = torch, events
+        self.workspace_bytes = cublas_workspace_bytes(capability)
+        self.sms = Sms.of_this_device()
+        self.seen: set[int] = set()
+        self.workspaces: set[str] = set()
+        self.paused = False
+
+    def made_by(self, func: Any, args: tuple, out: Any) -> None:
+        """What a GPU run allocates as `func` returns: its outputs' storages, the cuBLAS workspace at a phase's
+        first matmul, and a block its kernel makes and frees inside itself."""
+        torch, op = self.torch, str(func)
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if func is torch.ops.aten.native_dropout.default:
+            outputs.reverse()  # CUDA's dropout kernel makes its mask before its output (the fake kernel: after)
+        for t in outputs:
+            self._note(t.untyped_storage(), op)
+        if op.startswith(MATMULS):
+            self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
+        temporary = _kernel_temporary(torch, func, args, self.sms)
+        if temporary:
+            nbytes, where = temporary
+            self.within_the_call([(nbytes, False)], where)
+
+    def within_the_call(self, blocks: list[tuple[int, bool]], where: str) -> list[str]:
+        """Allocate (bytes, held) blocks in order, one not held freed at once (a kernel's own temporary); the held
+        ones' keys."""
+        keys = []
+        for nbytes, kept in blocks:
+            key = f"{where} {len(self.events)}"
+            self.events.append(("alloc", key, nbytes, where))
+            if kept:
+                keys.append(key)
+            else:
+                self.events.append(("free", key, 0, ""))
+        return keys
+
+    def workspace(self, phase: str) -> None:
+        if phase not in self.workspaces:
+            self.workspaces.add(phase)
+            self.events.append(("alloc", f"cublas workspace ({phase})", self.workspace_bytes,
+                                f"cuBLAS workspace, {phase} thread (kept)"))
+
+    def _note(self, storage: Any, op: str) -> None:
+        key = storage._cdata
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.events.append(("alloc", key, storage.nbytes(), op))
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int, ident: object = None) -> None:
+        self.seen.discard(key)
+        self.events.append(("free", key if ident is None else ident, 0, ""))
+
+
 def _storage_tracer(torch: Any, events: list[Event]) -> Any:
     """A dispatch mode that appends ("alloc", id, bytes, op) when an op's output has a storage not seen before,
     and ("free", id, 0, "") when that storage goes; and, at the first matmul of the forward and of the backward,
     the cuBLAS workspace that a GPU run allocates there and never frees (it pins a segment: on the seed shape it
-    sat in a freed logits segment, and the next step's logits needed a new one)."""
+    sat in a freed logits segment, and the next step's logits needed a new one). Ops run as a GPU runs them: the
+    engine's gradient sums in place, and the embedding backward's own blocks held around it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlab.core.cuda_temporaries import Sms
-
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    workspace = cublas_workspace_bytes(capability)
-    sms = Sms.of_this_device()
-
-    class Storages(TorchDispatchMode):
+    class Storages(TorchDispatchMode, _TraceBook):
         def __init__(self) -> None:
-            super().__init__()
-            self.seen: set[int] = set()
-            self.workspaces: set[str] = set()
-            self.paused = False
+            TorchDispatchMode.__init__(self)
+            _TraceBook.__init__(self, torch, events)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten.add.Tensor and _engine_accumulates_in_place(torch, args, kwargs):
                 func = torch.ops.aten.add_.Tensor
-            held = _embedding_backward_blocks(func, args) if not self.paused else None
-            if held:
-                held = (self._within_the_call(held[0], "embedding backward (CUDA)"), held[1])
+            held = None if self.paused else _embedding_backward_blocks(func, args)
+            before = self.within_the_call(held[0], EMBEDDING_BACKWARD) if held else []
             out = func(*args, **(kwargs or {}))
-            if self.paused:
-                return out
-            op = str(func)
-            outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-            if func is torch.ops.aten.native_dropout.default:
-                outputs.reverse()  # CUDA's dropout kernel makes its mask before its output (the fake kernel: after)
-            for t in outputs:
-                self._note(t.untyped_storage(), op)
-            if op.startswith(MATMULS):
-                self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
-            temporary = _kernel_temporary(torch, func, args, sms)
-            if temporary:
-                self._within_the_kernel(*temporary)
+            if not self.paused:
+                self.made_by(func, args, out)
             if held:
-                keys = held[0] + self._within_the_call(held[1], "embedding backward (CUDA)")
-                events.extend(("free", key, 0, "") for key in reversed(keys))
+                after = self.within_the_call(held[1], EMBEDDING_BACKWARD)
+                events.extend(("free", key, 0, "") for key in reversed(before + after))
             return out
-
-        def _within_the_call(self, blocks: list[tuple[int, bool]], where: str) -> list[str]:
-            """Allocate (bytes, held) blocks in order, a transient one freed at once; the held ones' keys."""
-            keys = []
-            for nbytes, kept in blocks:
-                key = f"{where} {len(events)}"
-                events.append(("alloc", key, nbytes, where))
-                if kept:
-                    keys.append(key)
-                else:
-                    events.append(("free", key, 0, ""))
-            return keys
-
-        def _within_the_kernel(self, nbytes: int, where: str) -> None:
-            """A block a CUDA kernel allocates and frees before it returns."""
-            key = f"{where} {len(events)}"
-            events.append(("alloc", key, nbytes, where))
-            events.append(("free", key, 0, ""))
-
-        def workspace(self, phase: str) -> None:
-            if phase not in self.workspaces:
-                self.workspaces.add(phase)
-                events.append(("alloc", f"cublas workspace ({phase})", workspace, f"cuBLAS workspace, {phase} thread (kept)"))
-
-        def _note(self, storage: Any, op: str) -> None:
-            key = storage._cdata
-            if key in self.seen:
-                return
-            self.seen.add(key)
-            events.append(("alloc", key, storage.nbytes(), op))
-            weakref.finalize(storage, self._freed, key)
-
-        def _freed(self, key: int, ident: object = None) -> None:
-            self.seen.discard(key)
-            events.append(("free", key if ident is None else ident, 0, ""))
 
     return Storages()
 
@@ -498,6 +507,7 @@ def _dense(shape: tuple, strides: tuple) -> bool:
     return True
 
 
+EMBEDDING_BACKWARD = "embedding backward (CUDA)"  # what the trace names its blocks
 SORTLESS_INDICES = 3072  # embedding_dense_backward_cuda: up to this many indices (unscaled), no sort, no buffers
 ROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu's NROWS_PER_THREAD: how finely it splits each token's rows
 
@@ -507,10 +517,9 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     weight's gradient (Embedding.cu, EmbeddingBackwardKernel.cu), all freed before it returns: the sorted indices
     and their order, a range for the sort; then segment offsets, a count, the per-segment partial counts and
     offsets, and the partial sums, fp32 rows for up to indices / 10 + min(indices, vocabulary) partial segments
-    (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). On the square held-out
-    shape that block, freed inside the step, split a freed segment the fake trace had kept whole: the H100 ran out
-    of memory at selective's micro-batch 49 where the replay fitted (bench/results/replay-check-h100/). cub's own
-    temporaries (under 1 MiB there) are left out."""
+    (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). Every committed H100
+    trace has them at these sizes (bench/results/replay-check-h100/); adding them changed none of the replayed peaks
+    checked there. cub's own temporaries (under 1 MiB there) are left out."""
     import torch
 
     if func is not torch.ops.aten.embedding_dense_backward.default:

@@ -172,6 +172,9 @@ def _process_used(nvml: Any, before: int | None) -> int | None:
     return process_use(nvml_process_used(nvml), growth)
 
 
+MEASURE_SIDE = 256  # _used_outside_allocator's fp32 square matrix (allocation_trace replays what it allocates)
+
+
 def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
     """(what NVML sees this process use, the allocator's reserved bytes, the device's use before this process's
     context), after CUDA's initialization and a first cuBLAS call (its handle and workspace). NVML's per-process
@@ -183,7 +186,7 @@ def _used_outside_allocator(index: int) -> tuple[int | None, int, int | None]:
     nvml = _nvml_handle(_nvml_index(index))
     fresh = not torch._C._cuda_hasPrimaryContext(index)  # no context yet: the device's growth is this process's
     before = _nvml_device_used(nvml) if fresh else None
-    a = torch.ones(256, 256, device=dev)
+    a = torch.ones(MEASURE_SIDE, MEASURE_SIDE, device=dev)
     (a @ a).sum().item()  # creates the context, the cuBLAS handle and its workspace
     del a
     torch.cuda.synchronize(dev)
