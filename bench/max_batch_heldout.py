@@ -1,0 +1,76 @@
+"""Issue 17, max batch on the held-out shapes: every committed find-batch search of bench/results/prediction-check/
+heldout-*/ (a 24 GiB card on an H100), the batch it found beside the prediction it printed that day (the code of
+that set, committed before its searches: each set's predicted.md) and, with --now, the prediction of this tree
+(batchfind.predicted_max_batch with the allocator replay, as find-batch computes it on a GPU; here on fake tensors,
+the H100's 1,247 MiB outside the allocator assumed). Only the newest set is held out from the code it checks: each
+earlier set's misses were looked into afterwards, so --now on those sets is a regression check, not a held-out one.
+
+    python bench/max_batch_heldout.py [--now] [--jobs 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from findbatch_logs import Search, searches_under
+
+CHECKS = Path(__file__).parent / "results" / "prediction-check"
+EXPERIMENTS = Path(__file__).parent / "experiments"
+CARD = 24 * 2**30
+
+
+def predicted_now(search: Search) -> tuple[int | None, float]:
+    from memlab.core import batchfind as bf
+    from memlab.core.config import apply_overrides, load_experiment, load_profile
+
+    experiment, profile = load_experiment(str(EXPERIMENTS / f"{search.experiment}.toml")), load_profile(search.profile)
+    apply_overrides(experiment, profile, ["allocator.expandable_segments=true"] if search.expandable else [])
+    t = time.monotonic()
+    return bf.predicted_max_batch(experiment, profile, CARD, replay=True), time.monotonic() - t
+
+
+def off(predicted: int | None, found: int) -> str:
+    return f"{predicted} ({(predicted - found) / found:+.1%})" if predicted else "—"
+
+
+def counts(pairs: list[tuple[int | None, int]], what: str) -> str:
+    known = [(p, f) for p, f in pairs if p]
+    above = sum(p > f for p, f in known)
+    within = sum(abs(p - f) / f <= 0.10 for p, f in known)
+    worst = min(((p - f) / f for p, f in known), default=0.0)
+    return f"{what}: {len(known)} searches, {above} predicted above the batch found, {within} within 10% (lowest {worst:+.1%})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--now", action="store_true", help="also predict with this tree (CPU, minutes)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    cases = [(d.name, s) for d in sorted(CHECKS.glob("heldout-*")) for s in searches_under(d)]
+    now = [(None, 0.0)] * len(cases)
+    if args.now:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            now = list(pool.map(predicted_now, [s for _, s in cases]))
+    lines = ["| set | experiment | profile | found | predicted that day | predicted now | time |",
+             "|:--|:--|:--|--:|--:|--:|--:|"]
+    for (name, s), (p, t) in zip(cases, now):
+        mode = " (expandable)" if s.expandable else ""
+        lines.append(f"| {name} | {s.experiment} | {s.profile}{mode} | {s.found} | {off(s.predicted, s.found)} | "
+                     f"{off(p, s.found)} | {f'{t:.0f} s' if p else ''} |")
+    newest = max(name for name, _ in cases)
+    lines += ["", counts([(s.predicted, s.found) for n, s in cases if n == newest], f"{newest}, predicted first (held out)"),
+              counts([(s.predicted, s.found) for _, s in cases], "every set, each predicted first by its day's code")]
+    if args.now:
+        lines.append(counts([(p, s.found) for (_, s), (p, _) in zip(cases, now)], "every set, predicted by this tree"))
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + f"\n\ncommand: python bench/max_batch_heldout.py{' --now' if args.now else ''}\n")
+
+
+if __name__ == "__main__":
+    main()
