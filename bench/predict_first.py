@@ -19,6 +19,7 @@ from memlab.core import batchfind as bf
 from memlab.core.allocation_trace import replayed_max_batch
 from memlab.core import estimate as est
 from memlab.core.config import apply_overrides, load_experiment, load_profile
+from memlab.core.errors import MemlabError
 
 GIB = 2**30
 
@@ -29,8 +30,11 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     vocab, _ = est.vocab_for(experiment)
     analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
-    replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
-                                  start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
+    try:
+        replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
+                                      start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
+    except MemlabError:  # a step the replay cannot trace (fused or float8 kernels): the analytic figure stands
+        replayed = None
     return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
 
 
