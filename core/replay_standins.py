@@ -78,6 +78,15 @@ def compiled_standin(profile: Profile) -> Profile:
     return p
 
 
+def float8_standin(profile: Profile) -> Profile:
+    """The compiled step float8's is replayed beside (allocation_trace.float8_reserved): the same profile with the
+    blocks' Linears left in bf16."""
+    p = compiled_standin(profile)
+    p = copy.deepcopy(p) if p is profile else p
+    p.kernels.float8 = False
+    return p
+
+
 def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
     """Put the stand-ins into a step built from split's profile (memlab.core.step.TrainStep)."""
     if standins.optimizer is not None:
