@@ -290,6 +290,12 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     return model.retries == 0
 
 
+# float8_reserved: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
+# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (batchfind.REPLAY_MARGIN) is for
+# what a replay misses in the reserve, and float8's tensors are not replayed.
+FLOAT8_TENSOR_MARGIN = 0.05
+
+
 def float8_reserved(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                     capped: bool = False) -> int:
     """What the allocator reserves for float8's compiled step, which cannot be traced (torchao's float8 tensors under
@@ -297,11 +303,14 @@ def float8_reserved(experiment: Experiment, profile: Profile, *, vocab_size: int
     (reserved less allocated) in the replay of the same step without float8 at the same batch. The waste follows
     the step's large transient blocks (logits and their gradients), which float8 leaves as they are. Set beside the
     H100 on the logits shape (bench/results/prediction-check/heldout-7/), where the analytic figure alone had
-    predicted 292 for find-batch's 217: 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76."""
+    predicted 292 for find-batch's 217: 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76.
+    The analytic tensors are counted FLOAT8_TENSOR_MARGIN high: on the fat shape they were 3.6% under the GPU's peak
+    (20.00 for 20.74 GiB at 103), and the max batch came out 109 for 103-104 (../float8-heldout/)."""
     from memlab.core import estimate as est
     from memlab.core.replay_standins import float8_standin
 
     tensors = est.estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
+    tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
     stock = replay(step_trace(experiment, float8_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                               capped=capped), expandable=profile.allocator.expandable_segments)
     return tensors + stock.peak_reserved - stock.peak_allocated

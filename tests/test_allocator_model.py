@@ -455,6 +455,30 @@ def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(m
     assert eager.peak_allocated > compiled.peak_allocated
 
 
+def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_without_float8(monkeypatch):
+    """float8's compiled step cannot be traced (torchao's tensors under Inductor), so a prediction had only the
+    analytic figure, which cannot see fragmentation (292 for find-batch's 217 on the logits shape): a replay fit now
+    counts its tensors, analytic and FLOAT8_TENSOR_MARGIN high, plus what the replay of the same compiled step
+    without float8 reserves beyond its tensors at that batch."""
+    from memlab.core import allocation_trace, compile_budget_model
+    from memlab.core import estimate as est
+    from memlab.core.allocator_model import replay
+    from memlab.core.config import load_experiment, load_profile
+
+    if torch_release() != "2.13.0":
+        pytest.skip("the table's events are torch 2.13's")
+    monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
+    experiment, float8 = load_experiment("tiny"), load_profile("float8")
+    stock = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
+    tensors = est.estimate(experiment, float8, vocab_size=512, micro_batch=8).total_bytes
+    expected = int(tensors * (1 + allocation_trace.FLOAT8_TENSOR_MARGIN)) + stock.peak_reserved - stock.peak_allocated
+    assert stock.peak_reserved > stock.peak_allocated
+    assert allocation_trace.float8_reserved(experiment, float8, vocab_size=512, micro_batch=8) == expected
+    fits = dict(vocab_size=512, micro_batch=8)
+    assert allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected)
+    assert not allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected - 1)
+
+
 def torch_release() -> str:
     import torch
 
