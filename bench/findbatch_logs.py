@@ -26,14 +26,14 @@ class Search:
 def searches_in(path: Path) -> list[Search]:
     """Every finished search in a log or a transcript of several (a search cut off or lost has no max line and is
     left out). A log's name says expandable segments (`-expandable`); a transcript's `$ ` command line does."""
-    out, current, expandable, predicted = [], None, "-expandable" in path.name, None
+    out, current, expandable = [], None, "-expandable" in path.name
     for line in path.read_text().splitlines():
         if EXPANDABLE.match(line):
             expandable = True
         elif line.startswith("$ "):
             expandable = "-expandable" in path.name
         if m := HEADER.match(line):
-            current, predicted = m.groups(), None
+            current = m.groups()
         elif (m := FOUND.match(line)) and current:
             out.append(Search(current[0], current[1], expandable, int(m.group(1)), None, path.name))
         elif (m := PREDICTED.match(line)) and out and out[-1].predicted is None:
