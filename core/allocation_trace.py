@@ -279,9 +279,8 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     (bench/results/estimate-heldout-h100/frontier/find-batch/); without, 39 and 42, and three of the sixteen H100
     searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
     expandable = profile.allocator.expandable_segments
-    if profile.kernels.float8 and profile.compile.enabled:
-        return float8_reserved(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch,
-                               capped=capped) <= budget_bytes
+    if float8_compiled(profile):
+        return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)[1] <= budget_bytes
     try:
         model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
                        budget_bytes, expandable=expandable)
@@ -290,22 +289,27 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     return model.retries == 0
 
 
-# float8_reserved: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
+# float8_peaks: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
 # held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (batchfind.REPLAY_MARGIN) is for
 # what a replay misses in the reserve, and float8's tensors are not replayed.
 FLOAT8_TENSOR_MARGIN = 0.05
 
 
-def float8_reserved(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-                    capped: bool = False) -> int:
-    """What the allocator reserves for float8's compiled step, which cannot be traced (torchao's float8 tensors under
+def float8_compiled(profile: Profile) -> bool:
+    """A step the fake trace cannot run, whose reserve float8_peaks puts together instead."""
+    return profile.kernels.float8 and profile.compile.enabled
+
+
+def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+                 capped: bool = False) -> tuple[int, int]:
+    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step, which cannot be traced (torchao's float8 tensors under
     Inductor): its tensors at their peak from the analytic estimate, plus the share of the reserve no tensor holds
     (reserved less allocated) in the replay of the same step without float8 at the same batch. The waste follows
     the step's large transient blocks (logits and their gradients), which float8 leaves as they are. Set beside the
     H100 on the logits shape (bench/results/prediction-check/heldout-7/), where the analytic figure alone had
     predicted 292 for find-batch's 217: 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76.
     The analytic tensors are counted FLOAT8_TENSOR_MARGIN high: on the fat shape they were 3.6% under the GPU's peak
-    (20.00 for 20.74 GiB at 103), and the max batch came out 109 for 103-104 (../float8-heldout/)."""
+    (20.00 for 20.74 GiB at 103), and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
     from memlab.core import estimate as est
     from memlab.core.replay_standins import float8_standin
 
@@ -313,7 +317,7 @@ def float8_reserved(experiment: Experiment, profile: Profile, *, vocab_size: int
     tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
     stock = replay(step_trace(experiment, float8_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                               capped=capped), expandable=profile.allocator.expandable_segments)
-    return tensors + stock.peak_reserved - stock.peak_allocated
+    return tensors, tensors + stock.peak_reserved - stock.peak_allocated
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,7 @@ class Replayed:
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
     margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
+    float8: bool = False  # float8's compiled step: its tensors analytic, the waste replayed without float8 (float8_peaks)
 
     @property
     def fragmentation(self) -> float:
@@ -347,15 +352,24 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
     try:
-        at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
-                    expandable=expandable)
+        allocated, reserved = _peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
         best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin,
                                   capped=capped)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, at.peak_allocated, at.peak_reserved, budget, best, expandable, profile.compile.enabled, margin)
+    return Replayed(micro_batch, allocated, reserved, budget, best, expandable, profile.compile.enabled, margin,
+                    float8_compiled(profile))
+
+
+def _peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
+    """(allocated, reserved) at the step's peak: replayed, or float8's put together (float8_peaks)."""
+    if float8_compiled(profile):
+        return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+    at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
+                expandable=profile.allocator.expandable_segments)
+    return at.peak_allocated, at.peak_reserved
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm: int = 0) -> int:

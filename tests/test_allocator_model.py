@@ -473,7 +473,7 @@ def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_with
     tensors = est.estimate(experiment, float8, vocab_size=512, micro_batch=8).total_bytes
     expected = int(tensors * (1 + allocation_trace.FLOAT8_TENSOR_MARGIN)) + stock.peak_reserved - stock.peak_allocated
     assert stock.peak_reserved > stock.peak_allocated
-    assert allocation_trace.float8_reserved(experiment, float8, vocab_size=512, micro_batch=8) == expected
+    assert allocation_trace.float8_peaks(experiment, float8, vocab_size=512, micro_batch=8)[1] == expected
     fits = dict(vocab_size=512, micro_batch=8)
     assert allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected)
     assert not allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected - 1)
