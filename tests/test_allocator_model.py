@@ -411,14 +411,16 @@ def test_a_compiled_step_replays_its_graphs_between_the_eager_parameters_tokens_
 
 
 def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line():
+    """float8's compiled step is not traced (the max batch puts its reserve together instead: float8_peaks, tested
+    above); kernels.fused replays as the stock compiled model (replay_standins.compiled_standin)."""
     from memlab.core import allocation_trace
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.errors import MemlabError
 
     profile = load_profile("compile")
-    profile.kernels.float8 = True  # (kernels.fused replays as the stock compiled model: replay_standins.compiled_standin)
+    profile.kernels.float8 = True
     with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with fused or float8 kernels$"):
-        allocation_trace.replay_for_card(load_experiment("tiny"), profile, vocab_size=512, micro_batch=2, memory_bytes=2**31)
+        allocation_trace.step_trace(load_experiment("tiny"), profile, vocab_size=512, micro_batch=2)
 
 
 def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_checks():
