@@ -33,7 +33,7 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     try:
         replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
                                       start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
-    except MemlabError:  # a step the replay cannot trace (fused or float8 kernels): the analytic figure stands
+    except MemlabError:  # a compiled step the replay cannot trace (a chunked or fused loss): the analytic figure stands
         replayed = None
     return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
 

@@ -27,9 +27,9 @@ from memlab.core import batchfind as bf
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 
 STUDY = Path(__file__).parent / "results" / "study-so-posts-h100"
+CHECKS = Path(__file__).parent / "results" / "prediction-check"
 GRAPHED = {"fastest": 398}  # found with cuda_graph.enabled (graph-step-h100/7-find-batch), which fastest now has
-RECHECKS = [Path(__file__).parent / "results" / "prediction-check" / "seed-recheck.txt",
-            *sorted((Path(__file__).parent / "results" / "prediction-check" / "seed-recheck").glob("*.log"))]
+RECHECKS = [CHECKS / "seed-recheck.txt", *sorted((CHECKS / "seed-recheck").glob("*.log"))]  # the seed shape searched again
 SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the study's data, as bench/allocator_replay.py
 
 

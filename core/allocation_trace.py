@@ -302,14 +302,15 @@ def float8_compiled(profile: Profile) -> bool:
 
 def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                  capped: bool = False) -> tuple[int, int]:
-    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step, which cannot be traced (torchao's float8 tensors under
-    Inductor): its tensors at their peak from the analytic estimate, plus the share of the reserve no tensor holds
-    (reserved less allocated) in the replay of the same step without float8 at the same batch. The waste follows
-    the step's large transient blocks (logits and their gradients), which float8 leaves as they are. Set beside the
-    H100 on the logits shape (bench/results/prediction-check/heldout-7/), where the analytic figure alone had
-    predicted 292 for find-batch's 217: 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76.
-    The analytic tensors are counted FLOAT8_TENSOR_MARGIN high: on the fat shape they were 3.6% under the GPU's peak
-    (20.00 for 20.74 GiB at 103), and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
+    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step, which
+    cannot be traced (torchao's float8 tensors under Inductor): its tensors at their peak from the analytic estimate,
+    counted FLOAT8_TENSOR_MARGIN high, plus the share of the reserve no tensor holds (reserved less allocated) in the
+    replay of the same step without float8 at the same batch. The waste follows the step's large transient blocks
+    (logits and their gradients), which float8 leaves as they are. Set beside the H100 on the logits shape
+    (bench/results/prediction-check/heldout-7/), where the analytic figure alone had predicted 292 for find-batch's
+    217, the sum without the margin gave 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76. The
+    margin came after the fat shape, where the analytic tensors were 3.6% under the GPU's peak (20.00 for 20.74 GiB
+    at 103) and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
     from memlab.core import estimate as est
     from memlab.core.replay_standins import float8_standin
 

@@ -81,8 +81,7 @@ def compiled_standin(profile: Profile) -> Profile:
 def float8_standin(profile: Profile) -> Profile:
     """The compiled step float8's is replayed beside (allocation_trace.float8_peaks): the same profile with the
     blocks' Linears left in bf16."""
-    p = compiled_standin(profile)
-    p = copy.deepcopy(p) if p is profile else p
+    p = copy.deepcopy(compiled_standin(profile))
     p.kernels.float8 = False
     return p
 
