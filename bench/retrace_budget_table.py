@@ -11,6 +11,7 @@ compile-events.json: what the estimator's child printed for a shape the tables l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import subprocess
@@ -26,7 +27,9 @@ TABLES = {"TRACED": ((), json.dumps), "EVENTS": (("--events",), repr)}
 
 
 def traced(key: str, flags: tuple[str, ...]) -> str:
-    shape = {k: v for k, v in json.loads(key).items() if k != "torch"}
+    from memlab.core.compile_budget_model import shape_of
+
+    shape = dataclasses.asdict(shape_of(key))
     done = subprocess.run([sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(shape)],
                           capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]

@@ -84,9 +84,12 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
     from memlab.core.compile_budget_model import step_events
     from memlab.core.estimate import compiled_graph_shape
+    from memlab.core.replay_standins import float8_standin
 
     graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
-    return _two_steps(experiment, profile, vocab_size, micro_batch, compiled=graphs, capped=capped)
+    # float8's casts and scaled matmuls are in the graphs; the eager step around them (which cannot build torchao's
+    # Float8Linear on fake tensors here) has the same parameters without it
+    return _two_steps(experiment, float8_standin(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
 
 
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
@@ -279,7 +282,7 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     (bench/results/estimate-heldout-h100/frontier/find-batch/); without, 39 and 42, and three of the sixteen H100
     searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
     expandable = profile.allocator.expandable_segments
-    if float8_compiled(profile):
+    if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)[1] <= budget_bytes
     try:
         model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
@@ -295,15 +298,18 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
 FLOAT8_TENSOR_MARGIN = 0.05
 
 
-def float8_compiled(profile: Profile) -> bool:
-    """A step the fake trace cannot run, whose reserve float8_peaks puts together instead."""
-    return profile.kernels.float8 and profile.compile.enabled
+def float8_untraced(profile: Profile) -> bool:
+    """float8's compiled step where torchao is not installed to trace it (estimate._untraceable): float8_peaks puts its
+    reserve together instead. With torchao here, compiled_trace traces it as any compiled step."""
+    from memlab.core.estimate import torchao_installed
+
+    return profile.kernels.float8 and profile.compile.enabled and not torchao_installed()
 
 
 def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                  capped: bool = False) -> tuple[int, int]:
-    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step, which
-    cannot be traced (torchao's float8 tensors under Inductor): its tensors at their peak from the analytic estimate,
+    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step where it
+    cannot be traced (no torchao installed here: float8_untraced): its tensors at their peak from the analytic estimate,
     counted FLOAT8_TENSOR_MARGIN high, plus the share of the reserve no tensor holds (reserved less allocated) in the
     replay of the same step without float8 at the same batch. The waste follows the step's large transient blocks
     (logits and their gradients), which float8 leaves as they are. Set beside the H100 on the logits shape
@@ -334,7 +340,7 @@ class Replayed:
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
     margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
-    float8: bool = False  # float8's compiled step: its tensors analytic, the waste replayed without float8 (float8_peaks)
+    float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
 
     @property
     def fragmentation(self) -> float:
@@ -361,12 +367,12 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return Replayed(micro_batch, allocated, reserved, budget, best, expandable, profile.compile.enabled, margin,
-                    float8_compiled(profile))
+                    float8_untraced(profile))
 
 
 def _peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
     """(allocated, reserved) at the step's peak: replayed, or float8's put together (float8_peaks)."""
-    if float8_compiled(profile):
+    if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
     at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
                 expandable=profile.allocator.expandable_segments)

@@ -29,6 +29,10 @@ is cuDNN attention's, what SDPA ran on the H100 (torch 2.11) for sdpa_backend = 
 nor "compute intensive"; with sdpa_backend = flash or efficient it is given the GPU kernel's place (compute
 intensive, costed in FLOPs).
 
+Under kernels.float8 the model is converted as memlab.core.techniques.float8 converts it, with torchao's own
+Float8Linear: its casts to float8, their scales and the scaled matmuls are in both graphs, and Inductor plans their
+buffers like any other (torchao must be installed where the trace runs; the key names its release).
+
 The same walk gives the allocator model its events (`step_events`, at any budget, 1 included: the default
 partition): each buffer's allocation and free in both graphs, the forward's saved buffers carried into the backward
 (AOTAutograd's order: the forward returns [loss, saved tensors..., saved symints...], the backward takes [saved
@@ -77,6 +81,7 @@ class GraphShape:
     budget: float
     batch: int
     attention: str = "cudnn"
+    float8: bool = False  # the blocks' Linears are torchao's Float8Linear (kernels.float8; torchao must be installed)
 
 
 @dataclass(frozen=True)
@@ -144,11 +149,24 @@ def _remembered(shape: GraphShape) -> BudgetTrace:
     return trace
 
 
+def shape_of(key: str) -> GraphShape:
+    """The GraphShape a key of the cache or of compile_budget_traces names (_key, less the releases that traced it)."""
+    return GraphShape(**{k: v for k, v in json.loads(key).items() if k not in ("torch", "torchao")})
+
+
 def _key(shape: GraphShape) -> str:
-    """The shape, and the torch release that traced it (its partitioner and Inductor decide the figures)."""
+    """The shape, and the torch release that traced it (its partitioner and Inductor decide the figures); under float8
+    torchao's too (its casts are in the graphs). A shape without float8 keeps the key it had before the field."""
     import torch
 
-    return json.dumps(asdict(shape) | {"torch": torch.__version__.split("+")[0]}, sort_keys=True)
+    fields = asdict(shape) | {"torch": torch.__version__.split("+")[0]}
+    if shape.float8:
+        import torchao
+
+        fields["torchao"] = torchao.__version__
+    else:
+        del fields["float8"]
+    return json.dumps(fields, sort_keys=True)
 
 
 def _traced_in_child(shape: GraphShape) -> BudgetTrace:
@@ -171,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
     With `--events` first: its StepEvents instead (the allocator replay's child)."""
     args = argv or sys.argv[1:]
-    shape = GraphShape(**json.loads(args[-1]))
+    shape = shape_of(args[-1])
     print(json.dumps((_step_events_traced(shape) if args[0] == "--events" else _traced(shape)).to_json()))
 
 
@@ -391,6 +409,12 @@ def _gpt(shape: GraphShape) -> Any:
         model = GPT(cfg, _attention_kernel)
     model = model.to_empty(device="cpu")
     model.lm_head.weight = model.wte.weight  # tied again: one V x C matrix, as the engine's model
+    if shape.float8:  # as memlab.core.techniques.float8 converts it: torchao's casts and scaled matmuls in the graphs
+        from torchao.float8 import convert_to_float8_training
+
+        from memlab.core.techniques.float8 import converts
+
+        convert_to_float8_training(model, module_filter_fn=converts)
     return model
 
 

@@ -459,14 +459,16 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 def _untraceable(st: _Step) -> str | None:
     """Why memlab.core.compile_budget_model cannot trace this step compiled under checkpointing.budget (its model is
-    memlab's plain GPT on one CUDA GPU: SDPA attention, bf16 autocast, full logits), or None when it can."""
+    memlab's plain GPT on one CUDA GPU: SDPA attention, bf16 autocast, full logits; float8's Linears where torchao is
+    installed here), or None when it can."""
     p = st.profile
     reasons = [
         (st.device != "cuda", f"the {st.device} backend"),
         (p.precision.dtype != "bf16", f"precision {p.precision.dtype}"),
         (p.attention.kernel != "sdpa" or p.attention.sdpa_backend == "math" or bool(st.mask), f"attention {p.attention.kernel}:{p.attention.sdpa_backend}" + (" with a mask" if st.mask else "")),
         (p.loss.chunked or p.loss.fused != "none", "a chunked or fused loss"),
-        (p.kernels.fused or p.kernels.float8, "fused or float8 kernels"),
+        (p.kernels.fused, "fused kernels"),
+        (p.kernels.float8 and not torchao_installed(), "float8 kernels and no torchao installed here"),
         (st.offload or st.ddp or st.fsdp or p.optimizer.in_backward, "offload, distributed or optimizer.in_backward"),
     ]
     return next((why for hit, why in reasons if hit), None)
@@ -480,7 +482,15 @@ def _graph_shape(st: _Step, experiment: Experiment):
     s, p = st.s, st.profile
     attention = "flash" if p.attention.sdpa_backend in ("flash", "efficient") else "cudnn"
     configured = max(2, experiment.train.batch_size // (st.k * st.world_size))
-    return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention)
+    return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention,
+                      p.kernels.float8)
+
+
+def torchao_installed() -> bool:
+    """float8's graphs are traced with torchao's own Float8Linear: without it here, its step cannot be."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
 
 
 def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int):

@@ -79,8 +79,9 @@ def compiled_standin(profile: Profile) -> Profile:
 
 
 def float8_standin(profile: Profile) -> Profile:
-    """The compiled step float8's is replayed beside (allocation_trace.float8_peaks): the same profile with the
-    blocks' Linears left in bf16."""
+    """The same profile with the blocks' Linears left in bf16: the eager step a compiled float8 step's graphs are
+    replayed in (its parameters are the same; allocation_trace.compiled_trace), and the step whose waste
+    allocation_trace.float8_peaks borrows where torchao is not installed to trace float8's own."""
     p = copy.deepcopy(compiled_standin(profile))
     p.kernels.float8 = False
     return p

@@ -410,17 +410,22 @@ def test_a_compiled_step_replays_its_graphs_between_the_eager_parameters_tokens_
     assert not any(ev[0] == "alloc" and ev[3] == "aten.clone.default" for ev in events)  # .grad is the graph's buffer
 
 
-def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line():
-    """float8's compiled step is not traced (the max batch puts its reserve together instead: float8_peaks, tested
-    above); kernels.fused replays as the stock compiled model (replay_standins.compiled_standin)."""
+def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line(monkeypatch):
+    """A chunked loss under compile is not traced; nor float8's step where torchao is not installed (the max batch
+    puts its reserve together instead: float8_peaks, tested below). kernels.fused replays as the stock compiled model
+    (replay_standins.compiled_standin)."""
     from memlab.core import allocation_trace
+    from memlab.core import estimate as est
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.errors import MemlabError
 
-    profile = load_profile("compile")
-    profile.kernels.float8 = True
-    with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with fused or float8 kernels$"):
-        allocation_trace.step_trace(load_experiment("tiny"), profile, vocab_size=512, micro_batch=2)
+    chunked = load_profile("compile")
+    chunked.loss.chunked = True
+    with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with a chunked or fused loss$"):
+        allocation_trace.step_trace(load_experiment("tiny"), chunked, vocab_size=512, micro_batch=2)
+    monkeypatch.setattr(est, "torchao_installed", lambda: False)
+    with pytest.raises(MemlabError, match=r"^the compiled step cannot be traced with float8 kernels and no torchao installed here$"):
+        allocation_trace.step_trace(load_experiment("tiny"), load_profile("float8"), vocab_size=512, micro_batch=2)
 
 
 def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_checks():
@@ -458,10 +463,10 @@ def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(m
 
 
 def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_without_float8(monkeypatch):
-    """float8's compiled step cannot be traced (torchao's tensors under Inductor), so a prediction had only the
-    analytic figure, which cannot see fragmentation (292 for find-batch's 217 on the logits shape): a replay fit now
-    counts its tensors, analytic and FLOAT8_TENSOR_MARGIN high, plus what the replay of the same compiled step
-    without float8 reserves beyond its tensors at that batch."""
+    """Where torchao is not installed, float8's compiled step cannot be traced, and the analytic figure alone cannot
+    see fragmentation (292 for find-batch's 217 on the logits shape): a replay fit then counts its tensors, analytic
+    and FLOAT8_TENSOR_MARGIN high, plus what the replay of the same compiled step without float8 reserves beyond its
+    tensors at that batch."""
     from memlab.core import allocation_trace, compile_budget_model
     from memlab.core import estimate as est
     from memlab.core.allocator_model import replay
@@ -470,6 +475,7 @@ def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_with
     if torch_release() != "2.13.0":
         pytest.skip("the table's events are torch 2.13's")
     monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
+    monkeypatch.setattr(est, "torchao_installed", lambda: False)
     experiment, float8 = load_experiment("tiny"), load_profile("float8")
     stock = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
     tensors = est.estimate(experiment, float8, vocab_size=512, micro_batch=8).total_bytes
@@ -658,3 +664,45 @@ def test_best_fit_breaks_a_tie_toward_the_newer_large_segment_and_the_older_smal
     a.malloc("large", 60 * MIB)
     a.malloc("small", 4096)
     assert (a._live["large"].segment, a._live["small"].segment) == (2, 3)
+
+
+def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
+    """With torchao installed, float8's compiled step is traced as any compiled step, torchao's Float8Linear in the
+    graphs (its casts, scales and scaled matmuls among Inductor's buffers): the tiny experiment's events come from
+    compile_budget_traces.EVENTS under a key naming torchao's release, the analytic estimate is not asked, and the
+    step holds its own figure, not the stock compiled step's."""
+    pytest.importorskip("torchao.float8", reason="torchao not installed (the memlab[torchao] extra)")
+    from memlab.core import allocation_trace, compile_budget_model
+    from memlab.core import estimate as est
+    from memlab.core.allocator_model import replay
+    from memlab.core.compile_budget_traces import EVENTS
+    from memlab.core.config import load_experiment, load_profile
+
+    if torch_release() != "2.13.0":
+        pytest.skip("the table's events are torch 2.13's")
+    monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
+    compile_budget_model._remembered_events.cache_clear()
+    experiment = load_experiment("tiny")
+    shape = est.compiled_graph_shape(experiment, load_profile("float8"), 512)
+    assert shape.float8 and '"torchao": "0.18.0"' in compile_budget_model._key(shape) and compile_budget_model._key(shape) in EVENTS
+    monkeypatch.setattr(est, "estimate", lambda *a, **k: pytest.fail("the analytic estimate was asked"))
+    float8 = replay(allocation_trace.step_trace(experiment, load_profile("float8"), vocab_size=512, micro_batch=8))
+    stock = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
+    assert not allocation_trace.float8_untraced(load_profile("float8"))
+    assert (float8.peak_allocated, float8.peak_reserved) == (71316992, 73400320)  # what the trace gave, 2026-11-26
+    assert float8.peak_allocated != stock.peak_allocated
+
+
+def test_float8s_traced_model_has_torchaos_linears_in_the_blocks_only():
+    """What compile_budget_model traces under float8 is converted as memlab.core.techniques.float8 converts the
+    engine's model: every block Linear a Float8Linear, the tied LM head left as it is."""
+    pytest.importorskip("torchao.float8", reason="torchao not installed (the memlab[torchao] extra)")
+    import torch
+    from torchao.float8.float8_linear import Float8Linear
+
+    from memlab.core import compile_budget_model as M
+
+    model = M._gpt(M.GraphShape(2, 2, 64, 256, 512, 64, 0.0, 1.0, 8, float8=True))
+    converted = {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert len(converted) == 2 * 4 and all(name.startswith("blocks.") for name in converted)
+    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.wte.weight

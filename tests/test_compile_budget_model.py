@@ -71,7 +71,7 @@ def test_a_traceable_step_has_a_traced_forward_and_backward():
 def test_every_seed_entry_names_a_shape_and_the_torch_that_traced_it():
     for key, trace in TRACED.items():
         fields = json.loads(key)
-        shape = M.GraphShape(**{k: v for k, v in fields.items() if k != "torch"})
+        shape = M.shape_of(key)
         assert M._key(shape).replace(torch.__version__.split("+")[0], fields["torch"]) == key
         peaks = M.BudgetTrace.from_json(trace).at(shape.batch)
         assert 0 <= peaks.saved <= peaks.forward and peaks.backward_grads <= peaks.backward
@@ -82,7 +82,7 @@ def test_the_first_seed_entry_traces_again_to_the_byte():
     """The whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the replay) in a
     child process, on the smallest shape traced ahead: about 10 s on one core."""
     key = next(iter(TRACED))
-    shape = M.GraphShape(**{k: v for k, v in json.loads(key).items() if k != "torch"})
+    shape = M.shape_of(key)
     traced = M._traced_in_child(shape)
     if json.loads(key)["torch"] != torch.__version__.split("+")[0]:
         pytest.skip(f"the table was traced under torch {json.loads(key)['torch']}, this is {torch.__version__}")
