@@ -160,3 +160,11 @@ def test_the_backward_takes_the_saved_values_in_aot_autograds_order():
 
 def test_a_returned_view_is_the_buffer_it_views():
     assert M._returned_names("return (buf3, reinterpret_tensor(buf7, (s0, 64), (64, 1), 0), None, s0, )") == ["buf3", "buf7", None, "s0"]
+
+
+def test_the_traces_cpu_autocast_is_what_code_asking_about_cuda_sees():
+    """torchao's Float8Linear casts its input only where torch.is_autocast_enabled() (CUDA's) holds, to
+    torch.get_autocast_gpu_dtype(): inside the trace it must see the CPU autocast the trace runs under, as on a GPU."""
+    with M._autocast_as_on_cuda(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype() == torch.bfloat16
+    assert not torch.is_autocast_enabled()
