@@ -1,5 +1,5 @@
 """Issue 17, max batch on the held-out shapes: every committed find-batch search of bench/results/prediction-check/
-heldout-*/ (a 24 GiB card on an H100), the batch it found beside the prediction it printed that day (the code of
+heldout-*/ and float8-traced/ (a 24 GiB card on an H100), the batch it found beside the prediction it printed that day (the code of
 that set, committed before its searches: each set's predicted.md) and, with --now, the prediction of this tree
 (batchfind.predicted_max_batch with the allocator replay, as find-batch computes it on a GPU; here on fake tensors,
 the H100's 1,247 MiB outside the allocator assumed). Only the newest set is held out from the code it checks: each
@@ -50,7 +50,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    cases = [(d.name, s) for d in sorted(CHECKS.glob("heldout-*")) for s in searches_under(d)]
+    sets = [*sorted(CHECKS.glob("heldout-*"), key=lambda d: int(d.name.split("-")[1])), CHECKS / "float8-traced"]
+    cases = [(d.name, s) for d in sets for s in searches_under(d)]
     now = [(None, 0.0)] * len(cases)
     if args.now:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -61,7 +62,7 @@ def main() -> None:
         mode = " (expandable)" if s.expandable else ""
         lines.append(f"| {name} | {s.experiment} | {s.profile}{mode} | {s.found} | {off(s.predicted, s.found)} | "
                      f"{off(p, s.found)} | {f'{t:.0f} s' if p else ''} |")
-    newest = max(name for name, _ in cases)
+    newest = cases[-1][0]
     lines += ["", counts([(s.predicted, s.found) for n, s in cases if n == newest], f"{newest}, predicted first (held out)"),
               counts([(s.predicted, s.found) for _, s in cases], "every set, each predicted first by its day's code")]
     if args.now:

@@ -9,7 +9,7 @@ Runs on a CPU (fake tensors); prints a Markdown table and counts.
 The seeds' shape is not held out from the replay: its traces were compared with these runs while the replay and
 its stand-ins were written (bench/allocator_replay.py says which). `fastest` was found at 400 there without its
 CUDA graph and at 398 with it (results/graph-step-h100/7-find-batch); the graphed figure is used. Where a profile
-was searched again on that shape later (prediction-check/seed-recheck.txt and seed-recheck/: today's find-batch,
+was searched again on that shape later (prediction-check/seed-recheck.txt, seed-recheck/ and float8-traced/: today's find-batch,
 whose allocator budget leaves out the driver's reserve and which does not count a probe that needed allocator
 retries), that search's figure is used and the study's is shown beside it.
 """
@@ -29,7 +29,8 @@ from memlab.core.config import apply_overrides, load_experiment, load_profile
 STUDY = Path(__file__).parent / "results" / "study-so-posts-h100"
 CHECKS = Path(__file__).parent / "results" / "prediction-check"
 GRAPHED = {"fastest": 398}  # found with cuda_graph.enabled (graph-step-h100/7-find-batch), which fastest now has
-RECHECKS = [CHECKS / "seed-recheck.txt", *sorted((CHECKS / "seed-recheck").glob("*.log"))]  # the seed shape searched again
+RECHECKS = [CHECKS / "seed-recheck.txt", *sorted((CHECKS / "seed-recheck").glob("*.log")),  # the seed shape searched again
+            CHECKS / "float8-traced" / "find-batch-seed_shape-float8.log"]
 SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the study's data, as bench/allocator_replay.py
 
 
