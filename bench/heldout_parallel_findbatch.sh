@@ -15,8 +15,8 @@ for experiment in $(printf '%s\n' "$@" | cut -d: -f1 | sort -u); do
   memlab data prepare --experiment "$experiment" 2>&1 | tail -2 || echo "data prepare failed: $experiment"
 done
 search() {  # EXPERIMENT:PROFILE[:KEY=VALUE][@START-MAX]
-  local case=${1%@*} range=() experiment rest set=() name
-  [[ $1 == *@* ]] && range=(--start "${1##*@}" --max "${1##*-}") && range[1]=${range[1]%-*}
+  local case=${1%@*} span=${1##*@} range=() experiment rest set=() name
+  [[ $1 == *@* ]] && range=(--start "${span%-*}" --max "${span#*-}")
   experiment=${case%%:*} rest=${case#*:}
   local profile=${rest%%:*}
   [[ $rest == *:* ]] && set=(--set "${rest#*:}")

@@ -359,7 +359,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
     try:
-        allocated, reserved = _peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+        allocated, reserved = step_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
         best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin,
                                   capped=capped)
     except MemlabError:
@@ -370,7 +370,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
                     float8_untraced(profile))
 
 
-def _peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
+def step_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
     """(allocated, reserved) at the step's peak: replayed, or float8's put together (float8_peaks)."""
     if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)

@@ -733,8 +733,8 @@ def cuda_here() -> bool:
 def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool) -> int | None:
     """The allocator replay's max micro-batch, None where the step cannot be replayed (a compiled step
     compile_budget_model cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the
-    stock compiled step, float8 through allocation_trace.float8_peaks, offload and the CUDA-only libraries through
-    memlab.core.replay_standins)."""
+    stock compiled step, float8 as traced with torchao (allocation_trace.float8_peaks where torchao is not installed),
+    offload and the CUDA-only libraries through memlab.core.replay_standins)."""
     from memlab.core.allocation_trace import replayed_max_batch
 
     try:

@@ -389,9 +389,10 @@ def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
 @contextlib.contextmanager
 def _autocast_as_on_cuda():
     """The CPU autocast this trace runs under, as code that asks about CUDA's sees it. torchao's Float8Linear casts its
-    input to `torch.get_autocast_gpu_dtype()` where `torch.is_autocast_enabled()` (CUDA's) holds; without this it saw
-    no autocast, kept the fp32 LayerNorm outputs uncast, and the long shape's trace (seq 8192) reserved 21.5 GiB at
-    micro-batch 30 where the H100 reserved 17.6 (bench/results/prediction-check/float8-traced/)."""
+    input to `torch.get_autocast_gpu_dtype()` where `torch.is_autocast_enabled()` (CUDA's) holds, as it does on the
+    GPU; without this it saw no autocast and cast the fp32 LayerNorm outputs to float8 directly (two bf16 casts a
+    block fewer than the GPU's graph). It did not close the seq-8192 shape's gap, which is the torch release's
+    (bench/results/prediction-check/float8-traced/NOTE.md)."""
     import torch
 
     asked = torch.is_autocast_enabled
