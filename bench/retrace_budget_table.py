@@ -4,8 +4,9 @@ a change to memlab.core.compile_budget_model: each entry must stay exactly what 
 
     python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached]
 
---add-cached first adds the traces of this torch release found in memlab's cache folder (compile-budget.json and
-compile-events.json: what the estimator's child printed for a shape the tables lacked, e.g. a new held-out run).
+--add-cached first adds the traces of this torch release found in memlab's cache folder (compile-budget-*.json and
+compile-events-*.json of this code, tracer_fingerprint: what the estimator's child printed for a shape the tables
+lacked, e.g. a new held-out run).
 """
 
 from __future__ import annotations

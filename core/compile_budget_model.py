@@ -41,19 +41,22 @@ returns, which live on as .grad (memlab.core.allocation_trace.compiled_trace put
 
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
 device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
-budget and torch release, and compile_budget_traces.py holds those of the shapes this repository's checks use (the
-peaks only: the events are traced by a child of their own, `--events`, and kept in compile-events.json).
+budget, torch release and version of memlab.core's code (tracer_fingerprint), and compile_budget_traces.py holds
+those of the shapes this repository's checks use (the events are traced by a child of their own, `--events`, and
+kept in compile-events-*.json).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
@@ -310,13 +313,27 @@ def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[s
 # ---------------------------------------------------------------------------------------------- the cache folder
 
 
-_BUDGET_CACHE, _EVENTS_CACHE = "compile-budget.json", "compile-events.json"
+_BUDGET_CACHE, _EVENTS_CACHE = "compile-budget", "compile-events"
 
 
 def _cache_file(name: str = _BUDGET_CACHE):
+    """One file per table and per version of the code that traced it (tracer_fingerprint): a folder kept across an
+    upgrade, or across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
     from memlab.core.data.cache import cache_root
 
-    return cache_root() / name
+    return cache_root() / f"{name}-{tracer_fingerprint()}.json"
+
+
+@functools.lru_cache(maxsize=4)
+def tracer_fingerprint(root: Path = Path(__file__).resolve().parent) -> str:
+    """The source of memlab.core (`root`), hashed: the tracer, the model it builds and the techniques that change it all
+    live there. compile_budget_traces.py is left out: it is the tracer's output (its keys name their torch release, and
+    bench/retrace_budget_table.py rewrites it after a change)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "compile_budget_traces.py":
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:

@@ -7,6 +7,7 @@ the replay of Inductor's wrapper code, the table of traces made ahead, and what 
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -75,6 +76,25 @@ def test_every_seed_entry_names_a_shape_and_the_torch_that_traced_it():
         assert M._key(shape).replace(torch.__version__.split("+")[0], fields["torch"]) == key
         peaks = M.BudgetTrace.from_json(trace).at(shape.batch)
         assert 0 <= peaks.saved <= peaks.forward and peaks.backward_grads <= peaks.backward
+
+
+def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monkeypatch):
+    """A trace kept by another version of memlab.core (an upgrade, an edit to the tracer) is not read: the folder's
+    file is named by the source's fingerprint, which the tables made ahead do not change."""
+    core = tmp_path / "core"
+    shutil.copytree(M.Path(M.__file__).parent, core, ignore=shutil.ignore_patterns("__pycache__"))
+    before = M.tracer_fingerprint(core)
+    (core / "compile_budget_traces.py").write_text((core / "compile_budget_traces.py").read_text() + "\n# retraced\n")
+    assert M.tracer_fingerprint.__wrapped__(core) == before
+    (core / "compile_budget_model.py").write_text((core / "compile_budget_model.py").read_text() + "\n# edited\n")
+    assert M.tracer_fingerprint.__wrapped__(core) != before
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    key, trace = next(iter(TRACED.items()))
+    M._write_cache(key, M.BudgetTrace.from_json(trace))
+    assert M._read_cache() == {key: trace} and M._cache_file().name == f"compile-budget-{M.tracer_fingerprint()}.json"
+    monkeypatch.setattr(M, "tracer_fingerprint", lambda: "another-code")
+    assert M._read_cache() == {}
 
 
 @pytest.mark.slow
