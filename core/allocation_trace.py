@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 from memlab.core.allocator_model import CAPTURE, OutOfMemory, replay
 from memlab.core.config import Experiment, Profile
+from memlab.core.trace_lines import Sized, StepTraces
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
 
@@ -248,19 +249,36 @@ CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must f
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
                        start: int = 16, limit: int = 1 << 20, margin: float = 0.0, capped: bool = False) -> int:
     """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
-    and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds.
+    and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds,
+    so the traces come off lines through three (trace_lines.StepTraces) where the step's sizes are affine in the
+    micro-batch, and the batches that decided the answer are traced for real (a second search on real traces if
+    the lines were wrong there).
     With `margin`, that answer then steps down to the largest batch whose trace also fits under the budget less that
     share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
     already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
     lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes)."""
-    def fits(b: int, budget: int = budget_bytes) -> bool:
-        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget, capped=capped)
+    start = max(1, start)
+    # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
+    traces = StepTraces(lambda b: step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped))
 
-    best = largest_fitting(fits, max(1, start), limit, confirm=CONFIRM_BELOW)
-    if not margin or not best:
-        return best
-    tight = int(budget_bytes * (1 - margin))
-    return stepped_down(lambda b: fits(b, tight), best, max(1, int(best * (1 - 3 * margin))))  # bisects from 3 margins below
+    def fits(b: int, budget: int = budget_bytes) -> bool:
+        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget, capped=capped,
+                             traces=traces)
+
+    def searched() -> tuple[int, int]:
+        best = largest_fitting(fits, start, limit, confirm=CONFIRM_BELOW)
+        if not margin or not best:
+            return best, best
+        tight = int(budget_bytes * (1 - margin))
+        return best, stepped_down(lambda b: fits(b, tight), best, max(1, int(best * (1 - 3 * margin))))  # from 3 margins below
+
+    # The batches that decided the answer, traced for real: where the lines were wrong there, search again (lines
+    # through larger batches, then, after a second failure, real traces only).
+    for _ in range(3):
+        best, answer = searched()
+        if traces.lines_hold(sorted({max(1, b) for b in (best, best + 1, answer, answer + 1) if b <= limit})):
+            break
+    return answer
 
 
 def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
@@ -274,19 +292,21 @@ def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int,
-                  capped: bool = False) -> bool:
+                  capped: bool = False, traces: StepTraces | None = None) -> bool:
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
     allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
     find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
     replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41
     (bench/results/estimate-heldout-h100/frontier/find-batch/); without, 39 and 42, and three of the sixteen H100
-    searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961)."""
+    searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
+    `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace."""
     expandable = profile.allocator.expandable_segments
     if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)[1] <= budget_bytes
     try:
-        model = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
-                       budget_bytes, expandable=expandable)
+        trace = traces.at(micro_batch) if traces is not None else step_trace(
+            experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+        model = replay(trace, budget_bytes, expandable=expandable)
     except OutOfMemory:
         return False
     return model.retries == 0
@@ -341,6 +361,7 @@ class Replayed:
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
     margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
     float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
+    traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
 
     @property
     def fragmentation(self) -> float:
@@ -367,7 +388,20 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return Replayed(micro_batch, allocated, reserved, budget, best, expandable, profile.compile.enabled, margin,
-                    float8_untraced(profile))
+                    float8_untraced(profile), traced_by(profile))
+
+
+def traced_by(profile: Profile) -> str:
+    """The releases whose code decided the trace: torch's (its fake kernels, and a compiled step's partitioner and
+    Inductor buffer plan), and torchao's where its Float8Linear is in the graphs."""
+    import torch
+
+    releases = f"torch {torch.__version__}"
+    if profile.compile.enabled and profile.kernels.float8 and not float8_untraced(profile):
+        import torchao
+
+        releases += f", torchao {torchao.__version__}"
+    return releases
 
 
 def step_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
@@ -582,20 +616,34 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     n = indices.numel()
     if n <= SORTLESS_INDICES and not scaled:
         return None
-    segments = min(n, vocabulary)
-    partial = n // ROWS_PER_THREAD + segments
     wide = 8 if grad.dtype == torch.float64 else 4  # the partial sums accumulate in fp32 (fp64 for fp64)
+    segments = Sized(_segment_bytes, (vocabulary,), (n,))
     before = [(n * 8, True), (n * 8, True), (n * 8, False)]
-    after = [(n * 8, True), (8, True), (n * 8, False), (segments * 8, True), (segments * 8, True), (8, True),
-             (partial * 8, True), (partial * grad.shape[-1] * wide, True)]
+    after = [(n * 8, True), (8, True), (n * 8, False), (segments, True), (segments, True), (8, True),
+             (Sized(_partial_bytes, (vocabulary, 8), (n,)), True),
+             (Sized(_partial_bytes, (vocabulary, grad.shape[-1] * wide), (n,)), True)]
     return before, after
+
+
+def _segment_bytes(vocabulary: int, indices: int) -> int:
+    """The embedding backward's per-segment blocks: 8 bytes for each distinct token there can be."""
+    return min(indices, vocabulary) * 8
+
+
+def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
+    """The embedding backward's partial segments (indices / 10 + one per distinct token), `row_bytes` each."""
+    return (indices // ROWS_PER_THREAD + min(indices, vocabulary)) * row_bytes
+
+
+def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
+    from memlab.core.cuda_temporaries import sum_staging_bytes
+
+    return sum_staging_bytes(shape, list(dims), double, sms)
 
 
 def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int, str] | None:
     """(bytes, what) of the block a CUDA kernel for `func` allocates and frees before it returns, which its fake
     kernel does not make; None for an op without one."""
-    from memlab.core.cuda_temporaries import sum_staging_bytes
-
     if func is torch.ops.aten._softmax_backward_data.default:
         # SoftMax.cu, softmax_backward_cuda_out: tmp = grad * output, a tensor of its own after grad_input
         grad = args[0]
@@ -603,7 +651,7 @@ def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int
     if func is torch.ops.aten.sum.dim_IntList and args[0].is_contiguous():
         # a sum split across thread blocks stages partial sums (Reduce.cuh; a Linear's bias gradient over every token)
         t = args[0]
-        nbytes = sum_staging_bytes(tuple(t.shape), list(args[1] or []), t.dtype == torch.float64, sms)
+        nbytes = Sized(_sum_staging_bytes, (tuple(args[1] or ()), t.dtype == torch.float64, sms), tuple(t.shape))
         return (nbytes, "reduction staging buffer (CUDA)") if nbytes else None
     return None
 

@@ -233,7 +233,7 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
 
     budget = 1000
     tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
-    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped:
+    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped, traces:
                         micro_batch <= 30 if budget_bytes == budget else micro_batch in tight_fits)
     args = dict(vocab_size=8, budget_bytes=budget, start=16)
     assert allocation_trace.replayed_max_batch(None, None, **args) == 30
@@ -286,6 +286,8 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
     """A 12 MiB tensor kept, then 8 MiB per sample, under a 400 MiB budget. Default: a 12 MiB segment, then a 20 MiB
     one (32 MiB at micro-batch 1), and 12 + 8 x 48 MiB fits. Expandable: one 20 MiB page holds both at micro-batch 1,
     but the cap check adds the request's whole allocation size to the 20 MiB mapped, so 20 + 8 x 47 MiB is the most."""
+    import torch
+
     from memlab.cli.batch import _print_replayed
     from memlab.core import allocation_trace
     from memlab.core.config import load_experiment, load_profile
@@ -301,9 +303,10 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
                                          memory_bytes=CUDA_CONTEXT_BYTES + 400 * MIB)
     assert (r.reserved_bytes, r.allocated_bytes, r.max_batch, r.expandable_segments) == (reserved, 20 * MIB, max_batch, expandable)
     _print_replayed(r, "", "a card")
-    line = capsys.readouterr().out.splitlines()[0]
+    line, releases = capsys.readouterr().out.splitlines()[:2]
     assert ("expandable_segments:True" if expandable else "default settings") in line
     assert f"max micro-batch {max_batch} without an allocator retry in " in line
+    assert releases == f"  traced here by torch {torch.__version__}; find-batch on a GPU traces again with that machine's releases"
 
 
 def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
@@ -672,6 +675,8 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     compile_budget_traces.EVENTS under a key naming torchao's release, the analytic estimate is not asked, and the
     step holds its own figure, not the stock compiled step's."""
     pytest.importorskip("torchao.float8", reason="torchao not installed (the memlab[torchao] extra)")
+    import torch
+
     from memlab.core import allocation_trace, compile_budget_model
     from memlab.core import estimate as est
     from memlab.core.allocator_model import replay
@@ -689,6 +694,8 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     float8 = replay(allocation_trace.step_trace(experiment, load_profile("float8"), vocab_size=512, micro_batch=8))
     stock = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
     assert not allocation_trace.float8_untraced(load_profile("float8"))
+    assert allocation_trace.traced_by(load_profile("float8")) == f"torch {torch.__version__}, torchao 0.18.0"
+    assert allocation_trace.traced_by(load_profile("compile")) == f"torch {torch.__version__}"
     assert (float8.peak_allocated, float8.peak_reserved) == (71316480, 73400320)  # what the trace gave, 2026-11-26
     assert float8.peak_allocated != stock.peak_allocated
 

@@ -149,6 +149,8 @@ def _print_replayed(r, no_replay: str, where: str) -> None:
     typer.echo(f"allocator replay (CUDA's caching allocator, {mode}, over this step's trace): {gib(r.reserved_bytes)} reserved at "
                f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {r.max_batch} without an allocator retry in "
                f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
+    typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
+               + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
     typer.echo(f"  {REPLAY_CHECKED['float8' if r.float8 else 'compiled' if r.compiled else r.expandable_segments]}")
 
 
