@@ -9,11 +9,14 @@ where find-batch predicts (on the GPU: its torch, its device's fake kernels and 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 EXPERIMENTS = Path(__file__).parent / "experiments"
+sys.path.insert(0, str(Path(__file__).parent))  # spawned children import this file as a module
 CARD = 24 * 2**30
 CASES = [f"{e}:{p}" for e in ("heldout_deep", "heldout_wide", "heldout_long", "heldout_logits")
          for p in ("bf16", "gradcp_bf16", "compile", "act_offload")] + \
@@ -21,7 +24,7 @@ CASES = [f"{e}:{p}" for e in ("heldout_deep", "heldout_wide", "heldout_long", "h
          "heldout_logits:float8"]
 
 
-def searched(case: str, lines: bool) -> tuple[int | None, int, float]:
+def searched(case: str, lines: bool) -> tuple[int | str, int, float]:
     """(answer, traces, seconds) of one search, `lines` on or off."""
     from memlab.core import allocation_trace, batchfind, trace_lines
     from memlab.core import estimate as est
@@ -39,14 +42,20 @@ def searched(case: str, lines: bool) -> tuple[int | None, int, float]:
     if not lines:
         trace_lines.StepTraces.fit = lambda self, batches: False
     t = time.monotonic()
-    answer = batchfind._replayed_max_batch(experiment, profile, vocab, CARD - batchfind.context_bytes_here(), near, True)
+    try:  # as batchfind._replayed_max_batch asks, without its silence on a failure
+        answer = allocation_trace.replayed_max_batch(experiment, profile, vocab_size=vocab, start=max(1, near // 2),
+                                                     budget_bytes=CARD - batchfind.context_bytes_here(),
+                                                     margin=batchfind.REPLAY_MARGIN, capped=True)
+    except Exception as e:  # noqa: BLE001
+        answer = f"{e.__class__.__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     return answer, len(traced), time.monotonic() - t
 
 
 def both(case: str) -> str:
-    with ProcessPoolExecutor(1) as one:  # each in a fresh process: the other's patches and caches stay there
+    spawn = multiprocessing.get_context("spawn")  # CUDA in the children: no fork
+    with ProcessPoolExecutor(1, mp_context=spawn) as one:  # each in a fresh process: the other's patches stay there
         off = one.submit(searched, case, False).result()
-    with ProcessPoolExecutor(1) as one:
+    with ProcessPoolExecutor(1, mp_context=spawn) as one:
         on = one.submit(searched, case, True).result()
     same = "same" if on[0] == off[0] else "**differs**"
     row = f"| {case} | {off[0]} | {on[0]} | {same} | {off[1]} / {on[1]} | {off[2]:.0f} / {on[2]:.0f} s |"
@@ -64,7 +73,7 @@ def main() -> None:
 
     head = ["| case | traced at every batch | off lines | answer | traces (every batch / lines) | time |",
             "|:--|--:|--:|:--|--:|--:|"]
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = list(pool.map(both, args.cases))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     named = "" if args.cases == CASES else " " + " ".join(args.cases)
