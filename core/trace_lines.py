@@ -34,6 +34,9 @@ class Sized(int):
         self.rule, self.constants, self.shape = rule, constants, tuple(shape)
         return self
 
+    def __getnewargs__(self) -> tuple:  # pickle and copy build it again from its rule, not from its value
+        return self.rule, self.constants, self.shape
+
 
 def canonical(events: list[Event]) -> list[Event]:
     """`events` with each allocation's id replaced by its serial number among the allocations (a free names the

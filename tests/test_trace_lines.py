@@ -18,6 +18,17 @@ def test_canonical_numbers_allocations_in_order_and_sorts_each_run_of_frees():
                                  ("alloc", 3, 16, "x"), ("free", 1, 0, ""), ("free", 3, 0, "")]
 
 
+def test_a_sized_block_is_its_rules_value_and_survives_a_copy_and_a_pickle():
+    import copy
+    import json
+    import pickle
+
+    size = Sized(_rounded, (96,), (1000,))
+    assert size == 1056 * 4 and json.dumps([size]) == "[4224]"
+    for again in (copy.deepcopy(size), pickle.loads(pickle.dumps(size))):
+        assert again == size and again.shape == (1000,) and again.rule is _rounded
+
+
 def _rounded(unit: int, rows: int) -> int:
     return -(-rows // unit) * unit * 4  # a kernel's block, rounded up to its launch shape: not affine in rows
 
