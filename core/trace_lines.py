@@ -82,6 +82,7 @@ class StepTraces:
         self._traced: dict[int, list[Event]] = {}
         self._lines: list[tuple[Event, list[tuple[int, int]] | None]] | None = None  # each event, its lines (fit)
         self._failed = 0  # how many times lines failed lines_hold: after two, no more are fitted
+        self._unfit: list[int] = []  # the last three batches lines did not fit through: not compared again
 
     def traced_at(self, b: int) -> list[Event]:
         if b not in self._traced:
@@ -121,8 +122,9 @@ class StepTraces:
         if self._lines is not None:
             return [e if through is None else (e[0], e[1], _size_at(e[2], through, b), *e[3:]) for e, through in self._lines]
         trace = self.traced_at(b)
-        if self._failed < 2 and len(self._traced) >= 3:
-            self.fit(tuple(sorted(self._traced)[-3:]))
+        largest = sorted(self._traced)[-3:]
+        if self._failed < 2 and len(largest) == 3 and largest != self._unfit and not self.fit(tuple(largest)):
+            self._unfit = largest
         return trace
 
     @property
