@@ -9,8 +9,8 @@ set -u
 dir=${1:?study folder}; seconds=${2:-540}; shift; [ $# -gt 0 ] && shift
 python3 -c "import polars, torchao, bitsandbytes, liger_kernel, cut_cross_entropy, galore_torch" \
   || { echo "study not started: an extra is missing (carry the .gpu-wheels bundles, source bench/gpu_setup.sh)"; exit 3; }
-# SIGINT at $2 s: the study cancels its probes in flight and writes its report; killed 40 s later if still running
-# (its children then stop themselves: a supervised run watches its parent). Leave the device call 60 s beyond $2.
-timeout -k 40 -s INT "$seconds" python3 -m memlab study --recipe seed-so-posts --data stdlib --tokenizer bpe:8192 \
+# SIGINT at $2 s: the study cancels its probes in flight and writes its report; killed 120 s later if still running
+# (its children then stop themselves: a supervised run watches its parent). Leave the device call 130 s beyond $2.
+timeout -k 120 -s INT "$seconds" python3 -m memlab study --recipe seed-so-posts --data stdlib --tokenizer bpe:8192 \
   --profiles all --gpu-memory 24GiB --device cuda --lanes 3 --out "$dir" "$@"
 echo "study exit: $?"

@@ -288,6 +288,13 @@ class ProbeResult:
     retried: bool = False  # it finished, but only after allocator retries: not counted as a fit (clean_fit)
 
     @property
+    def verdict(self) -> str:
+        """How a probe line names the outcome (find-batch, the study, run --batch-size max)."""
+        if self.fits:
+            return "fits"
+        return "fits only after allocator retries: not counted (--allow-retries)" if self.retried else "out of memory"
+
+    @property
     def fragmentation(self) -> float | None:
         """1 - allocated / reserved at the peak: the share of reserved memory not holding tensors."""
         if not self.peak_alloc_bytes or not self.peak_reserved_bytes:
@@ -511,6 +518,8 @@ CANCEL_GRACE_S = 10.0  # a cancelled probe: SIGINT, SIGTERM after this, SIGKILL 
 class ChildProbe:
     """probe(b): train `steps` full steps at micro-batch b (times `accumulation` micro-batches per step) in a
     fresh `memlab run` child, capped at `cap_bytes`; a short validation slice keeps the final eval cheap.
+    A child that finished only after allocator retries is not a fit unless `allow_retries` (clean_fit): every
+    search (find-batch, the study, run --batch-size max) judges a probe here, and shares one cache key for it.
     Probe run folders go to a temporary folder, removed after each probe."""
 
     def __init__(
@@ -526,6 +535,7 @@ class ChildProbe:
         device: str = "cuda",
         runs_dir: Path | None = None,
         env: dict[str, str] | None = None,
+        allow_retries: bool = False,
     ):
         if steps < 1:
             raise ConfigError(f"--steps must be at least 1 (full training steps per probe), got {steps}")
@@ -534,6 +544,7 @@ class ChildProbe:
         self.seq_len, self.steps, self.accumulation = seq_len, steps, accumulation
         self.cap_bytes, self.device = cap_bytes, device
         self.env = dict(env or {})  # e.g. the allocator's settings (expandable_probe_env)
+        self.allow_retries = allow_retries
         self._own_dir = runs_dir is None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="memlab-probes-"))
         self._child: Any = None  # the supervisor.ChildRun in flight, for cancel()
@@ -567,7 +578,7 @@ class ChildProbe:
         seconds = time.monotonic() - t0
         if result.run_dir:
             shutil.rmtree(result.run_dir, ignore_errors=True)
-        return probe_result(b, result, seconds, self.profile_ref)
+        return clean_fit(probe_result(b, result, seconds, self.profile_ref), self.allow_retries)
 
     def cancel(self) -> None:
         """Stop the probe in flight now (SIGINT, then insisting: supervisor.ChildRun.cancel) and any later one: a
@@ -648,7 +659,10 @@ def cache_key(experiment: Experiment, profile: Profile, gpu_name: str, cap_bytes
         "cap_bytes": cap_bytes,
         "steps": steps,
         "torch": torch.__version__,
-    } | ({"allow_retries": True} if allow_retries else {})  # a fit with retries is a miss otherwise
+        # what counts as a fit: entries from before every search judged retries alike (the study and
+        # run --batch-size max counted a retried probe as a fit) carry no rule and are not reused
+        "fit": "with allocator retries" if allow_retries else "without allocator retries",
+    }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 
 

@@ -11,6 +11,7 @@ import torch
 from fake_children import fake_spec
 
 from memlab.core import batchfind as bf
+from memlab.core import supervisor
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError
 
@@ -361,22 +362,28 @@ def test_the_expandable_probe_sets_the_allocator_in_the_childs_env_keeping_the_r
     assert spec.env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True", bf.MEMORY_ENV: str(24 * 2**30)}
 
 
-class RetryingProbe:
-    """Fits up to 6; 5 and 6 only after allocator retries; expandable segments (in its env) need no retries and
-    reserve less. Each probe reports the budget a child would have measured under a 24 GiB card."""
+class RetryingChild:
+    """A fake `memlab run` child (supervisor.ChildRun) behind the real ChildProbe, which judges its outcome: fits up
+    to micro-batch 6, 5 and 6 only after allocator retries; with expandable segments (in its env) no retries and less
+    reserved. Each reports the budget a child would have measured under a 24 GiB card."""
 
     made: list[dict] = []
 
-    def __init__(self, *args, env=None, cap_bytes=None, **kwargs):
-        self.expandable = "expandable_segments:True" in (env or {}).get("PYTORCH_CUDA_ALLOC_CONF", "")
-        RetryingProbe.made.append({"env": env, "cap_bytes": cap_bytes})
+    def __init__(self, spec):
+        self.batch = next(int(o.split("=")[1]) for o in spec.overrides if o.startswith("train.batch_size="))
+        self.expandable = "expandable_segments:True" in spec.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        RetryingChild.made.append({"env": spec.env, "batch": self.batch})
 
-    def __call__(self, b):
-        retries = 2 if b in (5, 6) and not self.expandable else 0
-        reserved = (10 if self.expandable else 12) * 2**30
-        return bf.ProbeResult(b, b <= 6, 1.0, 8 * 2**30, reserved, retries, allocator_budget_bytes=23 * 2**30)
+    def wait(self):
+        from types import SimpleNamespace
 
-    def close(self):
+        b = self.batch
+        summary = {"peak_alloc_bytes": 8 * 2**30, "peak_reserved_bytes": (10 if self.expandable else 12) * 2**30,
+                   "alloc_retries": 2 if b in (5, 6) and not self.expandable else 0, "allocator_budget_bytes": 23 * 2**30}
+        return SimpleNamespace(status="finished" if b <= 6 else "oom", summary=summary, run_dir=None, killed_by_sigkill=False,
+                               message="" if b <= 6 else "CUDA out of memory", stderr_tail="")
+
+    def cancel(self, grace_s):
         pass
 
 
@@ -387,8 +394,8 @@ def find_batch_fake(args, monkeypatch, capsys, tmp_path) -> tuple[str, str]:
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
     monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
-    monkeypatch.setattr(bf, "ChildProbe", RetryingProbe)
-    RetryingProbe.made = []
+    monkeypatch.setattr(supervisor, "ChildRun", RetryingChild)
+    RetryingChild.made = []
     try:
         main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--start", "1", "--max", "16", "--gpu-memory", "24GiB", *args])
     except SystemExit as e:
@@ -405,14 +412,42 @@ def test_find_batch_does_not_count_a_fit_with_retries_unless_asked(monkeypatch, 
     assert "max micro-batch: 6 (7 runs out of memory)" in out
 
 
+def test_the_study_judges_a_retried_probe_as_find_batch_does(monkeypatch, tmp_path):
+    """The study searched through ChildProbe too but counted a probe that needed allocator retries as a fit (on the
+    H100 it found 112 for adafactor on the seeds' shape where find-batch found 100), and cached that answer under
+    find-batch's key. The probe itself now judges, for every search."""
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Item, Options
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(supervisor, "ChildRun", RetryingChild)
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item, lines = Item("max/baseline", "max", "baseline"), []
+    find_max(plan, item, lines.append, lambda: False)
+    assert (item.status, item.max_batch) == ("measured", 4)
+    assert any(line.startswith("micro-batch 5 fits only after allocator retries: not counted") for line in lines)
+    key = bf.cache_key(plan.experiment, plan.profiles["baseline"], "NVIDIA Fake", 24 * 2**30, steps=3)
+    assert bf.cached_bounds(key)[:2] == (4, 5)  # what find-batch reads back
+    allowed = bf.ChildProbe("baseline", "tiny", [], seq_len=64, cap_bytes=24 * 2**30, allow_retries=True)
+    assert allowed(6).fits and not bf.ChildProbe("baseline", "tiny", [], seq_len=64)(6).fits
+
+
+def test_a_cache_entry_names_what_counted_as_a_fit():
+    e, p = load_experiment("tiny"), load_profile("baseline")
+    strict, lenient = (bf.cache_key(e, p, "NVIDIA H100 80GB HBM3", None, steps=3, allow_retries=a) for a in (False, True))
+    assert strict != lenient
+
+
 def test_find_batch_prints_the_card_and_the_allocator_budget_and_what_expandable_segments_changes(monkeypatch, capsys, tmp_path):
     import json
 
     out, err = find_batch_fake([], monkeypatch, capsys, tmp_path)
     assert "memory: a card of 24.00 GiB in total assumed (--gpu-memory) · allocator budget 23.00 GiB (1.00 GiB outside it" in out
     assert "with expandable_segments:True at micro-batch 4: fits · reserved 10.00 GiB · fragmentation 20% · retries 0 (reserved -16.7% against the search's probe)" in out
-    flipped = [m for m in RetryingProbe.made if m["env"]]
-    assert len(flipped) == 1 and flipped[0]["cap_bytes"] == 24 * 2**30  # one extra probe, under the same cap
+    flipped = [m for m in RetryingChild.made if "PYTORCH_CUDA_ALLOC_CONF" in m["env"]]
+    assert len(flipped) == 1 and flipped[0]["env"][bf.MEMORY_ENV] == str(24 * 2**30)  # one extra probe, under the same cap
     out, _ = find_batch_fake(["--json", "--refresh"], monkeypatch, capsys, tmp_path)
     got = json.loads(out)
     assert (got["device_total_bytes"], got["allocator_budget_bytes"]) == (24 * 2**30, 23 * 2**30)

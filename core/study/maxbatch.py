@@ -94,7 +94,7 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
         return probe(b)
 
     def noted(r: bf.ProbeResult) -> None:
-        on_probe(f"micro-batch {r.batch} {'fits' if r.fits else 'out of memory'} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
+        on_probe(f"micro-batch {r.batch} {r.verdict} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
 
     meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}
     live.add(probe)

@@ -238,10 +238,9 @@ def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
 
 
 def _probe_line(i: int, r: ProbeResult) -> str:
-    verdict = "fits" if r.fits else ("fits only after allocator retries: not counted (--allow-retries)" if r.retried else "out of memory")
     frag = f"{r.fragmentation:.1%}" if r.fragmentation is not None else "—"
     return (
-        f"probe {i}: micro-batch {r.batch} {verdict} · peak {gib(r.peak_alloc_bytes)} · reserved {gib(r.peak_reserved_bytes)}"
+        f"probe {i}: micro-batch {r.batch} {r.verdict} · peak {gib(r.peak_alloc_bytes)} · reserved {gib(r.peak_reserved_bytes)}"
         f" · fragmentation {frag} · retries {r.alloc_retries if r.alloc_retries is not None else '—'} · {r.seconds:.1f} s"
     )
 
@@ -308,7 +307,8 @@ def find_batch(
     exp_ref = "gpt2s" if experiment == "auto" else experiment
     err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {gib(cap)}" if cap else "") + f" · {steps} steps a probe"
               + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
-    probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap)
+    probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
+                          allow_retries=allow_retries)
     seen: list[ProbeResult] = []
 
     def on_probe(r: ProbeResult) -> None:
@@ -318,7 +318,7 @@ def find_batch(
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": steps}
     t0 = time.monotonic()
     try:
-        result = bf.search_recorded(lambda b: bf.clean_fit(probe(b), allow_retries), key, meta, known=(fit, oom),
+        result = bf.search_recorded(probe, key, meta, known=(fit, oom),
                                     on_probe=on_probe, start=start, limit=max_)
     except bf.ProbeError as e:
         _probe_failed(e, seen)
