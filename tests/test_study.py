@@ -126,6 +126,33 @@ def test_redo_measures_a_profile_again_and_keeps_its_old_runs_aside(done, tmp_pa
 
 
 @SHARES_DONE
+def test_redo_max_measures_the_max_batch_again_and_only_the_runs_that_used_it(done, tmp_path):
+    import shutil
+
+    out = tmp_path / "s"
+    shutil.copytree(done[0], out)
+    before = _state(out)["items"]
+    assert _study(["study", "--out", str(out), "--redo-max", "bf16"]) == 1  # tf32 is still refused
+    items = _state(out)["items"]
+    assert items["common/bf16"] == before["common/bf16"] and items["common/baseline"] == before["common/baseline"]
+    assert items["at_max/bf16"]["status"] == "finished" and items["at_max/bf16"]["run_dir"] != before["at_max/bf16"]["run_dir"]
+    assert items["max/bf16"]["status"] == "predicted" and items["at_max/baseline"] == before["at_max/baseline"]
+    assert [p.name for p in (out / "superseded").iterdir()] == [Path(before["at_max/bf16"]["run_dir"]).name]
+    assert _state(out)["invocations"][-1].endswith("--redo-max bf16")
+
+
+def test_redo_max_of_the_baseline_redoes_every_common_run_when_they_ran_at_its_max(tmp_path):
+    from memlab.core.study import Options, StudyState
+
+    for batch, forgotten in (("baseline-max", {"max/baseline", "common/baseline", "common/bf16"}), ("experiment", {"max/baseline"})):
+        state = StudyState(Options(profiles=["baseline", "bf16"], experiment="tiny", device="cuda", batch=batch), {})
+        for key in ("max/baseline", "max/bf16", "common/baseline", "common/bf16"):
+            state.item(*key.split("/")).status = "finished"
+        state.redo(["baseline"], tmp_path, max_only=True)
+        assert {k for k, i in state.items.items() if i.status == "pending"} == forgotten
+
+
+@SHARES_DONE
 def test_redo_of_a_profile_the_study_has_not_run_is_refused_untouched(done, capsys):
     out, _ = done
     before = (out / "study.json").read_bytes()

@@ -85,11 +85,12 @@ class StudyState:
             self.items[key] = Item(key, kind, profile)
         return self.items[key]
 
-    def redo(self, profiles: list[str], out: Path) -> list[str]:
+    def redo(self, profiles: list[str], out: Path, max_only: bool = False) -> list[str]:
         """Forget what `profiles` measured (the code they ran has changed since): their items go back to pending and
-        their run folders move to superseded/, kept but out of the report. Returns the folders moved."""
+        their run folders move to superseded/, kept but out of the report. Returns the folders moved. `max_only`
+        (--redo-max): only their max batch, and the runs whose batch came from it."""
         moved = []
-        for item in [i for i in self.items.values() if i.profile in profiles]:
+        for item in [i for i in self.items.values() if self._forgotten(i, profiles, max_only)]:
             if item.run_dir and (out / item.run_dir).is_dir():
                 target = out / SUPERSEDED / Path(item.run_dir).name
                 target.parent.mkdir(exist_ok=True)
@@ -97,6 +98,13 @@ class StudyState:
                 moved.append(str(target.relative_to(out)))
             self.items[item.key] = Item(item.key, item.kind, item.profile)
         return moved
+
+    def _forgotten(self, item: Item, profiles: list[str], max_only: bool) -> bool:
+        if not max_only:
+            return item.profile in profiles
+        if item.kind in ("max", "at_max"):
+            return item.profile in profiles
+        return self.options.batch == "baseline-max" and "baseline" in profiles  # every common run is at its max
 
     def save(self, out: Path) -> None:
         doc = {"schema": SCHEMA, "options": asdict(self.options), "identity": self.identity,

@@ -28,7 +28,8 @@ def study(
     device: DeviceOpt = "auto",
     data: Annotated[Optional[str], typer.Option("--data", help="Replace the corpus: stdlib | a file or folder | hf:NAME[:CONFIG].")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Replace the tokenizer: bpe:N | tokenizer.json | hf:NAME.")] = None,
-    redo: Annotated[Optional[str], typer.Option("--redo", help="Comma-separated profiles of this study to measure again (after a fix): their max batch and runs are forgotten, their run folders moved to superseded/.")] = None,
+    redo: Annotated[Optional[str], typer.Option("--redo", help="Comma-separated profiles of this study (or all) to measure again (after a fix): their max batch and runs are forgotten, their run folders moved to superseded/.")] = None,
+    redo_max: Annotated[Optional[str], typer.Option("--redo-max", help="Comma-separated profiles of this study (or all) whose max batch to measure again (after a fix to find-batch); the runs at a batch taken from it are redone too, the rest kept.")] = None,
     lanes: Annotated[int, typer.Option("--lanes", help="Search the max batch of N profiles at once on one GPU, each capped at --gpu-memory (N caps must fit the card); training runs stay one at a time, so no timing is shared.")] = 1,
 ) -> None:
     """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
@@ -50,13 +51,15 @@ def study(
     if stored is not None:
         st.check_same_study(stored, identity, out_path)
     redone = _redo_list(redo, options, stored)
+    redone_max = _redo_list(redo_max, options, stored, flag="--redo-max")
     st.check_reachable(plan.experiment, _args(options, out, offline=True))
     state = stored or st.StudyState(options, identity)
     state.options = options
     state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
+                                      + (f" --redo-max {','.join(redone_max)}" if redone_max else "")
                                       + (f" --lanes {lanes}" if lanes > 1 else "")))
     out_path.mkdir(parents=True, exist_ok=True)
-    for folder in state.redo(redone, out_path):
+    for folder in state.redo(redone, out_path) + state.redo(redone_max, out_path, max_only=True):
         typer.echo(f"redo: {folder} (kept, out of the report)", err=True)
     state.save(out_path)
     runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True))
@@ -65,16 +68,17 @@ def study(
     _finish(state, out_path, runner.stopping)
 
 
-def _redo_list(redo: str | None, options: Options, stored: StudyState | None) -> list[str]:
-    """--redo's profiles: each must be one this study has already begun (else nothing would be redone)."""
+def _redo_list(redo: str | None, options: Options, stored: StudyState | None, flag: str = "--redo") -> list[str]:
+    """--redo's (or --redo-max's) profiles: each must be one this study has already begun (else nothing would be
+    redone); all = every such profile."""
     from memlab.core.errors import ConfigError
 
-    names = [p.strip() for p in (redo or "").split(",") if p.strip()]
     begun = sorted({i.profile for i in stored.items.values() if i.status != "pending"}) if stored is not None else []
-    unknown = [n for n in names if n not in begun or n not in options.profiles]
+    valid = [p for p in begun if p in options.profiles]
+    names = valid if (redo or "").strip() == "all" else [p.strip() for p in (redo or "").split(",") if p.strip()]
+    unknown = [n for n in names if n not in valid]
     if unknown:
-        valid = ", ".join(p for p in begun if p in options.profiles) or "none yet: nothing has run"
-        raise ConfigError(f"--redo {','.join(unknown)}: not a profile this study has run; valid: {valid}")
+        raise ConfigError(f"{flag} {','.join(unknown)}: not a profile this study has run; valid: {', '.join(valid) or 'none yet: nothing has run'}")
     return names
 
 
