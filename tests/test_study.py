@@ -141,6 +141,21 @@ def test_redo_max_measures_the_max_batch_again_and_only_the_runs_that_used_it(do
     assert _state(out)["invocations"][-1].endswith("--redo-max bf16")
 
 
+def test_a_second_signal_quits_a_stopping_study_at_once():
+    from types import SimpleNamespace
+
+    from memlab.cli.study import _on_signal
+
+    said, quit_with = [], []
+    runner = SimpleNamespace(stopping=False)
+    runner.stop = lambda: setattr(runner, "stopping", True)
+    on_signal = _on_signal(runner, said.append, quit_with.append)
+    on_signal(2, None)
+    assert runner.stopping and not quit_with and "again to quit now" in said[-1]
+    on_signal(2, None)  # a lane still tracing its prediction would hold the first stop for minutes
+    assert quit_with == [130] and "finished items are saved" in said[-1]
+
+
 def test_redo_max_of_the_baseline_redoes_every_common_run_when_they_ran_at_its_max(tmp_path):
     from memlab.core.study import Options, StudyState
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 from pathlib import Path
@@ -127,19 +128,29 @@ def _args(o: Options, out: str, offline: bool = False) -> str:
 
 def _run_stoppable(runner) -> None:
     """Run the study; the first Ctrl-C (or SIGTERM, e.g. from `timeout`) stops it: the current run keeps what it
-    has, finished work is kept, and the same command resumes."""
-    def on_signal(signum, frame):  # noqa: ARG001
-        if runner.stopping:
-            return
-        typer.echo("\nstopping: the current run is asked to stop; finished work is kept; the same command resumes", err=True)
-        runner.stop()
-
+    has, finished work is kept, and the same command resumes. A second one quits at once (see _on_signal)."""
+    on_signal = _on_signal(runner, lambda line: typer.echo(line, err=True))
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         runner.run()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _on_signal(runner, say, quit_now=os._exit):
+    """The first signal asks the study to stop between items; the second quits now, for what cannot be cut short
+    (a lane's max-batch prediction traces the step for minutes). Every finished item is already saved
+    (study.json is written after each, atomically), the children stop when their parent is gone, and the report
+    is written by the next invocation."""
+    def on_signal(signum, frame):  # noqa: ARG001
+        if runner.stopping:
+            say("\nquitting now: finished items are saved; the report is written when the same command resumes")
+            quit_now(130)
+            return
+        say("\nstopping: the current run is asked to stop; finished work is kept; the same command resumes (again to quit now)")
+        runner.stop()
+    return on_signal
 
 
 def _finish(state: StudyState, out: Path, stopped: bool) -> None:
