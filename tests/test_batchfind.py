@@ -412,6 +412,14 @@ def test_find_batch_does_not_count_a_fit_with_retries_unless_asked(monkeypatch, 
     assert "max micro-batch: 6 (7 runs out of memory)" in out
 
 
+def test_the_allocator_flip_probe_counts_retries_as_the_search_did(monkeypatch, capsys, tmp_path):
+    """Expandable segments on (the search's child needs retries at 5 and 6 all the same: the fake child reads only its
+    env): with --allow-retries the search finds 6, and the probe with them off, which retries too, is a fit as well."""
+    out, _ = find_batch_fake(["--allow-retries", "--set", "allocator.expandable_segments=true"], monkeypatch, capsys, tmp_path)
+    assert "max micro-batch: 6 (7 runs out of memory)" in out
+    assert "with expandable_segments:False at micro-batch 6: fits · reserved 12.00 GiB · fragmentation 33% · retries 2" in out
+
+
 def test_the_study_judges_a_retried_probe_as_find_batch_does(monkeypatch, tmp_path):
     """The study searched through ChildProbe too but counted a probe that needed allocator retries as a fit (on the
     H100 it found 112 for adafactor on the seeds' shape where find-batch found 100), and cached that answer under

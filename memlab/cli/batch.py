@@ -325,7 +325,7 @@ def find_batch(
     finally:
         probe.close()
     flip = not prof.allocator.expandable_segments
-    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, flip, result.max_batch)
+    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, flip, result.max_batch, allow_retries)
     err.print(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{flip}: {_flip_summary(result.probes, flipped)}")
     memory_view = {"device_total_bytes": memory or None, "allocator_budget_bytes": _budget(result.probes)}
     report = {"seconds": time.monotonic() - t0, "predicted": predicted, "cap": cap, "gpu_name": gpu_name,
@@ -376,13 +376,13 @@ def _budget(probes: list[ProbeResult]) -> int | None:
 
 
 def _flipped_allocator_probe(profile_ref: str, exp_ref: str, exp: Experiment, overrides: list[str], steps: int,
-                             cap: int | None, expandable: bool, batch: int) -> ProbeResult:
+                             cap: int | None, expandable: bool, batch: int, allow_retries: bool = False) -> ProbeResult:
     """One more probe at the found batch, with allocator.expandable_segments the other way (in the child's env):
     what that setting would change. A probe that fails is reported in its message, never raised."""
     from memlab.core import batchfind as bf
 
     probe = bf.ChildProbe(profile_ref, exp_ref, overrides, seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
-                          env=bf.expandable_probe_env(expandable))
+                          env=bf.expandable_probe_env(expandable), allow_retries=allow_retries)
     try:
         return probe(batch)
     except bf.ProbeError as e:
