@@ -749,13 +749,19 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes:
     compile_budget_model cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the
     stock compiled step, float8 as traced with torchao (allocation_trace.float8_peaks where torchao is not installed),
     offload and the CUDA-only libraries through memlab.core.replay_standins)."""
-    from memlab.core.allocation_trace import replayed_max_batch
-
     try:
-        return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
-                                  margin=REPLAY_MARGIN, capped=capped) or None
+        return replay_search(experiment, profile, vocab, budget_bytes, near, capped) or None
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
         return None
+
+
+def replay_search(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool) -> int:
+    """The replay's search as the prediction asks it (from half the analytic figure `near`, with its margin); raises
+    what the trace raises (bench/trace_lines_check.py reports it)."""
+    from memlab.core.allocation_trace import replayed_max_batch
+
+    return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
+                              margin=REPLAY_MARGIN, capped=capped)
 
 
 def start_below(predicted: int | None) -> int:
