@@ -246,8 +246,13 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)
 
 
+class SearchStopped(Exception):
+    """The replay's search was asked to stop between two traces (a study stopping: a search takes minutes)."""
+
+
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
-                       start: int = 16, limit: int = 1 << 20, margin: float = 0.0, capped: bool = False) -> int:
+                       start: int = 16, limit: int = 1 << 20, margin: float = 0.0, capped: bool = False,
+                       should_stop: Callable[[], bool] | None = None) -> int:
     """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
     and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds,
     so the traces come off lines through three (trace_lines.StepTraces) where the step's sizes are affine in the
@@ -256,10 +261,17 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     With `margin`, that answer then steps down to the largest batch whose trace also fits under the budget less that
     share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
     already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
-    lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes)."""
+    lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes).
+    `should_stop`: asked before each trace; SearchStopped when it says so."""
     start = max(1, start)
+
+    def traced(b: int) -> list:
+        if should_stop is not None and should_stop():
+            raise SearchStopped(f"stopped before tracing micro-batch {b}")
+        return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+
     # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
-    traces = StepTraces(lambda b: step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped))
+    traces = StepTraces(traced)
 
     def fits(b: int, budget: int = budget_bytes) -> bool:
         return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget, capped=capped,

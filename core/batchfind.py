@@ -682,7 +682,7 @@ REPLAY_MARGIN = 0.03
 
 
 def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, replay: bool = False,
-                        capped: bool = True) -> int | None:
+                        capped: bool = True, should_stop: Callable[[], bool] | None = None) -> int | None:
     """The estimator's largest micro-batch as a probe runs it (accumulation 1); None when it cannot tell.
 
     Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
@@ -696,7 +696,8 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     The analytic figure alone overshoots where large transient blocks fragment the reserve more than its margin
     allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100).
     `capped`: the probes run under --gpu-memory's cap (an emulated card), whose measurement allocates before the model
-    (allocation_trace._memory_cap_measurement); False for a search on the card's own memory."""
+    (allocation_trace._memory_cap_measurement); False for a search on the card's own memory. `should_stop`: asked
+    between the replay's traces; allocation_trace.SearchStopped when it says so (no prediction, not the analytic one)."""
     import dataclasses
 
     from memlab.core import estimate as est
@@ -709,7 +710,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
         return None
     if not replay or analytic is None:
         return analytic
-    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic, capped)
+    replayed = _replayed_max_batch(experiment, single, vocab, memory_bytes - context_bytes_here(), analytic, capped, should_stop)
     return guarded(experiment, single, vocab, memory_bytes, replayed) if replayed else analytic
 
 
@@ -744,24 +745,30 @@ def cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
-def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool) -> int | None:
+def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool,
+                        should_stop: Callable[[], bool] | None = None) -> int | None:
     """The allocator replay's max micro-batch, None where the step cannot be replayed (a compiled step
     compile_budget_model cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the
     stock compiled step, float8 as traced with torchao (allocation_trace.float8_peaks where torchao is not installed),
     offload and the CUDA-only libraries through memlab.core.replay_standins)."""
+    from memlab.core.allocation_trace import SearchStopped
+
     try:
-        return replay_search(experiment, profile, vocab, budget_bytes, near, capped) or None
+        return replay_search(experiment, profile, vocab, budget_bytes, near, capped, should_stop) or None
+    except SearchStopped:
+        raise
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
         return None
 
 
-def replay_search(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool) -> int:
+def replay_search(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool,
+                  should_stop: Callable[[], bool] | None = None) -> int:
     """The replay's search as the prediction asks it (from half the analytic figure `near`, with its margin); raises
     what the trace raises (bench/trace_lines_check.py reports it)."""
     from memlab.core.allocation_trace import replayed_max_batch
 
     return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
-                              margin=REPLAY_MARGIN, capped=capped)
+                              margin=REPLAY_MARGIN, capped=capped, should_stop=should_stop)
 
 
 def start_below(predicted: int | None) -> int:

@@ -550,7 +550,7 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
     monkeypatch.setattr(bf, "_replayed_max_batch",
-                        lambda e, p, vocab, budget, near, capped: asked.append((budget, near, capped)) or replayed)
+                        lambda e, p, vocab, budget, near, capped, should_stop=None: asked.append((budget, near, capped)) or replayed)
     got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
     assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic, True)] and analytic > 100  # an emulated card by default

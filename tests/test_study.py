@@ -307,6 +307,30 @@ def test_on_cuda_the_max_batch_is_measured_by_find_batchs_search(answer, expect,
         assert bf.cached_bounds(key)[:2] == (37, 38)
 
 
+def test_a_stop_cuts_the_replayed_prediction_short_between_traces(tmp_path, monkeypatch):
+    """On a GPU the prediction replays the step's trace for up to minutes (compile_budget held a stop on the H100 past
+    timeout's grace): a stop now ends it at the next trace, the item interrupted, with no prediction recorded (not
+    the analytic figure it would otherwise fall back to), and no probe run."""
+    from memlab.core import allocation_trace
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Item, Options
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(bf, "cuda_here", lambda: True)
+    monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: pytest.fail("a probe ran after the stop"))
+    traced, real = [], allocation_trace.step_trace
+    monkeypatch.setattr(allocation_trace, "step_trace", lambda *a, **k: traced.append(k["micro_batch"]) or real(*a, **k))
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item = Item("max/baseline", "max", "baseline")
+    find_max(plan, item, lambda line: None, lambda: bool(traced))  # the stop comes during the first trace
+    assert (item.status, item.predicted_max_batch, item.max_batch) == ("interrupted", None, None)
+    assert "stopped while predicting" in item.message and len(traced) == 1
+
+
 def test_findings_from_the_h100_seed_shape_runs(tmp_path):
     """The report over real H100 runs (bench/results/seed-shape-h100, committed): findings computed from them."""
     import shutil

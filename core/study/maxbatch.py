@@ -8,6 +8,7 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
+from memlab.core.allocation_trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
 from memlab.core.study.state import Item
 from memlab.core.units import gib, parse_size
@@ -45,18 +46,23 @@ class LiveProbes:
                 probe.cancel()
 
 
-def predicted_max(plan: Plan, name: str) -> tuple[int | None, str]:
-    """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell."""
+def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = None) -> tuple[int | None, str]:
+    """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell. On a GPU
+    the allocator replay traces the step for up to minutes: `stopping` is asked between its traces (SearchStopped)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
     return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here(),
-                                  capped=bool(plan.cap_bytes)), where
+                                  capped=bool(plan.cap_bytes), should_stop=stopping), where
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
              live: LiveProbes | None = None) -> None:
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status."""
-    item.predicted_max_batch, where = predicted_max(plan, item.profile)
+    try:
+        item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping)
+    except SearchStopped:
+        item.status, item.message = "interrupted", "stopped while predicting the max batch (the allocator replay)"
+        return
     if not plan.on_cuda:
         item.status = "predicted" if item.predicted_max_batch else "error"
         item.message = f"not measured (CPU): the estimator's prediction for {where}" if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it"
