@@ -558,3 +558,36 @@ def test_the_speed_cost_of_the_memory_finding_reads_as_a_ratio(ms, expect):
     from memlab.core.study.findings import _speed_cost
 
     assert _speed_cost({"step_ms_median": ms}, {"step_ms_median": 53.8}).startswith(expect)
+
+
+def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeypatch):
+    """On the H100 leanest's replayed prediction took ~5 minutes and was made again by every resume, each then stopped
+    before its probe: an interrupted item keeps its prediction, and the search resumes from it and the cached bounds."""
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import maxbatch
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Item, Options
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: pytest.fail("the prediction was made again"))
+    probed = []
+
+    class FakeProbe:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, b):
+            probed.append(b)
+            return bf.ProbeResult(b, b <= 37, message="" if b <= 37 else "CUDA out of memory")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item = Item("max/baseline", "max", "baseline", status="interrupted", predicted_max_batch=36)
+    maxbatch.find_max(plan, item, lambda line: None, lambda: False)
+    assert (item.status, item.max_batch, item.predicted_max_batch) == ("measured", 37, 36)
+    assert probed[0] == bf.start_below(36)
