@@ -799,11 +799,7 @@ def record_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict
 def _merge_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict[str, Any]) -> dict:
     data = _read_cache()
     entry = dict(data["entries"].get(key) or {})
-    fit = max([entry.get("max_fit") or 0, *fits])
-    oom_candidates = [x for x in [entry.get("min_oom"), *ooms] if x]
-    oom = min(oom_candidates) if oom_candidates else None
-    if oom is not None and oom <= fit:
-        oom = None  # contradicts a newer fit (a changed environment): forget the miss
+    fit, oom = merged_bounds((entry.get("max_fit") or 0, entry.get("min_oom")), fits, ooms)
     entry.update(meta)
     entry.update(max_fit=fit or None, min_oom=oom, exact=bool(fit and oom == fit + 1), updated=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     data["entries"][key] = entry
@@ -816,6 +812,16 @@ def _merge_bounds(key: str, fits: Sequence[int], ooms: Sequence[int], meta: dict
     except OSError:
         pass  # a cache that cannot be written only costs a later search its head start
     return entry
+
+
+def merged_bounds(known: tuple[int, int | None], fits: Sequence[int], ooms: Sequence[int]) -> tuple[int, int | None]:
+    """(largest fit, smallest OOM) of known bounds and new outcomes; 0 / None where there is none."""
+    fit = max([known[0] or 0, *fits])
+    oom_candidates = [x for x in [known[1], *ooms] if x]
+    oom = min(oom_candidates) if oom_candidates else None
+    if oom is not None and oom <= fit:
+        oom = None  # contradicts a newer fit (a changed environment): forget the miss
+    return fit, oom
 
 
 def outcome_lists(probes: Sequence[ProbeResult]) -> tuple[list[int], list[int]]:

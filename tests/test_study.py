@@ -591,3 +591,42 @@ def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeyp
     maxbatch.find_max(plan, item, lambda line: None, lambda: False)
     assert (item.status, item.max_batch, item.predicted_max_batch) == ("measured", 37, 36)
     assert probed[0] == bf.start_below(36)
+
+
+def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study_folder(tmp_path, monkeypatch):
+    """find-batch's cache stays on the machine that searched (on the H100 a fresh machine would have begun
+    compile_budget's search again, at ~100 s a probe): the item keeps its bounds in study.json, even when stopped."""
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Item, Options, StudyState, load_state
+
+    probed = []
+
+    class FakeProbe:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, b):
+            probed.append(b)
+            return bf.ProbeResult(b, b <= 37, message="" if b <= 37 else "CUDA out of memory")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "first-machine"))
+    find_max(plan, item, lambda line: None, lambda: len(probed) >= 2)  # stopped after two probes
+    assert item.status == "interrupted" and (item.known_fit, item.known_oom) == (32, 64)
+    state = StudyState(options, {}, {item.key: item})
+    state.save(tmp_path)
+    resumed = load_state(tmp_path).items[item.key]
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "second-machine"))  # an empty cache
+    probed.clear()
+    find_max(plan, resumed, lambda line: None, lambda: False)
+    assert (resumed.status, resumed.max_batch, resumed.known_fit, resumed.known_oom) == ("measured", 37, 37, 38)
+    assert 32 not in probed and 64 not in probed and probed[0] == 48

@@ -72,7 +72,7 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
         return
     item.command = _find_batch_command(plan, item.profile)
     try:
-        result = _search(plan, item.profile, item.predicted_max_batch, on_probe, stopping, live or LiveProbes())
+        result = _search(plan, item, on_probe, stopping, live or LiveProbes())
     except Stopped:
         item.status, item.message = "interrupted", "stopped before the search ended"
     except bf.ProbeRejected as e:
@@ -86,13 +86,15 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
         item.message = "" if result.exact else f"the limit {result.max_batch} fits: the true maximum may be larger"
 
 
-def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[str], None], stopping: Callable[[], bool],
+def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
             live: LiveProbes) -> bf.SearchResult:
+    name = item.profile
     prof = plan.profiles[name]
     gpu = plan.gpu_name or "unknown GPU"
     key = bf.cache_key(plan.experiment, prof, gpu, plan.cap_bytes, steps=PROBE_STEPS)
     fit, oom, _ = bf.cached_bounds(key)
-    start = bf.start_below(predicted)
+    fit, oom = bf.merged_bounds((fit, oom), [item.known_fit or 0], [item.known_oom] if item.known_oom else [])
+    start = bf.start_below(item.predicted_max_batch)
     env = {bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {}  # lanes share the card: no device-wide figure
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes, env=env)
@@ -103,6 +105,8 @@ def _search(plan: Plan, name: str, predicted: int | None, on_probe: Callable[[st
         return probe(b)
 
     def noted(r: bf.ProbeResult) -> None:
+        found = bf.merged_bounds((item.known_fit or 0, item.known_oom), *bf.outcome_lists([r]))
+        item.known_fit, item.known_oom = found[0] or None, found[1]
         on_probe(f"micro-batch {r.batch} {r.verdict} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
 
     meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}

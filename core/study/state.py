@@ -65,6 +65,10 @@ class Item:
     seconds: float | None = None
     max_batch: int | None = None  # max: measured on CUDA
     predicted_max_batch: int | None = None  # max: the estimator's
+    # max: what its probes showed so far (largest fit, smallest OOM), kept in the study folder so that a search
+    # resumed on another machine (find-batch's cache stays on the one it ran on) starts where it stopped
+    known_fit: int | None = None
+    known_oom: int | None = None
     command: str = ""
 
     @property
