@@ -630,3 +630,38 @@ def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study
     find_max(plan, resumed, lambda line: None, lambda: False)
     assert (resumed.status, resumed.max_batch, resumed.known_fit, resumed.known_oom) == ("measured", 37, 37, 38)
     assert 32 not in probed and 64 not in probed and probed[0] == 48
+
+
+def test_a_max_batch_item_records_the_allocator_budget_its_probes_measured(tmp_path, monkeypatch):
+    """Under --gpu-memory each probe measures what the card leaves the allocator (NVML: context, driver's reserve);
+    find-batch printed it, the study's report only said "capped at 24GiB"."""
+    from memlab.core import batchfind as bf
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.report import _budget_text
+    from memlab.core.study.state import Item, Options, StudyState
+
+    budget = int(22.79 * 2**30)
+
+    class FakeProbe:
+        def __init__(self, *a, **k):
+            pass
+
+        def __call__(self, b):
+            return bf.ProbeResult(b, b <= 37, allocator_budget_bytes=budget, message="" if b <= 37 else "CUDA out of memory")
+
+        def close(self):
+            pass
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
+    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    item = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
+    find_max(plan, item, lambda line: None, lambda: False)
+    assert (item.max_batch, item.allocator_budget_bytes) == (37, budget)
+    other = Item("max/bf16", "max", "bf16", allocator_budget_bytes=budget - 2**28)
+    assert "probes measured: 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item}))
+    assert "probes measured: 22.54 GiB to 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item, other.key: other}))
+    assert _budget_text(StudyState(options, {}, {})) == ""

@@ -107,6 +107,7 @@ def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: C
     def noted(r: bf.ProbeResult) -> None:
         found = bf.merged_bounds((item.known_fit or 0, item.known_oom), *bf.outcome_lists([r]))
         item.known_fit, item.known_oom = found[0] or None, found[1]
+        item.allocator_budget_bytes = r.allocator_budget_bytes or item.allocator_budget_bytes
         on_probe(f"micro-batch {r.batch} {r.verdict} · peak {gib(r.peak_alloc_bytes)} · {r.seconds:.1f} s")
 
     meta = {"experiment": plan.experiment.name, "profile": prof.name, "gpu": gpu, "cap_bytes": plan.cap_bytes, "steps": PROBE_STEPS}

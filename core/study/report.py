@@ -19,7 +19,7 @@ from memlab.core.study.figures import write_figures
 from memlab.core.study.findings import estimates, findings, share_of_peak
 from memlab.core.study.frame import common, finished, peak_column, study_frame
 from memlab.core.study.state import StudyState
-from memlab.core.units import MISSING
+from memlab.core.units import MISSING, gib
 
 AT_MAX_MARK = "†"
 
@@ -48,10 +48,19 @@ def write_report(state: StudyState, out: Path, baseline: str) -> pl.DataFrame:
     return frame
 
 
+def _budget_text(state: StudyState) -> str:
+    """What the max-batch probes left the allocator of the capped card (each probe measures it through NVML)."""
+    budgets = sorted({i.allocator_budget_bytes for i in state.items.values() if i.allocator_budget_bytes})
+    if not budgets:
+        return ""
+    span = gib(budgets[0]) if len(budgets) == 1 else f"{gib(budgets[0])} to {gib(budgets[-1])}"
+    return f" (the allocator's budget its max-batch probes measured: {span}; the rest is the CUDA context and the driver's reserve)"
+
+
 def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: list, baseline: str, out: Path) -> list[Block]:
     o = state.options
     col, label = peak_column(frame)
-    where = f"{o.device}" + (f", memory capped at {o.gpu_memory}" if o.gpu_memory else "")
+    where = f"{o.device}" + (f", memory capped at {o.gpu_memory}{_budget_text(state)}" if o.gpu_memory else "")
     blocks = [
         Block("h1", f"memlab study: {o.recipe or Path(o.experiment).stem}"),
         Block("p", f"{len(o.profiles)} profiles on {where}; common effective batch: {_batch_text(o.batch, frame)}; baseline: "

@@ -69,6 +69,7 @@ class Item:
     # resumed on another machine (find-batch's cache stays on the one it ran on) starts where it stopped
     known_fit: int | None = None
     known_oom: int | None = None
+    allocator_budget_bytes: int | None = None  # max, under --gpu-memory: the allocator's cap its probes measured and set
     command: str = ""
 
     @property
