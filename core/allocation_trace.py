@@ -103,7 +103,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
 
     from memlab.core import replay_standins
     from memlab.core.cuda_temporaries import attention_backward_kernel
-    from memlab.core.memsnapshot import fake_runnable, fake_step
+    from memlab.core.memsnapshot import FAKE_STEP_LOCK, fake_runnable, fake_step
     from memlab.core.techniques.cuda_graph import WARM_STEPS
     from memlab.core.techniques.precision import compute_dtype
 
@@ -117,7 +117,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     if capped:
         _memory_cap_measurement(tracer, events)
     construction: list[int] = []
-    with replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
+    with FAKE_STEP_LOCK, replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
             fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels,
                       attention_backward=attention_backward) as (step, batch):
         replay_standins.install(step, standins, compute_dtype(profile))
@@ -266,9 +266,12 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     start = max(1, start)
 
     def traced(b: int) -> list:
-        if should_stop is not None and should_stop():
-            raise SearchStopped(f"stopped before tracing micro-batch {b}")
-        return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+        from memlab.core.memsnapshot import FAKE_STEP_LOCK
+
+        with FAKE_STEP_LOCK:  # asked once the lock is ours: another lane's trace may have held it for a while
+            if should_stop is not None and should_stop():
+                raise SearchStopped(f"stopped before tracing micro-batch {b}")
+            return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
 
     # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
     traces = StepTraces(traced)

@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import pickle
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -29,6 +30,11 @@ from memlab.core.errors import DeviceError, MemlabError
 from memlab.core.estimate import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+# A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
+# GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without
+# this, one trace restored the functions under another still running, whose prediction then came out wrong (tiny,
+# sac_ops: 1060 for 864) and left the patches in place after both.
+FAKE_STEP_LOCK = threading.RLock()
 
 
 def estimate_categories(est: Estimate) -> dict[str, int]:
@@ -165,7 +171,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     def batch() -> list:
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
-    with contextlib.ExitStack() as stack:
+    with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
         kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
         for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
             stack.enter_context(mode)

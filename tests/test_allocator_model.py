@@ -713,3 +713,45 @@ def test_float8s_traced_model_has_torchaos_linears_in_the_blocks_only():
     converted = {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
     assert len(converted) == 2 * 4 and all(name.startswith("blocks.") for name in converted)
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.wte.weight
+
+
+def test_fake_steps_in_threads_take_turns_and_leave_torch_as_it_was():
+    """A study's lanes predict in threads, and a fake step patches module attributes (F.dropout, SDPA, GPT.__init__):
+    two at once restored each other's patches mid-trace (tiny, sac_ops predicted 1060 for 864 in threads, 864 alone)
+    and left them in place. The second waits for the first to end."""
+    import threading
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.memsnapshot import fake_step
+
+    experiment, profile = load_experiment("tiny"), load_profile("bf16")
+    originals = (F.scaled_dot_product_attention, F.dropout)
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with fake_step(experiment, profile, torch.device("cpu"), 256, 2):
+            order.append("first in")
+            inside.set()
+            release.wait(30)
+            order.append("first out")
+
+    def second():
+        inside.wait(30)
+        with fake_step(experiment, profile, torch.device("cpu"), 256, 2):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    inside.wait(30)
+    time.sleep(0.5)  # time enough for the second to enter, were it let in
+    assert order == ["first in"]
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert order == ["first in", "first out", "second in"]
+    assert (F.scaled_dot_product_attention, F.dropout) == originals
