@@ -22,6 +22,7 @@ storages are created and freed, in order, and how large.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import weakref
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.trace_lines import Sized, StepTraces
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
+# replayed_max_batch's stop, asked by a trace in progress every STOP_EVERY ops: one trace of a large step takes
+# seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside the step)
+_STOP: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("trace_stop", default=None)
+STOP_EVERY = 256
 
 
 def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[Event], int]:
@@ -247,7 +252,8 @@ CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must f
 
 
 class SearchStopped(Exception):
-    """The replay's search was asked to stop between two traces (a study stopping: a search takes minutes)."""
+    """The replay's search was asked to stop (a study stopping: a search takes minutes), between two traces or within
+    one (every STOP_EVERY ops)."""
 
 
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
@@ -262,7 +268,7 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
     already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
     lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes).
-    `should_stop`: asked before each trace; SearchStopped when it says so."""
+    `should_stop`: asked before each trace and within it every STOP_EVERY ops; SearchStopped when it says so."""
     start = max(1, start)
 
     def traced(b: int) -> list:
@@ -271,7 +277,17 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
         with FAKE_STEP_LOCK:  # asked once the lock is ours: another lane's trace may have held it for a while
             if should_stop is not None and should_stop():
                 raise SearchStopped(f"stopped before tracing micro-batch {b}")
-            return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+            token = _STOP.set(should_stop)
+            try:
+                return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+            except SearchStopped:
+                raise
+            except Exception as e:  # a stop raised on autograd's device thread may come back wrapped
+                if should_stop is not None and should_stop():
+                    raise SearchStopped(f"stopped during the trace of micro-batch {b}") from e
+                raise
+            finally:
+                _STOP.reset(token)
 
     # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
     traces = StepTraces(traced)
@@ -487,6 +503,13 @@ class _TraceBook:
         self.seen: set[int] = set()
         self.workspaces: set[str] = set()
         self.paused = False
+        self.should_stop = _STOP.get()  # read here, in the caller's thread: the backward may run on autograd's own
+        self.ops = 0
+
+    def stop_if_asked(self) -> None:
+        self.ops += 1
+        if self.should_stop is not None and self.ops % STOP_EVERY == 0 and self.should_stop():
+            raise SearchStopped(f"stopped during a trace, after {self.ops} ops")
 
     def made_by(self, func: Any, args: tuple, out: Any) -> None:
         """What a GPU run allocates as `func` returns: its outputs' storages, the cuBLAS workspace at a phase's
@@ -550,6 +573,7 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             _TraceBook.__init__(self, torch, events)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.stop_if_asked()
             if func is torch.ops.aten.add.Tensor and _engine_accumulates_in_place(torch, args, kwargs):
                 func = torch.ops.aten.add_.Tensor
             held = None if self.paused else _embedding_backward_blocks(func, args)

@@ -697,7 +697,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     allows (the seed shape's bf16 under a 24 GiB card: 146 against find-batch's 102; replayed, 100).
     `capped`: the probes run under --gpu-memory's cap (an emulated card), whose measurement allocates before the model
     (allocation_trace._memory_cap_measurement); False for a search on the card's own memory. `should_stop`: asked
-    between the replay's traces; allocation_trace.SearchStopped when it says so (no prediction, not the analytic one)."""
+    between the replay's traces and within them; allocation_trace.SearchStopped when it says so (no prediction, not the analytic one)."""
     import dataclasses
 
     from memlab.core import estimate as est

@@ -755,3 +755,28 @@ def test_fake_steps_in_threads_take_turns_and_leave_torch_as_it_was():
         t.join(30)
     assert order == ["first in", "first out", "second in"]
     assert (F.scaled_dot_product_attention, F.dropout) == originals
+
+
+def test_a_stop_ends_a_replayed_trace_in_progress_and_leaves_torch_as_it_was(monkeypatch):
+    """A trace of a large step takes seconds to tens of seconds, and a study's stop waited for it: the trace asks
+    the stop every STOP_EVERY ops and ends with SearchStopped, its patches undone and the next trace free to start."""
+    import torch.nn.functional as F
+
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+
+    experiment, profile = load_experiment("tiny"), load_profile("bf16")
+    returned, real = [], allocation_trace.step_trace
+    monkeypatch.setattr(allocation_trace, "step_trace", lambda *a, **k: returned.append(real(*a, **k)) or returned[-1])
+    asked = []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return len(asked) >= 3  # the first is asked before the trace, the next ones within it
+
+    originals = (F.scaled_dot_product_attention, F.dropout)
+    with pytest.raises(allocation_trace.SearchStopped, match="during a trace"):
+        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, should_stop=should_stop)
+    assert not returned and len(asked) == 3
+    assert (F.scaled_dot_product_attention, F.dropout) == originals
+    assert allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, start=4) > 0

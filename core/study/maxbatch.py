@@ -48,7 +48,7 @@ class LiveProbes:
 
 def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = None) -> tuple[int | None, str]:
     """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell. On a GPU
-    the allocator replay traces the step for up to minutes: `stopping` is asked between its traces (SearchStopped)."""
+    the allocator replay traces the step for up to minutes: `stopping` is asked between its traces and within them (SearchStopped)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
     return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here(),
