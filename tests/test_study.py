@@ -560,17 +560,10 @@ def test_the_speed_cost_of_the_memory_finding_reads_as_a_ratio(ms, expect):
     assert _speed_cost({"step_ms_median": ms}, {"step_ms_median": 53.8}).startswith(expect)
 
 
-def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeypatch):
-    """On the H100 leanest's replayed prediction took ~5 minutes and was made again by every resume, each then stopped
-    before its probe: an interrupted item keeps its prediction, and the search resumes from it and the cached bounds."""
+def _probes_up_to(limit, monkeypatch, budget=None):
+    """find-batch's probe, faked: micro-batches up to `limit` fit (each measuring `budget`); the batches asked."""
     from memlab.core import batchfind as bf
-    from memlab.core.config import load_experiment, load_profile
-    from memlab.core.study import maxbatch
-    from memlab.core.study.plan import Plan
-    from memlab.core.study.state import Item, Options
 
-    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: pytest.fail("the prediction was made again"))
     probed = []
 
     class FakeProbe:
@@ -579,16 +572,37 @@ def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeyp
 
         def __call__(self, b):
             probed.append(b)
-            return bf.ProbeResult(b, b <= 37, message="" if b <= 37 else "CUDA out of memory")
+            return bf.ProbeResult(b, b <= limit, allocator_budget_bytes=budget, message="" if b <= limit else "CUDA out of memory")
 
         def close(self):
             pass
 
     monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
+    return probed
+
+
+def _cuda_plan():
+    """The study's plan for baseline on tiny, on a (fake) GPU under a 24 GiB card."""
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.plan import Plan
+    from memlab.core.study.state import Options
+
     options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
-    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    return Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+
+
+def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeypatch):
+    """On the H100 leanest's replayed prediction took ~5 minutes and was made again by every resume, each then stopped
+    before its probe: an interrupted item keeps its prediction, and the search resumes from it and the cached bounds."""
+    from memlab.core import batchfind as bf
+    from memlab.core.study import maxbatch
+    from memlab.core.study.state import Item
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: pytest.fail("the prediction was made again"))
+    probed = _probes_up_to(37, monkeypatch)
     item = Item("max/baseline", "max", "baseline", status="interrupted", predicted_max_batch=36)
-    maxbatch.find_max(plan, item, lambda line: None, lambda: False)
+    maxbatch.find_max(_cuda_plan(), item, lambda line: None, lambda: False)
     assert (item.status, item.max_batch, item.predicted_max_batch) == ("measured", 37, 36)
     assert probed[0] == bf.start_below(36)
 
@@ -596,34 +610,15 @@ def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeyp
 def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study_folder(tmp_path, monkeypatch):
     """find-batch's cache stays on the machine that searched (on the H100 a fresh machine would have begun
     compile_budget's search again, at ~100 s a probe): the item keeps its bounds in study.json, even when stopped."""
-    from memlab.core import batchfind as bf
-    from memlab.core.config import load_experiment, load_profile
     from memlab.core.study.maxbatch import find_max
-    from memlab.core.study.plan import Plan
-    from memlab.core.study.state import Item, Options, StudyState, load_state
+    from memlab.core.study.state import Item, StudyState, load_state
 
-    probed = []
-
-    class FakeProbe:
-        def __init__(self, *a, **k):
-            pass
-
-        def __call__(self, b):
-            probed.append(b)
-            return bf.ProbeResult(b, b <= 37, message="" if b <= 37 else "CUDA out of memory")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
-    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
-    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    probed, plan = _probes_up_to(37, monkeypatch), _cuda_plan()
     item = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "first-machine"))
     find_max(plan, item, lambda line: None, lambda: len(probed) >= 2)  # stopped after two probes
     assert item.status == "interrupted" and (item.known_fit, item.known_oom) == (32, 64)
-    state = StudyState(options, {}, {item.key: item})
-    state.save(tmp_path)
+    StudyState(plan.options, {}, {item.key: item}).save(tmp_path)
     resumed = load_state(tmp_path).items[item.key]
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "second-machine"))  # an empty cache
     probed.clear()
@@ -635,33 +630,19 @@ def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study
 def test_a_max_batch_item_records_the_allocator_budget_its_probes_measured(tmp_path, monkeypatch):
     """Under --gpu-memory each probe measures what the card leaves the allocator (NVML: context, driver's reserve);
     find-batch printed it, the study's report only said "capped at 24GiB"."""
-    from memlab.core import batchfind as bf
-    from memlab.core.config import load_experiment, load_profile
     from memlab.core.study.maxbatch import find_max
-    from memlab.core.study.plan import Plan
     from memlab.core.study.report import _budget_text
-    from memlab.core.study.state import Item, Options, StudyState
+    from memlab.core.study.state import Item, StudyState
 
     budget = int(22.79 * 2**30)
-
-    class FakeProbe:
-        def __init__(self, *a, **k):
-            pass
-
-        def __call__(self, b):
-            return bf.ProbeResult(b, b <= 37, allocator_budget_bytes=budget, message="" if b <= 37 else "CUDA out of memory")
-
-        def close(self):
-            pass
-
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(bf, "ChildProbe", FakeProbe)
-    options = Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="24GiB", steps=3)
-    plan = Plan(options, load_experiment("tiny"), {"baseline": load_profile("baseline")}, "baseline", 24 * 2**30, "NVIDIA Fake")
+    _probes_up_to(37, monkeypatch, budget)
+    plan = _cuda_plan()
     item = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
     find_max(plan, item, lambda line: None, lambda: False)
     assert (item.max_batch, item.allocator_budget_bytes) == (37, budget)
     other = Item("max/bf16", "max", "bf16", allocator_budget_bytes=budget - 2**28)
+    options = plan.options
     assert "probes measured: 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item}))
     assert "probes measured: 22.54 GiB to 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item, other.key: other}))
     assert _budget_text(StudyState(options, {}, {})) == ""
