@@ -601,10 +601,25 @@ def test_a_resumed_search_keeps_the_prediction_it_started_from(tmp_path, monkeyp
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: pytest.fail("the prediction was made again"))
     probed = _probes_up_to(37, monkeypatch)
-    item = Item("max/baseline", "max", "baseline", status="interrupted", predicted_max_batch=36)
+    item = Item("max/baseline", "max", "baseline", status="interrupted", predicted_max_batch=36, searched_on="NVIDIA Fake")
     maxbatch.find_max(_cuda_plan(), item, lambda line: None, lambda: False)
     assert (item.status, item.max_batch, item.predicted_max_batch) == ("measured", 37, 36)
     assert probed[0] == bf.start_below(36)
+
+
+def test_a_search_resumed_on_another_gpu_model_starts_over(tmp_path, monkeypatch):
+    """The kept prediction and bounds are for one GPU model (its reserve sets the allocator's budget under the cap)."""
+    from memlab.core.study import maxbatch
+    from memlab.core.study.state import Item
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: (30, "24.00 GiB"))
+    probed = _probes_up_to(37, monkeypatch)
+    item = Item("max/baseline", "max", "baseline", status="interrupted", predicted_max_batch=36, known_fit=40,
+                searched_on="NVIDIA H200")
+    maxbatch.find_max(_cuda_plan(), item, lambda line: None, lambda: False)
+    assert (item.max_batch, item.predicted_max_batch, item.searched_on) == (37, 30, "NVIDIA Fake")
+    assert probed[0] == 16  # start_below(30), not past the H200's 40
 
 
 def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study_folder(tmp_path, monkeypatch):
@@ -614,7 +629,7 @@ def test_a_search_resumed_on_another_machine_starts_from_the_bounds_in_the_study
     from memlab.core.study.state import Item, StudyState, load_state
 
     probed, plan = _probes_up_to(37, monkeypatch), _cuda_plan()
-    item = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
+    item = Item("max/baseline", "max", "baseline", predicted_max_batch=36, searched_on="NVIDIA Fake")
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "first-machine"))
     find_max(plan, item, lambda line: None, lambda: len(probed) >= 2)  # stopped after two probes
     assert item.status == "interrupted" and (item.known_fit, item.known_oom) == (32, 64)

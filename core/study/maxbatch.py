@@ -59,7 +59,9 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
              live: LiveProbes | None = None) -> None:
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status. A search
     resumed after a stop keeps the prediction it started from: on the seeds' shape leanest's replay took ~5 minutes
-    of the H100 each time it was made again (--redo forgets it)."""
+    of the H100 each time it was made again (--redo forgets it), and the bounds its probes found (study.json), as
+    long as it resumes on the same GPU model."""
+    _forget_another_gpus(plan, item)
     if item.predicted_max_batch is None or not plan.on_cuda:
         try:
             item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping)
@@ -84,6 +86,13 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
     else:
         item.status, item.max_batch = "measured", result.max_batch
         item.message = "" if result.exact else f"the limit {result.max_batch} fits: the true maximum may be larger"
+
+
+def _forget_another_gpus(plan: Plan, item: Item) -> None:
+    """A search resumed on another GPU model starts over: the card's reserve, and so the budget, differ."""
+    if item.searched_on != plan.gpu_name:
+        item.predicted_max_batch = item.known_fit = item.known_oom = item.allocator_budget_bytes = None
+    item.searched_on = plan.gpu_name
 
 
 def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],

@@ -70,6 +70,7 @@ class Item:
     known_fit: int | None = None
     known_oom: int | None = None
     allocator_budget_bytes: int | None = None  # max, under --gpu-memory: the allocator's cap its probes measured and set
+    searched_on: str | None = None  # max: the GPU model the prediction and bounds above are for
     command: str = ""
 
     @property
