@@ -22,21 +22,20 @@ storages are created and freed, in order, and how large.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from memlab.core import stopping
 from memlab.core.allocator_model import CAPTURE, OutOfMemory, replay
 from memlab.core.config import Experiment, Profile
 from memlab.core.trace_lines import Sized, StepTraces
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
-# replayed_max_batch's stop, asked by a trace in progress every STOP_EVERY ops: one trace of a large step takes
-# seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside the step)
-_STOP: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("trace_stop", default=None)
+# replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
+# large step takes seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside)
 STOP_EVERY = 256
 
 
@@ -277,17 +276,15 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
         with FAKE_STEP_LOCK:  # asked once the lock is ours: another lane's trace may have held it for a while
             if should_stop is not None and should_stop():
                 raise SearchStopped(f"stopped before tracing micro-batch {b}")
-            token = _STOP.set(should_stop)
             try:
-                return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+                with stopping.asking(should_stop):
+                    return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
             except SearchStopped:
                 raise
-            except Exception as e:  # a stop raised on autograd's device thread may come back wrapped
+            except Exception as e:  # a stop that ended the tracing child, or raised on autograd's device thread
                 if should_stop is not None and should_stop():
                     raise SearchStopped(f"stopped during the trace of micro-batch {b}") from e
                 raise
-            finally:
-                _STOP.reset(token)
 
     # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
     traces = StepTraces(traced)
@@ -503,7 +500,7 @@ class _TraceBook:
         self.seen: set[int] = set()
         self.workspaces: set[str] = set()
         self.paused = False
-        self.should_stop = _STOP.get()  # read here, in the caller's thread: the backward may run on autograd's own
+        self.should_stop = stopping.current()  # read here, in the caller's thread: the backward may run on autograd's own
         self.ops = 0
 
     def stop_if_asked(self) -> None:

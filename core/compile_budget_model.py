@@ -60,6 +60,8 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
+from memlab.core import stopping
+
 # What the H100 reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
 H100_PROPERTIES = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
                        total_memory=85017493504, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
@@ -179,12 +181,30 @@ def _traced_in_child(shape: GraphShape) -> BudgetTrace:
 def _child_output(shape: GraphShape, *flags: str) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
     cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(asdict(shape))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TRACE_TIMEOUT_S, check=False)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    returncode, out, err = _run_child(cmd)
+    lines = out.strip().splitlines()
+    if returncode != 0 or not lines:
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"tracing the compiled step failed: {tail}")
     return json.loads(lines[-1])
+
+
+def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `cmd`, ended early (RuntimeError) when this thread's stop is asked
+    (memlab.core.stopping: a study stopping during a lane's prediction) or after TRACE_TIMEOUT_S."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        for _ in range(int(TRACE_TIMEOUT_S / poll_s)):
+            try:
+                out, err = child.communicate(timeout=poll_s)
+                return child.returncode, out, err
+            except subprocess.TimeoutExpired:
+                if stopping.asked():
+                    child.kill()
+                    child.communicate()
+                    raise RuntimeError("tracing the compiled step stopped: the search was asked to stop") from None
+        child.kill()
+        child.communicate()
+        raise RuntimeError(f"tracing the compiled step took over {TRACE_TIMEOUT_S} s")
 
 
 def main(argv: list[str] | None = None) -> None:

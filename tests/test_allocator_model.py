@@ -780,3 +780,35 @@ def test_a_stop_ends_a_replayed_trace_in_progress_and_leaves_torch_as_it_was(mon
     assert not returned and len(asked) == 3
     assert (F.scaled_dot_product_attention, F.dropout) == originals
     assert allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, start=4) > 0
+
+
+def test_a_stop_ends_the_compiled_steps_tracing_child():
+    """A compiled step is traced once per shape by a child process (a minute or more for a large model): a stop
+    asked meanwhile kills it, where the study waited for it."""
+    import sys
+    import time
+
+    from memlab.core import compile_budget_model, stopping
+
+    t0 = time.monotonic()
+    with stopping.asking(lambda: time.monotonic() - t0 > 1.0), pytest.raises(RuntimeError, match="asked to stop"):
+        compile_budget_model._run_child([sys.executable, "-c", "import time; time.sleep(60)"], poll_s=0.1)
+    assert time.monotonic() - t0 < 10
+    assert compile_budget_model._run_child([sys.executable, "-c", "print('traced')"])[:2] == (0, "traced\n")
+
+
+def test_a_trace_that_fails_while_a_stop_is_asked_is_a_stop_and_otherwise_the_failure(monkeypatch):
+    """The tracing child killed by a stop (or a stop raised on autograd's device thread) comes back as another error."""
+    from memlab.core import allocation_trace
+    from memlab.core.config import load_experiment, load_profile
+
+    def killed(*a, **k):
+        raise RuntimeError("tracing the compiled step stopped: the search was asked to stop")
+
+    monkeypatch.setattr(allocation_trace, "step_trace", killed)
+    experiment, profile, asked = load_experiment("tiny"), load_profile("compile"), []
+    with pytest.raises(allocation_trace.SearchStopped, match="during the trace"):
+        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30,
+                                            should_stop=lambda: bool(asked.append(1)) or len(asked) > 1)
+    with pytest.raises(RuntimeError, match="asked to stop"):
+        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, should_stop=lambda: False)

@@ -140,7 +140,7 @@ def _run_stoppable(runner) -> None:
 
 def _on_signal(runner, say, quit_now=os._exit):
     """The first signal asks the study to stop between items; the second quits now, for what cannot be cut short
-    (the symbolic trace of a compiled step, in a child process of its own, or the report). Every finished item is already saved
+    (the report, or a probe's child that does not stop). Every finished item is already saved
     (study.json is written after each, atomically), the children stop when their parent is gone, and the report
     is written by the next invocation."""
     def on_signal(signum, frame):  # noqa: ARG001
