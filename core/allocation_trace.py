@@ -273,16 +273,16 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     def traced(b: int) -> list:
         from memlab.core.memsnapshot import FAKE_STEP_LOCK
 
-        with FAKE_STEP_LOCK:  # asked once the lock is ours: another lane's trace may have held it for a while
-            if should_stop is not None and should_stop():
+        # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
+        with FAKE_STEP_LOCK, stopping.asking(should_stop):
+            if stopping.asked():
                 raise SearchStopped(f"stopped before tracing micro-batch {b}")
             try:
-                with stopping.asking(should_stop):
-                    return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
+                return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
             except SearchStopped:
                 raise
             except Exception as e:  # a stop that ended the tracing child, or raised on autograd's device thread
-                if should_stop is not None and should_stop():
+                if stopping.asked():
                     raise SearchStopped(f"stopped during the trace of micro-batch {b}") from e
                 raise
 
