@@ -32,8 +32,9 @@ from memlab.core.estimate import COMPONENTS, WORKSPACE_BYTES, Estimate, param_co
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
 # GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without
-# this, one trace restored the functions under another still running, whose prediction then came out wrong (tiny,
-# sac_ops: 1060 for 864) and left the patches in place after both.
+# this, one trace restored the functions under another still running, whose prediction then came out wrong (tiny
+# under 2 GiB, three threads: sac_ops 1060 for 864, gradcp_bf16 1447 for 1279) and left the patches in place after
+# both (bench/lane_race_check.py, bench/results/lane-race-cpu/).
 FAKE_STEP_LOCK = threading.RLock()
 
 
