@@ -4,7 +4,8 @@
 #                                         (memory, speed, loss side by side), then the equal-batch rounds at batch 16
 #   bash bench/graph_step.sh OUT max      the equal-batch rounds at the largest batch both the loop and memlab fit
 #   bash bench/graph_step.sh OUT rivals   one round of the profiles that could be faster than `fastest` (compile,
-#                                         compile_budget, float8, cce) at batch 16 and the largest batch both fit
+#                                         compile_budget, float8, cce) at batch 16 and the largest batch both fit;
+#                                         RIVALS, BATCHES and RIVAL_ROUNDS set other profiles, batches and rounds
 #   bash bench/graph_step.sh OUT seed     the seeds' shape (4 x 256, seq 256, a 50k head, dropout 0.1) at batch 64, where
 #                                         the host sets the pace; and find-batch of bf16 with and without a graph
 #   bash bench/graph_step.sh OUT accum    `fastest` with and without its graph at accumulation 2 and a validation every 10
@@ -38,9 +39,9 @@ max)
   python3 bench/fastest.py --out "$OUT/eqmax" --rounds "$ROUNDS" --steps 20 --skip ref_eager,ref_compiled,memlab,meters,ttfs \
     --equal-batches max --max-candidates "${CANDIDATES:-176,160,144}" --equal-profiles "$EQ" 2>&1 | grep -v -i warn > "$OUT/eqmax.log"; tail -8 "$OUT/eqmax.log";;
 rivals)
-  python3 bench/fastest.py --out "$OUT/rivals" --rounds 1 --steps 20 --skip ref_eager,ref_compiled,memlab,meters,ttfs \
-    --equal-batches 16,max --max-candidates "${CANDIDATES:-200,192,184,176}" --equal-profiles "compile;compile_budget;float8;cce" \
-    2>&1 | grep -v -i warn > "$OUT/rivals.log"; tail -14 "$OUT/rivals.log";;
+  python3 bench/fastest.py --out "$OUT/rivals" --rounds "${RIVAL_ROUNDS:-1}" --steps 20 --skip ref_eager,ref_compiled,memlab,meters,ttfs \
+    --equal-batches "${BATCHES:-16,max}" --max-candidates "${CANDIDATES:-200,192,184,176}" \
+    --equal-profiles "${RIVALS:-compile;compile_budget;float8;cce}" 2>&1 | grep -v -i warn > "$OUT/rivals.log"; tail -24 "$OUT/rivals.log";;
 seed)
   python3 bench/fastest.py --out "$OUT/seed" --experiment bench/experiments/seed_shape.toml --rounds "$ROUNDS" --steps 40 \
     --skip ref_eager,ref_compiled,memlab,meters,ttfs --equal-batches 64 --equal-profiles "$EQ;bf16;bf16,cuda_graph.enabled=true" \
