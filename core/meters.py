@@ -86,6 +86,15 @@ def allocator_peaks() -> tuple[int, int]:
     return stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
 
 
+def host_copy(value: Any) -> Any:
+    """A device tensor's copy into pinned host memory, queued on the stream now; it has landed once anything recorded
+    after it has completed. Reading the device tensor itself a step late (.item()) would queue the read behind the
+    next step and wait for that step too: the host's work between steps would then leave the GPU idle."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+        return value.to("cpu", non_blocking=True)
+    return value
+
+
 class PhaseMeter:
     """Marks phase boundaries within a step; `finish_step` returns the record of the step before (lagged)."""
 
@@ -136,7 +145,7 @@ class PhaseMeter:
     def finish_step(self, loss: Any, grad_norm: Any = None) -> StepRecord | None:
         """Close this step; return the previous step's completed record (None on the first call)."""
         assert self._record is not None
-        self._record.loss, self._record.grad_norm = loss, grad_norm
+        self._record.loss, self._record.grad_norm = host_copy(loss), host_copy(grad_norm)  # queued before the end mark
         self._marks.append(("end", self._mark()))
         previous, self._pending = self._pending, (self._record, self._marks)
         return self._resolve(previous) if previous else None

@@ -179,3 +179,47 @@ def test_phase_meter_reads_both_allocator_peaks_from_one_nested_stats_read(monke
     rec = meter._record
     assert reads == [100, 300, 200]
     assert rec.peak == {"fwd": 100, "bwd": 300, "opt": 200} and rec.peak_reserved == 1200
+
+
+def test_a_step_is_read_back_without_waiting_for_the_step_queued_behind_it(monkeypatch):
+    """The loss and gradient norm reach the host through copies queued before the step's end mark. Reading the device
+    tensors themselves one step late (.item()) would queue the read behind the next step and wait for it too, leaving
+    the GPU idle through the host's work between steps."""
+    from unittest import mock
+
+    from memlab.core import meters
+    from memlab.core.distributed import DistContext
+
+    timeline = []
+
+    class Event:
+        def __init__(self, enable_timing: bool):
+            self.at = None
+
+        def record(self):
+            self.at = len(timeline)
+            timeline.append("mark")
+
+        def synchronize(self):
+            timeline.append("wait for mark")
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    def on_device(value: float):  # a 0-d CUDA tensor as far as the meter can tell
+        t = mock.MagicMock(spec=torch.Tensor)
+        t.device = torch.device("cuda")
+        t.item.side_effect = lambda: pytest.fail("a device read waits for every step queued before it")
+        t.to.side_effect = lambda *a, **k: timeline.append(("copy", a, k)) or torch.tensor(value)
+        return t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    meter = meters.PhaseMeter(torch.device("cuda"), enabled=False)
+    for step, loss in enumerate((3.0, 2.5)):
+        meter.start_step(step)
+        assert meter.finish_step(on_device(loss), on_device(loss * 10)) is None or step == 1
+    rec = meter.flush()
+    copies = [i for i, e in enumerate(timeline) if isinstance(e, tuple)]
+    assert len(copies) == 4 and all(timeline[i][1:] == (("cpu",), {"non_blocking": True}) for i in copies)
+    assert timeline[copies[3] + 1] == "mark"  # the last step's copies are queued before its end mark
+    assert DistContext().read_loss(rec.loss) == 2.5 and rec.grad_norm.item() == 25.0
