@@ -3,7 +3,7 @@ copy to pinned host memory before the step's end mark) against the read it repla
 step late, which the stream orders behind the next step: the host then waits for that step too, and the GPU idles
 through the host's work between steps). The old read is restored by swapping host_copy for the identity.
 
-Cases in rounds, interleaved, in one process, each memlab side timed as the engine times it (events: the median step;
+Cases in rounds, interleaved (the two reads take turns going first), in one process, each memlab side timed as the engine times it (events: the median step;
 wall: the laps over the measured steps) and the compiled loop of bench/fastest.py by the same wall clock:
 
     python3 bench/read_back_check.py --out $OUT/read-back --batches 16,64 --rounds 3 --steps 30
@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--batches", default="16,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--profiles", default=";".join(PROFILES), help="';'-separated: profile[,key=value...]")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,8 +74,8 @@ def main() -> None:
     for rnd in range(args.rounds):
         for b in batches:
             record("compiled loop", b, rnd, reference_run(tok.train, exp, vocab, b, args.steps, compiled=True))
-            for entry in PROFILES:
-                for old in (False, True):
+            for entry in args.profiles.split(";"):
+                for old in (False, True) if rnd % 2 == 0 else (True, False):  # each read goes first in every other round
                     if old and "pin_memory" in entry:
                         continue
                     record(f"{entry} ({'old read' if old else 'host copy'})", b, rnd, memlab_case(args.experiment, entry, args.steps, b, old))
