@@ -106,7 +106,8 @@ class _Run:
         """One row of figures as DESIGN.md defines them, from the steps measured so far (after warm-up)."""
         measured = [r for r in self.records if r.step >= self.experiment.train.measure_after] or self.records[-1:]
         return (self._identity(status) | self._memory(measured) | self._speed(measured) | self._quality()
-                | {"torch_version": torch.__version__, "memlab_version": memlab.__version__, "started_at": self.started_at})
+                | {"torch_version": torch.__version__, "memlab_version": memlab.__version__,
+                   "memlab_commit": self.info.get("memlab_commit"), "started_at": self.started_at})
 
     def _identity(self, status: str) -> dict[str, Any]:
         """Who ran, on what, with which techniques (as applied: the kernel that ran, not the one asked for)."""
@@ -374,6 +375,8 @@ def _start_sampler(run: _Run, sink: Sink, meters: bool) -> None:
 
 def _emit_started(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) -> None:
     e, p, tokens = run.experiment, run.profile, prepared.tokens
+    env = environment(run.device)
+    run.info["memlab_commit"] = env["git_sha"]
     sink.emit(
         make_event(
             "started",
@@ -385,7 +388,7 @@ def _emit_started(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) ->
             experiment=to_dict(e),
             experiment_id=e.fingerprint(),
             changes=describe_changes(p),
-            environment=environment(run.device),
+            environment=env,
             params=run.info["params"],
             vocab_size=prepared.vocab_size,
             total_steps=prepared.total_steps,

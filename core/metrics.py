@@ -137,6 +137,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("skipped_steps", INT, "count", "rank0", "fp16: steps the GradScaler skipped for inf/nan gradients"),
     Metric("torch_version", STR, "version", "same"),
     Metric("memlab_version", STR, "version", "same"),
+    Metric("memlab_commit", STR, "id", "same", 'the commit of memlab\'s source (a git checkout; "+dirty" when its tracked files differ): one version number spans many commits'),
     Metric("started_at", STR, "timestamp", "rank0", "UTC ISO-8601"),
     # against the baseline (memlab.core.compare)
     Metric("mem_saved_pct", FLOAT, "pct", None, "100 × (1 − peak / baseline peak)", "mem saved", 21, figure=True, relative=True),

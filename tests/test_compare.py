@@ -529,6 +529,12 @@ def test_a_group_that_mixes_gpu_counts_or_versions_says_so(tmp_path):
     write_run(tmp_path / "same", "bf16", n_gpus=1, torch_version="2.6.0", **h100)
     (label, g), = compare.groups(compare.comparison(compare.read_runs([tmp_path / "same"])[0]))
     assert not any("differ in" in n for n in compare.group_notes(g, []))
+    # one version number spans many commits: runs from two commits of memlab 0.1.0 say so too
+    for profile, commit in (("baseline", "66f2cd9a1b2c"), ("bf16", "a5db0201c3d4+dirty")):
+        write_run(tmp_path / "commits", profile, memlab_version="0.1.0", memlab_commit=commit, **h100)
+    (label, g), = compare.groups(compare.comparison(compare.read_runs([tmp_path / "commits"])[0]))
+    assert "runs here differ in memlab commit (66f2cd9a1b2c, a5db0201c3d4+dirty): their figures may not compare" in \
+        compare.group_notes(g, compare.visible_columns(g)[1])
 
 
 def test_wall_tokens_per_s_and_mfu_at_the_bf16_peak_show_only_where_they_differ(tmp_path):

@@ -181,6 +181,17 @@ def test_phase_meter_reads_both_allocator_peaks_from_one_nested_stats_read(monke
     assert rec.peak == {"fwd": 100, "bwd": 300, "opt": 200} and rec.peak_reserved == 1200
 
 
+def test_the_summary_names_memlabs_commit(tiny, monkeypatch):
+    """memlab_version is one number for many commits; the summary also carries the source's commit (the table's
+    groups say when it differs)."""
+    from memlab.core import environment
+
+    monkeypatch.setattr(environment, "git_sha", lambda: "a5db0201c3d4+dirty")
+    tiny.train.steps = 3
+    summary = train(tiny, load_profile("baseline"), ListSink(), device=CPU)
+    assert summary["memlab_commit"] == "a5db0201c3d4+dirty"
+
+
 def test_a_step_is_read_back_without_waiting_for_the_step_queued_behind_it(monkeypatch):
     """The loss and gradient norm reach the host through copies queued before the step's end mark. Reading the device
     tensors themselves one step late (.item()) would queue the read behind the next step and wait for it too, leaving

@@ -661,3 +661,33 @@ def test_a_max_batch_item_records_the_allocator_budget_its_probes_measured(tmp_p
     assert "probes measured: 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item}))
     assert "probes measured: 22.54 GiB to 22.79 GiB;" in _budget_text(StudyState(options, {}, {item.key: item, other.key: other}))
     assert _budget_text(StudyState(options, {}, {})) == ""
+
+
+def test_the_report_names_the_memlab_commits_its_max_batch_searches_ran(tmp_path, monkeypatch):
+    """Probes are child runs, not run folders, so the runs' versions do not cover them: each max item keeps the
+    commits its probes ran under, a search resumed after an update names both, another GPU model starts over."""
+    from memlab.core import environment
+    from memlab.core.config import load_profile
+    from memlab.core.study import maxbatch
+    from memlab.core.study.maxbatch import find_max
+    from memlab.core.study.report import _searches_made_with
+    from memlab.core.study.state import Item, StudyState
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(maxbatch, "predicted_max", lambda *a, **k: (36, "24.00 GiB"))
+    probed, plan = _probes_up_to(37, monkeypatch), _cuda_plan()
+    plan.profiles["bf16"] = load_profile("bf16")
+    monkeypatch.setattr(environment, "git_sha", lambda: "66f2cd9a1b2c")
+    resumed = Item("max/baseline", "max", "baseline", predicted_max_batch=36)
+    find_max(plan, resumed, lambda line: None, lambda: len(probed) >= 2)  # stopped, then resumed after an update
+    monkeypatch.setattr(environment, "git_sha", lambda: "a5db0201c3d4")
+    find_max(plan, resumed, lambda line: None, lambda: False)
+    whole = Item("max/bf16", "max", "bf16", predicted_max_batch=36)
+    find_max(plan, whole, lambda line: None, lambda: False)
+    assert resumed.searched_with == ["66f2cd9a1b2c", "a5db0201c3d4"] and whole.searched_with == ["a5db0201c3d4"]
+    assert _searches_made_with(StudyState(plan.options, {}, {whole.key: whole})) == ["max-batch searches: memlab a5db0201c3d4 (1 profile)"]
+    assert _searches_made_with(StudyState(plan.options, {}, {resumed.key: resumed, whole.key: whole})) == [
+        "max-batch searches by different memlab commits: memlab 66f2cd9a1b2c then a5db0201c3d4: baseline; memlab a5db0201c3d4: bf16"]
+    moved = Item("max/bf16", "max", "bf16", predicted_max_batch=36, searched_on="NVIDIA H200", searched_with=["66f2cd9a1b2c"])
+    find_max(plan, moved, lambda line: None, lambda: False)
+    assert moved.searched_with == ["a5db0201c3d4"]

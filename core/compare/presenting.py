@@ -98,11 +98,11 @@ def group_notes(g: pl.DataFrame, hidden: list[metrics.Metric]) -> list[str]:
     return notes
 
 
-MIXED_IDENTITY = (("n_gpus", "GPUs"), ("torch_version", "torch"), ("memlab_version", "memlab"))
+MIXED_IDENTITY = (("n_gpus", "GPUs"), ("torch_version", "torch"), ("memlab_version", "memlab"), ("memlab_commit", "memlab commit"))
 
 
 def mixed_setups(g: pl.DataFrame) -> str:
-    """What differs between a group's runs that the group does not split on (GPU count, torch, memlab), e.g.
+    """What differs between a group's runs that the group does not split on (GPU count, torch, memlab, its commit), e.g.
     "GPUs (1, 2); torch (2.5.1, 2.6.0)"; empty when they all agree."""
     parts = []
     for column, word in MIXED_IDENTITY:

@@ -73,6 +73,7 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
         item.message = f"not measured (CPU): the estimator's prediction for {where}" if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it"
         return
     item.command = _find_batch_command(plan, item.profile)
+    _note_memlab(item)
     try:
         result = _search(plan, item, on_probe, stopping, live or LiveProbes())
     except Stopped:
@@ -92,7 +93,19 @@ def _forget_another_gpus(plan: Plan, item: Item) -> None:
     """A search resumed on another GPU model starts over: the card's reserve, and so the budget, differ."""
     if item.searched_on != plan.gpu_name:
         item.predicted_max_batch = item.known_fit = item.known_oom = item.allocator_budget_bytes = None
+        item.searched_with = []
     item.searched_on = plan.gpu_name
+
+
+def _note_memlab(item: Item) -> None:
+    """The memlab whose probes this search runs (its commit in a git checkout, else its version): the report names
+    it, and a search resumed after an update names each."""
+    import memlab
+    from memlab.core.environment import git_sha
+
+    made_by = git_sha() or memlab.__version__
+    if made_by not in item.searched_with:
+        item.searched_with.append(made_by)
 
 
 def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],

@@ -66,7 +66,7 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
         Block("p", f"{len(o.profiles)} profiles on {where}; common effective batch: {_batch_text(o.batch, frame)}; baseline: "
                    f"{baseline}. Written {datetime.now(timezone.utc).isoformat(timespec='seconds')}."),
         *[Block("p", line) for line in _unfinished(state)],
-        Block("h2", "Environment"), Block("list", items=_environment(frame)),
+        Block("h2", "Environment"), Block("list", items=_environment(frame) + _searches_made_with(state)),
         Block("h2", "Table 1: methods at the common batch" + (" and at their own max" if o.at_max else "")),
         Block("table", items=_table1(frame, label, col)),
         Block("p", f"{AT_MAX_MARK} at the profile's own max micro-batch: a different optimisation (another batch), so its perplexity is "
@@ -114,6 +114,21 @@ def _versions(frame: pl.DataFrame) -> list[str]:
         return []
     groups = "; ".join(f"memlab {m} · torch {t}: {', '.join(names)}" for (m, t), names in seen.items())
     return [f"NOTE: these runs come from {len(seen)} different versions (memlab commit, torch): {groups}"]
+
+
+def _searches_made_with(state: StudyState) -> list[str]:
+    """Which memlab made the max-batch searches (their probes are child runs, not run folders: the runs' versions
+    above do not cover them); a search resumed after an update lists each commit it ran under."""
+    made: dict[str, list[str]] = {}
+    for item in state.items.values():
+        if item.kind == "max" and item.searched_with:
+            made.setdefault(" then ".join(item.searched_with), []).append(item.profile)
+    if not made:
+        return []
+    if len(made) == 1:
+        (which, names), = made.items()
+        return [f"max-batch searches: memlab {which} ({len(names)} profile{'s' if len(names) != 1 else ''})"]
+    return ["max-batch searches by different memlab commits: " + "; ".join(f"memlab {w}: {', '.join(n)}" for w, n in made.items())]
 
 
 def _own_overrides(frame: pl.DataFrame) -> list[str]:

@@ -71,6 +71,7 @@ class Item:
     known_oom: int | None = None
     allocator_budget_bytes: int | None = None  # max, under --gpu-memory: the allocator's cap its probes measured and set
     searched_on: str | None = None  # max: the GPU model the prediction and bounds above are for
+    searched_with: list[str] = field(default_factory=list)  # max: the memlab commits its probes ran (a resumed search may span several)
     command: str = ""
 
     @property
