@@ -489,9 +489,12 @@ class _StepPublisher:
         if rec is None:
             return
         loss = self.run.dist.read_loss(rec.loss)  # the mean over ranks; raises StopRequested on every rank alike
+        # floats from here: the run keeps every record, and a tensor each (pinned host memory on CUDA) would add up
+        rec.loss = loss
+        rec.grad_norm = rec.grad_norm.item() if isinstance(rec.grad_norm, torch.Tensor) else rec.grad_norm
         self._check_finite(loss, rec.step)
         self.run.records.append(rec)
-        self.sink.emit(self._event(rec, loss))
+        self.sink.emit(self._event(rec))
 
     def _check_finite(self, loss: float | None, step: int) -> None:
         if loss is not None and math.isfinite(loss):
@@ -502,16 +505,15 @@ class _StepPublisher:
         if not self.fp16 or self.bad_in_a_row >= FP16_NAN_PATIENCE:
             raise Diverged(f"loss is {loss} at step {step}" + (f" ({self.bad_in_a_row} steps in a row)" if self.fp16 else ""))
 
-    def _event(self, rec: StepRecord, loss: float | None) -> dict:
+    def _event(self, rec: StepRecord) -> dict:
         tokens = self.run.info["tokens_per_step"]
-        grad_norm = rec.grad_norm.item() if isinstance(rec.grad_norm, torch.Tensor) else rec.grad_norm
         return make_event(
             "step",
             step=rec.step,
             total_steps=self.total_steps,
-            loss=loss,
+            loss=rec.loss,
             lr=self.lr[rec.step],
-            grad_norm=grad_norm,
+            grad_norm=rec.grad_norm,
             step_ms=rec.step_ms,
             fwd_ms=rec.fwd_ms,
             bwd_ms=rec.bwd_ms,

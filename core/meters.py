@@ -72,7 +72,7 @@ class StepRecord:
     step_ms: float = 0.0
     peak: dict[str, int | None] = field(default_factory=lambda: {p: None for p in PHASES})
     peak_reserved: int | None = None
-    loss: Any = None  # a 0-d tensor until the step is read back
+    loss: Any = None  # a tensor (a host copy on CUDA) until the step is read back, then a float
     grad_norm: Any = None
 
 

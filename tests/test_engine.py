@@ -181,6 +181,22 @@ def test_phase_meter_reads_both_allocator_peaks_from_one_nested_stats_read(monke
     assert rec.peak == {"fwd": 100, "bwd": 300, "opt": 200} and rec.peak_reserved == 1200
 
 
+def test_the_run_keeps_each_steps_loss_and_gradient_norm_as_floats(tiny):
+    """Every step's record stays with the run to its end: a tensor each (pinned host memory on CUDA, never given
+    back while referenced) would grow with the steps."""
+    from memlab.core import engine
+
+    runs = []
+    real = engine._StepPublisher.publish
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine._StepPublisher, "publish", lambda self, rec: runs.append(self.run) or real(self, rec))
+        tiny.train.steps = 4
+        train(tiny, load_profile("baseline"), ListSink(), device=CPU)
+    records = runs[-1].records
+    assert len(records) == 4
+    assert all(type(r.loss) is float and type(r.grad_norm) is float for r in records)
+
+
 def test_the_summary_names_memlabs_commit(tiny, monkeypatch):
     """memlab_version is one number for many commits; the summary also carries the source's commit (the table's
     groups say when it differs)."""
