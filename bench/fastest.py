@@ -271,6 +271,17 @@ def time_to_first_step(runs_dir: Path) -> dict:
     return {"time_to_first_step_s": summary.get("time_to_first_step_s"), "process_to_first_step_event_s": (first_step - t0) if first_step else None, "wall_s": wall, "rc": r.returncode}
 
 
+def experiment_data(name: str):
+    """(the experiment, its tokens, the padded vocabulary the engine builds its model with): what both sides train on."""
+    from memlab.core.config import load_experiment
+    from memlab.core.data import load_tokens
+    from memlab.core.engine import padded_vocab
+
+    exp = load_experiment(name)
+    tok = load_tokens(exp.data)
+    return exp, tok, padded_vocab(tok.vocab_size, exp.model.vocab_size)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
@@ -298,14 +309,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
 
-    from memlab.core.config import load_experiment
-    from memlab.core.data import load_tokens
-    from memlab.core.engine import padded_vocab
     from memlab.core.environment import environment
 
-    exp = load_experiment(args.experiment)
-    tok = load_tokens(exp.data)
-    vocab = padded_vocab(tok.vocab_size, exp.model.vocab_size)
+    exp, tok, vocab = experiment_data(args.experiment)
     rows = []
 
     def record(name: str, rnd: int, res: dict) -> None:

@@ -51,16 +51,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
 
-    from fastest import reference_run
+    from fastest import experiment_data, reference_run
 
-    from memlab.core.config import load_experiment
-    from memlab.core.data import load_tokens
-    from memlab.core.engine import padded_vocab
     from memlab.core.environment import environment
 
-    exp = load_experiment(args.experiment)
-    tok = load_tokens(exp.data)
-    vocab = padded_vocab(tok.vocab_size, exp.model.vocab_size)
+    exp, tok, vocab = experiment_data(args.experiment)
     rows: list[dict] = []
 
     def record(case: str, batch: int, rnd: int, res: dict) -> None:
