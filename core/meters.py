@@ -91,7 +91,7 @@ def host_copy(value: Any) -> Any:
     after it has completed. Reading the device tensor itself a step late (.item()) would queue the read behind the
     next step and wait for that step too: the host's work between steps would then leave the GPU idle."""
     if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-        return value.to("cpu", non_blocking=True)
+        return value.detach().to("cpu", non_blocking=True)  # detached: the copy holds no autograd graph
     return value
 
 

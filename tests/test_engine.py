@@ -238,6 +238,7 @@ def test_a_step_is_read_back_without_waiting_for_the_step_queued_behind_it(monke
         t.device = torch.device("cuda")
         t.item.side_effect = lambda: pytest.fail("a device read waits for every step queued before it")
         t.to.side_effect = lambda *a, **k: timeline.append(("copy", a, k)) or torch.tensor(value)
+        t.detach.return_value = t
         return t
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
