@@ -92,6 +92,7 @@ class _Run:
         self.records: list[StepRecord] = []
         self.wall = WallClock()  # each step's wall time, between-step work included (started again in the loop)
         self.info: dict[str, Any] = {}
+        self.environment: dict[str, Any] = {}  # read once the device is known (memlab.core.environment)
         self.steps_done = 0
         self.tokens = 0
         self.first_step_s: float | None = None  # from process start when the caller knows it (memlab run), else from train()
@@ -351,6 +352,7 @@ def _build(run: _Run, prepared: Prepared) -> TrainStep:
     e, p = run.experiment, run.profile
     run.dist = dctx = distributed.setup(p, prepared.device)  # rank, world size; a one-process group for ddp/fsdp alone
     run.device = dctx.device
+    run.environment = environment(run.device)  # one read per run: it asks git and NVML
     run.info.update(world_size=dctx.world_size, rank=dctx.rank, micro_batch=prepared.micro_batch,
                     tokens_per_step=e.train.batch_size * e.model.seq_len, phase="model")
     torch.manual_seed(e.train.seed)
@@ -361,7 +363,8 @@ def _build(run: _Run, prepared: Prepared) -> TrainStep:
         kernel=step.kernel,
         params=n_params,
         flops_per_token=flops_per_token(n_params - step.model.wpe.weight.numel(), cfg.n_layer, cfg.d_model, cfg.seq_len, step.kernel.window),
-        gpu_name=environment(run.device)["gpu_name"] if run.device.type == "cuda" else None,
+        gpu_name=run.environment["gpu_name"] if run.device.type == "cuda" else None,
+        memlab_commit=run.environment["git_sha"],
         **step.applied,
     )
     run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=prepared.vocab_size, micro_batch=prepared.micro_batch, device=run.device.type, world_size=dctx.world_size))
@@ -375,8 +378,6 @@ def _start_sampler(run: _Run, sink: Sink, meters: bool) -> None:
 
 def _emit_started(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) -> None:
     e, p, tokens = run.experiment, run.profile, prepared.tokens
-    env = environment(run.device)
-    run.info["memlab_commit"] = env["git_sha"]
     sink.emit(
         make_event(
             "started",
@@ -388,7 +389,7 @@ def _emit_started(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink) ->
             experiment=to_dict(e),
             experiment_id=e.fingerprint(),
             changes=describe_changes(p),
-            environment=env,
+            environment=run.environment,
             params=run.info["params"],
             vocab_size=prepared.vocab_size,
             total_steps=prepared.total_steps,
