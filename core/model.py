@@ -42,10 +42,14 @@ class CausalSelfAttention(nn.Module):
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before the output projection: (B, T, C) -> attention output (B, T, C)."""
         B, T, C = x.shape
+        dropout_p = self.resid_dropout.p if self.training else 0.0
+        packed = getattr(self.kernel, "packed", None)
+        if packed is not None:  # FA4: takes the projection whole, and writes its gradient whole (no concatenation)
+            return packed(self.qkv(x), self.n_head, dropout_p)
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): the layout every kernel takes; flash-style kernels transpose inside.
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = self.kernel(q, k, v, dropout_p=self.resid_dropout.p if self.training else 0.0)  # (B, nh, T, hs)
+        y = self.kernel(q, k, v, dropout_p=dropout_p)  # (B, nh, T, hs)
         return y.transpose(1, 2).contiguous().view(B, T, C)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

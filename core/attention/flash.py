@@ -7,9 +7,10 @@ where it is preferred when both are installed; FA2 otherwise. flash-attn is opti
 
 Where flash-attn cannot do what the run asks, a stand-in runs and its name says which and why, never silently:
 - dropout (the seeds trained with 0.1) where only FA4 is there: FA2 if installed; else SDPA's flash backend
-  (`sdpa:flash (flash_attn.cute has no dropout)`), or with a window SDPA's memory-efficient backend with an
-  explicit mask (`sdpa:efficient+mask (...)`): FlexAttention has no dropout either;
-- no flash-attn: SDPA's flash backend; a window then is an error on CUDA (use flex), the masked SDPA on the CPU;
+  (`sdpa:flash (flash_attn.cute has no dropout)`), or the backend `sdpa_backend` names; with a window SDPA's
+  memory-efficient backend with an explicit mask (`sdpa:efficient+mask (...)`): FlexAttention has no dropout either;
+- no flash-attn: SDPA's flash backend, or the backend `attention.sdpa_backend` names (`fastest`: cuDNN); a window
+  then is an error on CUDA (use flex), the masked SDPA on the CPU;
 - the CPU backend: SDPA (flash-attn needs CUDA).
 """
 
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from memlab.core.attention import AttentionKernel, Fallback, KernelSpec, Supports, register
+from memlab.core.attention.flash_packed import attend_packed
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError
@@ -107,9 +109,15 @@ class FlashAttention:
         self.supports = impl.supports
         # FA2 spells "no window" (-1, -1), FA4 (None, None); both take (W-1, 0) for a causal window of W.
         self.window_size = (window - 1, 0) if window else ((None, None) if impl.fa4 else (-1, -1))
-        # FA4's CuTe-DSL kernels are not traceable by torch.compile: keep them out of the graph explicitly
-        # (one graph break per call) rather than leave it to Dynamo's guesswork. FA2 registers torch custom ops.
+        # FA4's CuTe-DSL kernels are not traceable by torch.compile: the model hands FA4 its packed projection
+        # through memlab::flash_packed (`packed`), which compile keeps whole; a caller with q, k, v apart still
+        # gets FA4 outside the graph (one graph break a call). FA2 registers torch custom ops.
         self._call = torch.compiler.disable(self._fa4) if impl.fa4 else self._fa2
+        self.packed = self._packed if impl.fa4 else None
+
+    def _packed(self, qkv: torch.Tensor, heads: int, dropout_p: float = 0.0) -> torch.Tensor:
+        assert not dropout_p, "FA4 has no dropout: build_attention chooses a stand-in before any step"
+        return attend_packed(qkv, heads, self.window)
 
     def _fa4(self, q, k, v):
         out, _lse = self.impl.func(q, k, v, causal=True, window_size=self.window_size)
@@ -146,7 +154,13 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
             f"attention.window = {cfg.window} with attention.kernel = flash needs flash-attn ({reason}; {INSTALL}): "
             "SDPA's flash backend cannot window. Use attention.kernel = flex for a sliding window without it"
         )
-    return Fallback(SDPAAttention("flash"), reason)
+    return Fallback(SDPAAttention(stand_in_backend(cfg)), reason)
+
+
+def stand_in_backend(cfg: AttentionConfig) -> str:
+    """The SDPA backend that runs where flash-attn cannot: the one `sdpa_backend` names (`fastest` names cudnn, the
+    fastest on an H100), else SDPA's flash backend, the nearest to flash-attn."""
+    return "flash" if cfg.sdpa_backend == "auto" else cfg.sdpa_backend
 
 
 # Declared as FA2 (FA4 is the same but for dropout): no T x T scores, as with every stand-in flash uses on CUDA.

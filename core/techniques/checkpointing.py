@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+import memlab.core.attention.flash_packed  # noqa: F401  (registers memlab::flash_packed, saved below)
 from memlab.core.config import CheckpointingConfig
 from memlab.core.errors import ConfigError
 
@@ -43,7 +44,7 @@ def _saved_ops() -> set:
     return {getattr(aten, n).default for n in names if hasattr(aten, n)}
 
 
-SAVED_OPS = _saved_ops()
+SAVED_OPS = _saved_ops() | {torch.ops.memlab.flash_packed.default}  # memlab's FA4 op (memlab.core.attention.flash_packed)
 SAVED_NAMESPACES = ("flash_attn",)  # the flash-attn package's own ops (flash_attn::_flash_attn_forward)
 
 
