@@ -93,6 +93,8 @@ class PrecisionConfig:
 @dataclass
 class AttentionConfig:
     kernel: Literal["eager", "sdpa", "flash", "flex"] = "sdpa"
+    # kernel = sdpa: its backend; kernel = flash: the SDPA backend that stands in where flash-attn cannot run (no
+    # flash-attn, or dropout under FA4), auto meaning SDPA's flash backend
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
     window: int = 0  # sliding window of W tokens; 0 = full causal attention
 

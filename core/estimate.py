@@ -459,13 +459,13 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 def _untraceable(st: _Step) -> str | None:
     """Why memlab.core.compile_budget_model cannot trace this step compiled under checkpointing.budget (its model is
-    memlab's plain GPT on one CUDA GPU: SDPA attention, bf16 autocast, full logits; float8's Linears where torchao is
-    installed here), or None when it can."""
+    memlab's plain GPT on one CUDA GPU: SDPA attention, or flash-attn's, which saves the same tensors; bf16 autocast,
+    full logits; float8's Linears where torchao is installed here), or None when it can."""
     p = st.profile
     reasons = [
         (st.device != "cuda", f"the {st.device} backend"),
         (p.precision.dtype != "bf16", f"precision {p.precision.dtype}"),
-        (p.attention.kernel != "sdpa" or p.attention.sdpa_backend == "math" or bool(st.mask), f"attention {p.attention.kernel}:{p.attention.sdpa_backend}" + (" with a mask" if st.mask else "")),
+        (p.attention.kernel not in ("sdpa", "flash") or p.attention.sdpa_backend == "math" or bool(st.mask), f"attention {p.attention.kernel}:{p.attention.sdpa_backend}" + (" with a mask" if st.mask else "")),
         (p.loss.chunked or p.loss.fused != "none", "a chunked or fused loss"),
         (p.kernels.fused, "fused kernels"),
         (p.kernels.float8 and not torchao_installed(), "float8 kernels and no torchao installed here"),
@@ -480,7 +480,9 @@ def _graph_shape(st: _Step, experiment: Experiment):
     from memlab.core.compile_budget_model import GraphShape
 
     s, p = st.s, st.profile
-    attention = "flash" if p.attention.sdpa_backend in ("flash", "efficient") else "cudnn"
+    # flash-attn's kernels are custom ops, in none of the partitioner's op lists: cuDNN attention's place
+    sdpa_flash = p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("flash", "efficient")
+    attention = "flash" if sdpa_flash else "cudnn"
     configured = max(2, experiment.train.batch_size // (st.k * st.world_size))
     return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention,
                       p.kernels.float8)
