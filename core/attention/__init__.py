@@ -3,10 +3,11 @@
 Every kernel takes q, k, v as (B, nh, T, hs) and returns causal attention of the same shape, optionally over a
 sliding window of W tokens (each query sees itself and the W-1 tokens before it). A kernel may also offer
 `packed(qkv, heads, dropout_p)`, taking the (B, T, 3C) projection whole and returning (B, T, C): the model then
-calls that instead (FA4, whose backward writes the projection's gradient in one piece; flash_packed.py). Each kernel class carries a
-`Supports` declaration (window, dropout, dtypes, devices, CPU backward, whether it materializes the T x T scores,
-whether fake tensors can run it); the technique check, the estimator and the fake-tensor method read those
-declarations instead of guessing again.
+calls that instead (FA4, whose backward writes the projection's gradient in one piece: flash_packed.py).
+
+Each kernel class carries a `Supports` declaration (window, dropout, dtypes, devices, CPU backward, whether it
+materializes the T x T scores, whether fake tensors can run it); the technique check, the estimator and the
+fake-tensor method read those declarations instead of guessing again.
 
 A profile names a kernel family (eager, sdpa, flash, flex). `build_attention` turns that into the kernel that will
 run on this device with this dtype and dropout: the family's own kernel where it supports the request, else a
