@@ -26,6 +26,7 @@ import math
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,48 @@ class RefGPT(nn.Module):
             x = b(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+# ------------------------------------------------------------------------------------------- power and clock
+class PowerClock:
+    """NVML's board power and SM clock every 20 ms while a side runs, kept where the GPU was busy (utilization
+    >= 80%: its steps, not compile or set-up): whether a faster step is held back by the power cap (an H100 SXM's
+    700 W), which lowers the clock for every kernel alike. Empty without pynvml."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 (no NVML: no figures, not a failed run)
+            self._nv = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        nv = self._nv
+        while not self._stop.wait(0.02):
+            if nv.nvmlDeviceGetUtilizationRates(self._h).gpu >= 80:
+                self.samples.append((nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0,
+                                     float(nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM))))
+
+    def __enter__(self) -> PowerClock:
+        if self._nv is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._nv is not None:
+            self._thread.join(timeout=1)
+
+    def figures(self) -> dict:
+        if not self.samples:
+            return {}
+        return {"power_w_median": statistics.median(p for p, _ in self.samples),
+                "sm_clock_mhz_median": statistics.median(c for _, c in self.samples), "power_samples": len(self.samples)}
 
 
 # ------------------------------------------------------------------------------------------- kernel profiles
@@ -168,23 +211,24 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
         step()
     torch.cuda.synchronize()
     times = []
-    wall0 = time.perf_counter()  # the same wall clock memlab's laps read: batch building and host gaps included
-    for _ in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        times.append((a, b))
-        if profiled:
-            profiled.step()
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - wall0
+    with PowerClock() as power:
+        wall0 = time.perf_counter()  # the same wall clock memlab's laps read: batch building and host gaps included
+        for _ in range(steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            times.append((a, b))
+            if profiled:
+                profiled.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - wall0
     ms = statistics.median(a.elapsed_time(b) for a, b in times)
     params = sum(p.numel() for p in model.parameters())
     model = opt = fwd = None  # drop the references step() holds, so empty_cache can free them
     torch.cuda.empty_cache()
     return {"step_ms_median": ms, "tokens_per_s": batch * T / (ms / 1000), "tokens_per_s_wall": steps * batch * T / wall,
-            "first_step_s": first, "params": params, "batch": batch, "status": "finished"}
+            "first_step_s": first, "params": params, "batch": batch, "status": "finished"} | power.figures()
 
 
 def reference_or_oom(tokens, exp, vocab: int, batch: int, steps: int) -> dict:
@@ -250,13 +294,14 @@ def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters:
             if event["event"] == "failed":
                 failure["message"] = event.get("message")
 
-    s = train(exp, prof, Sink(), device="cuda", meters=meters)
+    with PowerClock() as power:  # busy samples only: the steps, not compile
+        s = train(exp, prof, Sink(), device="cuda", meters=meters)
     torch.cuda.empty_cache()
     if s["status"] != "finished":
         return {"status": s["status"], "batch": batch, "message": failure.get("message")}
     keys = ("step_ms_median", "tokens_per_s", "tokens_per_s_wall", "mfu", "params", "attention_kernel", "peak_alloc_bytes",
             "peak_reserved_bytes", "time_to_first_step_s", "compile_s", "cuda_graph")
-    return {k: s.get(k) for k in keys} | {"batch": batch, "status": "finished"}
+    return {k: s.get(k) for k in keys} | {"batch": batch, "status": "finished"} | power.figures()
 
 
 def time_to_first_step(runs_dir: Path) -> dict:
