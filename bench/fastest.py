@@ -26,7 +26,6 @@ import math
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -73,45 +72,34 @@ class RefGPT(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------- power and clock
-class PowerClock:
-    """NVML's board power and SM clock every 20 ms while a side runs, kept where the GPU was busy (utilization
-    >= 80%: its steps, not compile or set-up): whether a faster step is held back by the power cap (an H100 SXM's
-    700 W), which lowers the clock for every kernel alike. Empty without pynvml."""
+def power_clock():
+    """memlab's NVML sampler (memlab.core.meters.NvmlSampler: board power, utilization) every 20 ms while a side
+    runs, each sample with the SM clock too: whether a faster step is held back by the power cap (an H100 SXM's
+    700 W), which lowers the clock for every kernel alike. `figures()` keeps the busy samples (utilization >= 80%:
+    the steps, not compile or set-up); empty without NVML."""
+    from memlab.core.meters import NvmlSampler, nvml_index
 
-    def __init__(self):
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        try:
-            import pynvml
+    class PowerClock(NvmlSampler):
+        def _sample(self):
+            s = super()._sample()
+            if s is not None:
+                s["sm_clock_mhz"] = float(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+            return s
 
-            pynvml.nvmlInit()
-            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        except Exception:  # noqa: BLE001 (no NVML: no figures, not a failed run)
-            self._nv = None
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        def __enter__(self):
+            return self.start()
 
-    def _loop(self) -> None:
-        nv = self._nv
-        while not self._stop.wait(0.02):
-            if nv.nvmlDeviceGetUtilizationRates(self._h).gpu >= 80:
-                self.samples.append((nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0,
-                                     float(nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM))))
+        def __exit__(self, *exc) -> None:
+            self.stop()
 
-    def __enter__(self) -> PowerClock:
-        if self._nv is not None:
-            self._thread.start()
-        return self
+        def figures(self) -> dict:
+            busy = [s for s in self.samples if s["util_pct"] >= 80 and s["power_w"] is not None]
+            if not busy:
+                return {}
+            return {"power_w_median": statistics.median(s["power_w"] for s in busy),
+                    "sm_clock_mhz_median": statistics.median(s["sm_clock_mhz"] for s in busy), "power_samples": len(busy)}
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._nv is not None:
-            self._thread.join(timeout=1)
-
-    def figures(self) -> dict:
-        if not self.samples:
-            return {}
-        return {"power_w_median": statistics.median(p for p, _ in self.samples),
-                "sm_clock_mhz_median": statistics.median(c for _, c in self.samples), "power_samples": len(self.samples)}
+    return PowerClock(nvml_index(torch.device("cuda")), interval_s=0.02)
 
 
 # ------------------------------------------------------------------------------------------- kernel profiles
@@ -211,7 +199,7 @@ def reference_run(tokens, exp, vocab: int, batch: int, steps: int, compiled: boo
         step()
     torch.cuda.synchronize()
     times = []
-    with PowerClock() as power:
+    with power_clock() as power:
         wall0 = time.perf_counter()  # the same wall clock memlab's laps read: batch building and host gaps included
         for _ in range(steps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -294,7 +282,7 @@ def memlab_run(exp_name: str, profile_name: str, steps: int, batch: int, meters:
             if event["event"] == "failed":
                 failure["message"] = event.get("message")
 
-    with PowerClock() as power:  # busy samples only: the steps, not compile
+    with power_clock() as power:  # busy samples only: the steps, not compile
         s = train(exp, prof, Sink(), device="cuda", meters=meters)
     torch.cuda.empty_cache()
     if s["status"] != "finished":
