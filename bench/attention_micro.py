@@ -25,17 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def packed_views(qkv: torch.Tensor, nh: int):
-    """(B, T, 3C) -> q, k, v as (B, T, nh, hs) views, the layout flash-attn takes."""
-    B, T, C3 = qkv.shape
-    C = C3 // 3
-    return [t.view(B, T, nh, C // nh) for t in qkv.split(C, dim=2)]
+from memlab.core.attention.flash_packed import split_heads  # (B, T, 3C) -> q, k, v as (B, T, nh, hs) views
 
 
 def sdpa_case(backend):
     def run(qkv, nh, dy):
-        q, k, v = (t.transpose(1, 2) for t in packed_views(qkv, nh))
+        q, k, v = (t.transpose(1, 2) for t in split_heads(qkv, nh))
         with sdpa_kernel(backend):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y.backward(dy.transpose(1, 2))
@@ -45,7 +40,7 @@ def sdpa_case(backend):
 def fa4_case(qkv, nh, dy):
     from flash_attn.cute import flash_attn_func
 
-    q, k, v = packed_views(qkv, nh)
+    q, k, v = split_heads(qkv, nh)
     out, _lse = flash_attn_func(q, k, v, causal=True)
     out.backward(dy)
 
@@ -53,10 +48,10 @@ def fa4_case(qkv, nh, dy):
 def fa4_packed_case(qkv, nh, dy):
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 
-    q, k, v = packed_views(qkv.detach(), nh)
+    q, k, v = split_heads(qkv.detach(), nh)
     out, lse, *_ = _flash_attn_fwd(q, k, v, causal=True, return_lse=True)
     grad = torch.empty_like(qkv)
-    dq, dk, dv = packed_views(grad, nh)
+    dq, dk, dv = split_heads(grad, nh)
     _flash_attn_bwd(q, k, v, out, dy, lse, causal=True, dq=dq, dk=dk, dv=dv)
     qkv.grad = grad
 
@@ -118,7 +113,7 @@ def gradient(run, qkv, nh, dy) -> torch.Tensor:
 def fp64_gradient(qkv, nh, dy) -> torch.Tensor:
     """The gradient of the same attention in fp64 (math backend), from the same bf16 inputs."""
     leaf = qkv.detach().double().requires_grad_(True)
-    q, k, v = (t.transpose(1, 2) for t in packed_views(leaf, nh))
+    q, k, v = (t.transpose(1, 2) for t in split_heads(leaf, nh))
     with sdpa_kernel(SDPBackend.MATH):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     y.backward(dy.double().transpose(1, 2))
