@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from memlab.core.attention import AttentionKernel
-from memlab.core.fused.forward import fused_hidden
+from memlab.core.fused.forward import fused_head_loss, fused_hidden
 from memlab.core.loss import loss_from_hidden
 
 
@@ -93,7 +93,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied embeddings: one V x C matrix, not two
         self.loss_chunk_size = 0  # rows per cross-entropy chunk; 0 = full logits (set from the profile's [loss])
         self.loss_kernel = None  # loss.fused: a library's head + loss in one (memlab.core.linear_ce), else None
-        self.fused = False  # kernels.fused: hidden() runs through memlab.core.fused (same function, fewer passes)
+        self.fused = False  # kernels.fused: hidden() and the loss run through memlab.core.fused (same function, fewer passes)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat with depth.
         for name, p in self.named_parameters():
@@ -138,6 +138,8 @@ class GPT(nn.Module):
             return self.lm_head(h)
         if self.loss_kernel is not None:
             return self.loss_kernel(h, self.lm_head.weight, targets)
+        if self.fused and not self.loss_chunk_size:
+            return fused_head_loss(h, self.lm_head.weight, targets)
         return loss_from_hidden(h, self.lm_head.weight, targets, self.loss_chunk_size)
 
 

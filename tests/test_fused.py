@@ -88,6 +88,59 @@ def test_fused_forward_under_bf16_autocast_differs_only_by_rounding():
         assert rel < 2e-2, (name, rel)
 
 
+def test_fused_model_takes_its_loss_from_the_head_op():
+    _, fused = _pair()
+    idx = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len), generator=torch.Generator().manual_seed(1))
+    calls = []
+
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        fused(idx, torch.roll(idx, -1, dims=1))
+    assert any("memlab.head_cross_entropy" in c for c in calls)
+    fused.loss_chunk_size = 8  # a chunked loss keeps its own path
+    calls.clear()
+    with Seen():
+        fused(idx, torch.roll(idx, -1, dims=1))
+    assert not any("head_cross_entropy" in c for c in calls)
+
+
+def test_head_op_matches_autograd_of_cross_entropy_with_pad_rows_and_any_loss_gradient():
+    g = torch.Generator().manual_seed(5)
+    M, C, V = 11, 24, 37
+    h = torch.randn(M, C, generator=g).requires_grad_()
+    w = torch.cat([torch.randn(V, C, generator=g), torch.zeros(64 - V, C)]).requires_grad_()
+    t = torch.randint(0, V, (M,), generator=g)
+    loss, grad = torch.ops.memlab.head_cross_entropy(h, w, t, V)
+    (2.5 * loss).backward()  # a loss gradient other than 1 (accumulation, a loss scale) reaches both matmuls
+    got = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    ref = F.cross_entropy(h @ w[:V].t(), t)
+    (2.5 * ref).backward()
+    torch.testing.assert_close(loss, ref.detach())
+    torch.testing.assert_close(got[0], h.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[1][:V], w.grad[:V], rtol=1e-5, atol=1e-6)
+    assert grad.shape == (M, 64) and not got[1][V:].any() and not grad[:, V:].any()
+
+
+def test_head_op_compiles_whole_and_passes_opcheck():
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(8, 16, generator=g, requires_grad=True)
+    w = torch.randn(32, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 30, (8,), generator=g)
+    torch.library.opcheck(torch.ops.memlab.head_cross_entropy, (h, w, t, 30))
+    compiled = torch.compile(lambda a, b: torch.ops.memlab.head_cross_entropy(a, b, t, 30)[0], fullgraph=True, backend="aot_eager")
+    compiled(h, w).backward()
+    got = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    torch.ops.memlab.head_cross_entropy(h, w, t, 30)[0].backward()
+    torch.testing.assert_close(got[0], h.grad)
+    torch.testing.assert_close(got[1], w.grad)
+
+
 def test_add_layer_norm_op_matches_autograd_of_the_plain_formula():
     g = torch.Generator().manual_seed(3)
     N, C = 10, 24
@@ -146,6 +199,15 @@ _INTERPRETER_CHECK = textwrap.dedent(
                   reference.add_ln_bwd(gh, g_x, x, mean, rstd, w, dt), tol)
         up, pre = torch.randn(N, 4 * C, generator=g).to(dt), (3 * torch.randn(N, 4 * C, generator=g)).to(dt)
         close(tk.gelu_bwd(up, pre, block_f=64, rows=4), reference.gelu_bwd(up, pre), tol)
+    # the head: V 100 in rows padded to 128 (pad rows zero), chunks of 32 columns, fewer programs than rows
+    for M, dt in ((9, torch.float32), (6, torch.bfloat16)):
+        tol = 1e-2 if dt == torch.bfloat16 else 1e-5
+        h = torch.randn(M, 48, generator=g).to(dt)
+        w = torch.cat([torch.randn(100, 48, generator=g), torch.zeros(28, 48)]).to(dt)
+        t = torch.randint(0, 100, (M,), generator=g)
+        got, want = tk.head_cross_entropy(h, w, t, 100, block=32), reference.head_cross_entropy(h, w, t, 100)
+        close(got, want, tol)
+        assert got[1].shape == (M, 128) and not got[1][:, 100:].any()
     print("interpreter ok")
     """
 )

@@ -7,6 +7,11 @@ ln_f), so one kernel each way does the add, the norm, the cast and the bias grad
 computes its bias gradient inside the GELU backward. Projections run without their bias (it is added, once, in
 add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
 
+The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
+forward, one pass per row, in their own buffer: the backward is the head's two matmuls. The head's weight is
+padded with zero rows to a row length of 128 bytes, as Inductor pads the stock logits' rows (same bytes), since
+cuBLAS runs several times slower on an odd row length such as GPT-2's 50257 (bench/results/fused-head-h100/).
+
 With model.dropout > 0 (the seeds trained with 0.1), dropout runs in PyTorch where the stock model has it: on the
 embeddings, inside the attention kernel, and on each projection's output (bias included, as nn.Linear gives it),
 which then meets the fused add with a zero bias. The same dropout calls in the same order as the stock forward.
@@ -18,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.fused.ops import add_layer_norm, gelu_tanh_backward_bias
+from memlab.core.fused.ops import add_layer_norm, gelu_tanh_backward_bias, head_cross_entropy
 
 
 def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,3 +68,13 @@ def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
         nxt = blocks[i + 1].ln_1 if i + 1 < len(blocks) else model.ln_f
         x, h = _add_norm(x, F.linear(act, mlp.proj.weight), mlp.proj.bias, nxt, p)
     return h
+
+
+def fused_head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of h (B, T, C) through the tied head `weight` (V, C), cast to h's dtype (as
+    autocast casts it) and padded with zero rows whose logits the loss leaves out."""
+    V = weight.shape[0]
+    per_row = 128 // h.element_size()
+    padded = F.pad(weight.to(h.dtype), (0, 0, 0, -V % per_row))
+    loss, _grad = head_cross_entropy(h.reshape(-1, h.shape[-1]), padded, targets.reshape(-1), V)
+    return loss

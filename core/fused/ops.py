@@ -94,3 +94,37 @@ def _(g, pre):
 @gelu_tanh_backward_bias.register_fake
 def _(g, pre):
     return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)
+
+# ----------------------------------------------------------------------------- LM head + cross-entropy
+
+
+@torch.library.custom_op("memlab::head_cross_entropy", mutates_args=())
+def head_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean loss fp32, d loss / d logits as (rows, weight rows) in h's dtype): h (rows, C), weight (V padded, C)."""
+    return reference.head_cross_entropy(h, weight, targets, vocab)
+
+
+@head_cross_entropy.register_kernel("cuda")
+def _(h, weight, targets, vocab):
+    return _triton().head_cross_entropy(h, weight, targets, vocab)
+
+
+@head_cross_entropy.register_fake
+def _(h, weight, targets, vocab):
+    return h.new_empty((), dtype=torch.float32), h.new_empty((h.shape[0], weight.shape[0]))
+
+
+def _setup_head_cross_entropy(ctx, inputs, output):
+    h, weight, _, _ = inputs
+    ctx.save_for_backward(h, weight, output[1])
+
+
+def _backward_head_cross_entropy(ctx, g_loss, _g_grad):
+    # the logits' gradient was made in forward for a loss gradient of 1: the two matmuls take the real one
+    h, weight, grad = ctx.saved_tensors
+    d_h = ((grad @ weight).float() * g_loss).to(h.dtype)
+    d_weight = ((grad.t() @ h).float() * g_loss).to(weight.dtype)
+    return d_h, d_weight, None, None
+
+
+head_cross_entropy.register_autograd(_backward_head_cross_entropy, setup_context=_setup_head_cross_entropy)

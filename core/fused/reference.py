@@ -43,3 +43,17 @@ def gelu_bwd(g, pre):
     t = torch.tanh(_K0 * (x + 0.044715 * x * x * x))
     d = g.float() * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3 * 0.044715 * x * x))
     return d.to(pre.dtype), d.reshape(-1, pre.shape[-1]).sum(dim=0)
+
+
+def head_cross_entropy(h, weight, targets, vocab: int):
+    """(mean cross-entropy of h @ weight^T against targets, fp32; its gradient with respect to those logits, in h's
+    dtype). weight may carry pad rows past `vocab`: their logits are left out of the softmax, their gradient is 0."""
+    M = h.shape[0]
+    logits = (h @ weight.t()).float()
+    real = logits[:, :vocab]
+    lse = torch.logsumexp(real, dim=1)
+    loss = (lse - real.gather(1, targets[:, None]).squeeze(1)).mean()
+    grad = torch.zeros_like(logits)
+    grad[:, :vocab] = torch.exp(real - lse[:, None])
+    grad.scatter_add_(1, targets[:, None], grad.new_full((M, 1), -1.0))
+    return loss, (grad / M).to(h.dtype)

@@ -22,9 +22,11 @@ import triton.language as tl
 
 # Launch shapes used for the H100 results (bench/results/fused-h100/): each program walks its share of rows in a
 # loop, its loads software-pipelined STAGES deep. bench/fused_kernels.py sweeps alternatives.
-FWD = dict(rows=2, warps=8, programs_per_sm=8, stages=2)
+FWD = dict(rows=1, warps=8, programs_per_sm=0, stages=2)  # fused-h100/3-headline's sweep's best (0.423 ms, not 0.457)
 BWD = dict(rows=2, warps=4, programs_per_sm=8, stages=2)
 GELU = dict(block_f=512, rows=8, warps=4, programs_per_sm=4, stages=2)
+# the head's rows: near-best at every shape of bench/classifier_micro.py's sweep (results/fused-head-h100/)
+CE = dict(block=8192, warps=8, programs_per_sm=8)
 
 
 @triton.jit
@@ -124,6 +126,34 @@ def _gelu_bwd_kernel(G, PRE, D, PART, N, F, rows_per_prog, BLOCK_F: tl.constexpr
     tl.store(PART + pid_r * F + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
+@triton.jit
+def _ce_rows_kernel(LOGITS, TGT, LOSS, M, V, stride, scale, BLOCK: tl.constexpr):
+    """Per row of LOGITS (M rows of `stride` columns, the first V real): LOSS = logsumexp - logit[target], and the
+    row overwritten with its gradient, (softmax - onehot) * scale, 0 in the pad columns. Two passes over a row:
+    max and sum-exp online, then the gradient; each program walks rows p, p + grid, ... so that the second pass
+    reads a row just read, from L2. The target's logit is read before the row is overwritten."""
+    pid = tl.program_id(0)
+    for row in tl.range(pid, M, tl.num_programs(0)):
+        base = tl.cast(row, tl.int64) * stride
+        m = tl.full([], float("-inf"), tl.float32)
+        s = tl.zeros([], dtype=tl.float32)
+        for start in tl.range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(LOGITS + base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        t = tl.load(TGT + row)
+        tl.store(LOSS + row, lse - tl.load(LOGITS + base + t).to(tl.float32))
+        for start in tl.range(0, stride, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(LOGITS + base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            p = tl.exp(x - lse) * scale
+            p = tl.where(cols == t, p - scale, p)
+            tl.store(LOGITS + base + cols, p.to(LOGITS.dtype.element_ty), mask=cols < stride)
+
+
 @functools.lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -193,3 +223,15 @@ def gelu_bwd(g, pre, **launch):
         STAGES=cfg["stages"], BIG=_big(pre), num_warps=cfg["warps"],
     )
     return d, part.sum(dim=0)
+
+
+def head_cross_entropy(h, weight, targets, vocab: int, **launch):
+    """(mean loss, its gradient with respect to the logits): logits = h @ weight^T in one matmul (weight padded to
+    `stride` rows, the first `vocab` real), then _ce_rows_kernel turns the logits into their gradient in place."""
+    cfg = CE | launch
+    M = h.shape[0]
+    logits = h @ weight.t()  # (M, stride): the one logit-sized buffer, returned as the gradient
+    loss = torch.empty(M, dtype=torch.float32, device=h.device)
+    grid = (min(M, _programs(h.device, cfg["programs_per_sm"])),)
+    _ce_rows_kernel[grid](logits, targets, loss, M, vocab, logits.shape[1], 1.0 / M, BLOCK=cfg["block"], num_warps=cfg["warps"])
+    return loss.mean(), logits
