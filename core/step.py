@@ -127,7 +127,12 @@ class TrainStep:
         grad_norm, skipped, scaler = None, False, self.scaler
         if scaler:
             scaler.unscale_(self.optimizer)
-        if self.clip:
+        if self.clip and not scaler and _folds_clipping(self.optimizer):
+            # torch's fused Adam(W) divides each gradient by its grad_scale as it reads it (GradScaler's door): the
+            # clip factor goes in there instead of a pass of its own over every gradient; the same arithmetic
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            self.optimizer.grad_scale = torch.clamp((grad_norm + 1e-6) / self.clip, min=1.0)
+        elif self.clip:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         if scaler:
             # whether the scaler skips this step is its found-inf flags, kept on the device: comparing get_scale()
@@ -141,6 +146,14 @@ class TrainStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, skipped
+
+
+def _folds_clipping(optimizer: Any) -> bool:
+    """Whether `optimizer` is torch's Adam or AdamW with fused=True in every group, or wraps one as `inner` (the
+    optimizer offload, which passes grad_scale on): their kernel (CUDA and CPU) divides each gradient by grad_scale
+    as it reads it, so clip_grad_norm_'s factor can ride in as 1 / grad_scale."""
+    inner = getattr(optimizer, "inner", optimizer)
+    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and all(g["fused"] for g in inner.param_groups)
 
 
 def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,

@@ -261,3 +261,37 @@ def test_every_library_optimizer_is_built_by_its_library_class(name, monkeypatch
     build_library_optimizer(model, [{"params": list(model.parameters())}], OptimizerConfig(name=name), train)
     want = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "bf16_sr": "_AdamW", "paged_adamw8bit": "PagedAdamW8bit"}[name]
     assert [b[0] for b in built] == [want] and built[0][1] == train.lr
+
+
+def test_fused_adamw_takes_the_clip_factor_as_its_grad_scale_and_steps_as_clip_grad_norm_does(tiny, monkeypatch):
+    """With fused AdamW the step folds clipping into the optimizer's kernel (no pass of its own over the gradients):
+    the same parameters and grad norm as clip_grad_norm_ then foreach AdamW, from the same gradients."""
+    from memlab.core.step import build_step
+
+    tiny.train.clip = 0.05  # small enough that this step clips
+    steps = {}
+    for fused in (False, True):
+        p = load_profile("fused_adamw")
+        p.optimizer.fused = fused
+        torch.manual_seed(0)
+        steps[fused] = build_step(tiny, p, CPU, vocab_size=64)
+    steps[True].model.load_state_dict(steps[False].model.state_dict())
+    calls = {False: 0, True: 0}
+    norms = {}
+    for fused, step in steps.items():
+        real = torch.nn.utils.clip_grad_norm_
+
+        def counting(*a, _real=real, _fused=fused, **k):
+            calls[_fused] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", counting)
+        for q in step.model.parameters():
+            q.grad = torch.full_like(q, 0.01) * (1 + torch.arange(q.numel(), dtype=q.dtype).view_as(q) % 7)
+        norms[fused], _ = step._optimizer_step()
+        monkeypatch.undo()
+    assert calls == {False: 1, True: 0}  # the fused step never made a clipping pass
+    assert getattr(steps[True].optimizer, "grad_scale").item() > 1  # ... and did clip, through grad_scale
+    torch.testing.assert_close(norms[True], norms[False])
+    for (name, a), b in zip(steps[False].model.named_parameters(), steps[True].model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7, msg=name)

@@ -64,6 +64,9 @@ class CPUOffloadOptimizer(torch.optim.Optimizer):
             m.grad.copy_(p.grad, non_blocking=True)
         if any(p.is_cuda for p, _ in self._pairs):
             torch.cuda.synchronize()
+        # clipping folded into a fused Adam(W)'s grad_scale (memlab.core.step) reaches the CPU optimizer with it
+        scale = getattr(self, "grad_scale", None)
+        self.inner.grad_scale = scale.to("cpu") if scale is not None else None
         self.inner.step()
         # CPU -> GPU: the updated fp32 masters back into the model's parameters. The copies are ordered on the
         # current stream, so the next step's gradient copies (and its synchronize) come after them.
