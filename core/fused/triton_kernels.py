@@ -5,6 +5,8 @@ three, for the same arithmetic; memlab.core.fused.reference holds the PyTorch ve
 - add_ln_bwd:  dx = g_x + LayerNorm'(g_h);  also dx in the compute dtype (the branch's gradient) and per-program
                column sums of g_h * xhat, g_h and dx (the LayerNorm weight, LayerNorm bias and branch-bias grads)
 - gelu_bwd:    d = g * gelu_tanh'(pre), with per-program column sums of d (the MLP input layer's bias gradient)
+- head_cross_entropy: the LM head's logits (one cuBLAS matmul, vocabulary padded), then one kernel per row that
+               computes the row's loss and overwrites its logits with their gradient: the backward is the matmuls
 
 Rows are the B*T tokens, columns the features. A LayerNorm row (C <= 8192) fits one block of BLOCK_C lanes.
 Column sums are accumulated per program over its rows (in a tile, reduced once at the end), written per program
