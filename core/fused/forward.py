@@ -74,7 +74,7 @@ def fused_head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     """Mean next-token cross-entropy of h (B, T, C) through the tied head `weight` (V, C), cast to h's dtype (as
     autocast casts it) and padded with zero rows whose logits the loss leaves out."""
     V = weight.shape[0]
-    per_row = 128 // h.element_size()
-    padded = F.pad(weight.to(h.dtype), (0, 0, 0, -V % per_row))
-    loss, _grad = head_cross_entropy(h.reshape(-1, h.shape[-1]), padded, targets.reshape(-1), V)
+    pad = -V % (128 // h.element_size())
+    w = weight.to(h.dtype)
+    loss, _grad = head_cross_entropy(h.reshape(-1, h.shape[-1]), F.pad(w, (0, 0, 0, pad)) if pad else w, targets.reshape(-1), V)
     return loss
