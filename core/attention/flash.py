@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from memlab.core.attention import AttentionKernel, Fallback, KernelSpec, Supports, register
-from memlab.core.attention.flash_packed import attend_packed
+from memlab.core.attention.flash_packed import attend_packed, fa4_window
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError
@@ -108,7 +108,7 @@ class FlashAttention:
         self.name = impl.label
         self.supports = impl.supports
         # FA2 spells "no window" (-1, -1), FA4 (None, None); both take (W-1, 0) for a causal window of W.
-        self.window_size = (window - 1, 0) if window else ((None, None) if impl.fa4 else (-1, -1))
+        self.window_size = fa4_window(window) if impl.fa4 else ((window - 1, 0) if window else (-1, -1))
         # FA4's CuTe-DSL kernels are not traceable by torch.compile: the model hands FA4 its packed projection
         # through memlab::flash_packed (`packed`), which compile keeps whole; a caller with q, k, v apart still
         # gets FA4 outside the graph (one graph break a call). FA2 registers torch custom ops.
