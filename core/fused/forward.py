@@ -3,8 +3,9 @@
 The stock block computes x = x + proj(...) and the next LayerNorm in separate kernels, and its backward casts the
 fp32 residual gradient to bf16 and sums each bias gradient in passes of their own. Here every residual add takes
 the projection's bias and the *next* LayerNorm with it (block i's MLP output meets block i+1's ln_1, the last one
-ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients; the MLP's input layer
-computes its bias gradient inside the GELU backward. Projections run without their bias (it is added, once, in
+ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients; the MLP
+runs as one function (_MLPBranch) whose GELU, forward and backward, is in the epilogue of the matmul
+next to it, with the input layer's bias gradient. Projections run without their bias (it is added, once, in
 add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
 
 The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.fused.ops import add_layer_norm, gelu_tanh_backward_bias, head_cross_entropy
+from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu
 
 
 def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,24 +35,30 @@ def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: n
     return x, h
 
 
-class _LinearGelu(torch.autograd.Function):
-    """gelu_tanh(x W^T + b) with the weight cast to x's dtype (as autocast does); backward: one kernel for
-    gelu' and the bias gradient, then the two matmuls."""
+class _MLPBranch(torch.autograd.Function):
+    """proj(gelu_tanh(h W1^T + b1)) without proj's bias, the weights cast to h's dtype (as autocast casts them).
+    Forward: one kernel makes pre and act from the input layer's accumulator (memlab::mm_bias_gelu), then cuBLAS
+    the output layer. Backward: cuBLAS the output layer's weight gradient; one kernel the gradient through it and
+    the GELU, with the input layer's bias gradient (memlab::mm_dgelu); cuBLAS the input layer's two matmuls."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        w = weight.to(x.dtype)
-        pre = torch.addmm(bias.to(x.dtype), x.reshape(-1, x.shape[-1]), w.t())  # (B*T, F)
-        ctx.save_for_backward(x, w, pre)
-        ctx.weight_dtype = weight.dtype
-        return F.gelu(pre, approximate="tanh").view(*x.shape[:-1], -1)
+    def forward(ctx, h: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+        x = h.reshape(-1, h.shape[-1])  # (B*T, C)
+        w1, w2 = w_in.to(h.dtype), w_out.to(h.dtype)
+        pre, act = mm_bias_gelu(x, w1, b_in.to(h.dtype))  # (B*T, F) each
+        ctx.save_for_backward(x, w1, pre, act, w2)
+        ctx.h_shape, ctx.dtypes = h.shape, (w_in.dtype, b_in.dtype, w_out.dtype)
+        return (act @ w2.t()).view(h.shape)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        x, w, pre = ctx.saved_tensors
-        d, d_bias = gelu_tanh_backward_bias(g.reshape(pre.shape), pre)  # (B*T, F), (F,)
-        x2 = x.reshape(-1, x.shape[-1])
-        return (d @ w).view(x.shape), (d.t() @ x2).to(ctx.weight_dtype), d_bias
+        x, w1, pre, act, w2 = ctx.saved_tensors
+        w_in_dtype, b_in_dtype, w_out_dtype = ctx.dtypes
+        g = g.reshape(-1, g.shape[-1])  # (B*T, C)
+        d_w_out = g.t() @ act
+        d_pre, d_b_in = mm_dgelu(g, w2, pre)  # (B*T, F), (F,)
+        d_h = (d_pre @ w1).view(ctx.h_shape)
+        return d_h, (d_pre.t() @ x).to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
 
 
 def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
@@ -64,9 +71,8 @@ def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
     for i, block in enumerate(blocks):
         attn, mlp = block.attn, block.mlp
         x, h = _add_norm(x, F.linear(attn.attend(h), attn.proj.weight), attn.proj.bias, block.ln_2, p)
-        act = _LinearGelu.apply(h, mlp.fc.weight, mlp.fc.bias)
         nxt = blocks[i + 1].ln_1 if i + 1 < len(blocks) else model.ln_f
-        x, h = _add_norm(x, F.linear(act, mlp.proj.weight), mlp.proj.bias, nxt, p)
+        x, h = _add_norm(x, _MLPBranch.apply(h, mlp.fc.weight, mlp.fc.bias, mlp.proj.weight), mlp.proj.bias, nxt, p)
     return h
 
 

@@ -95,6 +95,47 @@ def _(g, pre):
 def _(g, pre):
     return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)
 
+# ----------------------------------------------------------------------------- the MLP's matmuls with the GELU in them
+
+
+def _triton_mlp():
+    from memlab.core.fused import triton_mlp
+
+    return triton_mlp
+
+
+@torch.library.custom_op("memlab::mm_bias_gelu", mutates_args=())
+def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre, act): pre = x (M, K) @ weight (N, K)^T + bias, act = gelu_tanh(pre), both in x's dtype."""
+    return reference.mm_bias_gelu(x, weight, bias)
+
+
+@mm_bias_gelu.register_kernel("cuda")
+def _(x, weight, bias):
+    return _triton_mlp().mm_bias_gelu(x, weight, bias)
+
+
+@mm_bias_gelu.register_fake
+def _(x, weight, bias):
+    pre = x.new_empty((x.shape[0], weight.shape[0]))
+    return pre, torch.empty_like(pre)
+
+
+@torch.library.custom_op("memlab::mm_dgelu", mutates_args=())
+def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d, its column sums in fp32): d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
+    return reference.mm_dgelu(g, weight, pre)
+
+
+@mm_dgelu.register_kernel("cuda")
+def _(g, weight, pre):
+    return _triton_mlp().mm_dgelu(g, weight, pre)
+
+
+@mm_dgelu.register_fake
+def _(g, weight, pre):
+    return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)
+
 # ----------------------------------------------------------------------------- LM head + cross-entropy
 
 

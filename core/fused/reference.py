@@ -57,3 +57,18 @@ def head_cross_entropy(h, weight, targets, vocab: int):
     grad[:, :vocab] = torch.exp(real - lse[:, None])
     grad.scatter_add_(1, targets[:, None], grad.new_full((M, 1), -1.0))
     return loss, (grad / M).to(h.dtype)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(_K0 * (x + 0.044715 * x * x * x)))
+
+
+def mm_bias_gelu(x, weight, bias):
+    """(pre, act): pre = x @ weight^T + bias in x's dtype (the matmul accumulates in fp32), act its GELU (tanh)."""
+    pre = (x.float() @ weight.float().t() + bias.float()).to(x.dtype)
+    return pre, _gelu_tanh(pre.float()).to(x.dtype)
+
+
+def mm_dgelu(g, weight, pre):
+    """(d, its column sums): d = (g @ weight, rounded to pre's dtype) * gelu_tanh'(pre), as gelu_bwd after a matmul."""
+    return gelu_bwd((g.float() @ weight.float()).to(pre.dtype), pre)
