@@ -104,7 +104,7 @@ def power_clock():
 
 # ------------------------------------------------------------------------------------------- kernel profiles
 KERNEL_GROUPS = (  # first match wins; what a GPT-2 step's GPU time goes to
-    ("fused (memlab)", ("_add_ln_", "_gelu_bwd_kernel", "_ce_rows_kernel")),
+    ("fused (memlab)", ("_add_ln_", "_ce_rows_kernel")),
     ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa")),
     ("optimizer", ("multi_tensor", "fused_adam", "adam", "foreach", "norm_kernel", "l2norm")),
     ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "mm_")),

@@ -1,52 +1,58 @@
-"""Issue 17: the MLP's GELU in the epilogue of the matmul beside it (core/fused/triton_mlp.py), on the GPU, at the
+"""Issue 17: the MLP's GELU in the epilogue of the matmul beside it (core/fused/cublaslt.py), on the GPU, at the
 gpt2s shape (C 768, F 3072, bf16), rows M = batch x 1024:
 
-  check     each Triton kernel against the PyTorch reference (fp32 arithmetic on the same bf16 inputs)
+  check     each epilogue matmul against the PyTorch reference (fp32 arithmetic on the same bf16 inputs)
   fwd       pre = x W1^T + b1 and act = gelu_tanh(pre): cuBLAS addmm alone (the floor), addmm + Inductor's GELU
-            (the compiled loop's, and memlab's before), and mm_bias_gelu over a sweep of launch shapes
-  bwd       d = (g W2) * gelu_tanh'(pre) with its column sums: cuBLAS mm alone (the floor), mm + Inductor's GELU
-            backward and bias sum (the compiled loop's), mm + memlab's gelu_bwd kernel (memlab's before), and
-            mm_dgelu over a sweep
+            (the compiled loop's and memlab's before), and cuBLASLt's GELU_AUX_BIAS epilogue (mm_bias_gelu)
+  bwd       d = (g W2) * gelu_tanh'(pre), then d^T x and the column sums of d: the two cuBLAS matmuls alone (the
+            floor), the same with Inductor's GELU backward and bias sum between them (the compiled loop's), and
+            cuBLASLt's DGELU and BGRADB epilogues (mm_dgelu, mm_weight_grad_bias)
   mlp       the whole MLP branch, forward + backward, compiled with one static shape: the loop's nn.Linear / GELU /
             nn.Linear under autocast, and memlab's _MLPBranch
 
 Timing: --iters calls back to back between two CUDA events, median of --reps; GPU time (the host is not in it).
 
-    python3 bench/mlp_gemm_micro.py --out $OUT/mlp.jsonl --rows 16384,204800 --sweep
+    python3 bench/mlp_gemm_micro.py --out $OUT/mlp.jsonl --rows 16384,204800
+
+(Before this, the epilogues were Triton matmuls, commit 13f39fa, swept there with --sweep: 5-20% slower than cuBLAS
+and the elementwise kernel. results/fused-mlp-h100/NOTE.md.)
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 
 import torch
 import torch.nn.functional as F
 from fused_kernels import rel_err, time_ms  # bench/ is not a package: the script's own folder is on sys.path
 from memlab.core.fused import reference
-from memlab.core.fused import triton_kernels as tk
-from memlab.core.fused import triton_mlp as tm
+from memlab.core.fused import cublaslt as tm
 from memlab.core.fused.forward import _MLPBranch
 
 C, FF = 768, 3072
 
 
-def launch_shapes(default: dict, sweep: bool) -> list[dict]:
-    shapes = [dict(default)]
-    if sweep:
-        for bm, bn, warps, stages, per_sm, flatten in itertools.product((64, 128), (128, 256), (4, 8), (3, 4), (0, 1, 2), (False, True)):
-            if bm * bn // (32 * warps) <= 128 and bm * bn >= 32 * warps * 32 and not (flatten and per_sm == 0):
-                shapes.append(dict(block_m=bm, block_n=bn, block_k=64, group_m=8, warps=warps, stages=stages, programs_per_sm=per_sm, flatten=flatten))
-    return shapes
-
-
-def timed(fn, reps: int, calls: int) -> dict:
-    """{"ms": ...}, or {"error": ...} for a launch shape that does not compile (shared memory, registers)."""
-    try:
-        return {"ms": time_ms(fn, reps=reps, calls=calls)}
-    except Exception as e:  # noqa: BLE001 (a failed shape is a row of the sweep, not the end of it)
-        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+def graph_check(x, w1, b1, up, w2) -> dict:
+    """The epilogue matmuls captured in a CUDA graph (as memlab's step is) and replayed: the same results as eager."""
+    eager = [*tm.mm_bias_gelu(x, w1, b1)]
+    eager += [tm.mm_dgelu(up, w2, eager[0])]
+    eager += tm.mm_weight_grad_bias(eager[2], x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
+        tm.mm_weight_grad_bias(tm.mm_dgelu(up, w2, tm.mm_bias_gelu(x, w1, b1)[0]), x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = [*tm.mm_bias_gelu(x, w1, b1)]
+        captured += [tm.mm_dgelu(up, w2, captured[0])]
+        captured += tm.mm_weight_grad_bias(captured[2], x)
+    for t in captured:
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return {"max_abs_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(captured, eager))}
 
 
 def main() -> None:
@@ -55,7 +61,6 @@ def main() -> None:
     ap.add_argument("--rows", default="16384,204800")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--sweep", action="store_true", help="also sweep the two kernels' launch shapes")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     dev, bf = "cuda", torch.bfloat16
@@ -78,31 +83,35 @@ def main() -> None:
 
         emit(case="check", rows=M, kernel="mm_bias_gelu",
              rel_err=max(rel_err(a, b) for a, b in zip(tm.mm_bias_gelu(x, w1, b1), reference.mm_bias_gelu(x, w1, b1))))
-        emit(case="check", rows=M, kernel="mm_dgelu",
-             rel_err=max(rel_err(a, b) for a, b in zip(tm.mm_dgelu(up, w2, pre), reference.mm_dgelu(up, w2, pre))))
+        emit(case="check", rows=M, kernel="mm_dgelu", rel_err=rel_err(tm.mm_dgelu(up, w2, pre), reference.mm_dgelu(up, w2, pre)))
+        emit(case="check", rows=M, kernel="mm_weight_grad_bias", rel_err=max(
+            rel_err(a, b) for a, b in zip(tm.mm_weight_grad_bias(pre, x), reference.mm_weight_grad_bias(pre, x))))
 
         def loop_fwd(x, w, b):
             p = torch.addmm(b, x, w.t())
             return p, F.gelu(p, approximate="tanh")
 
-        def loop_bwd(g, w, p):
-            pp = p.float().requires_grad_()
-            d_act = g @ w
-            (d,) = torch.autograd.grad(F.gelu(pp, approximate="tanh"), pp, d_act.float())
-            return d.to(p.dtype), d.sum(0)
+        def loop_bwd(g, w, p, x):  # what the compiled loop's backward runs for these two layers
+            d_act = (g @ w).float()
+            t = torch.tanh(0.7978845608028654 * (p.float() + 0.044715 * p.float() ** 3))
+            d = (d_act * (0.5 * (1 + t) + 0.5 * p.float() * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * p.float() ** 2))).to(p.dtype)
+            return d.t() @ x, d.sum(0), d
+
+        def memlab_bwd(g, w, p, x):
+            d = tm.mm_dgelu(g, w, p)
+            return (*tm.mm_weight_grad_bias(d, x), d)
 
         loop_fwd_c, loop_bwd_c = torch.compile(loop_fwd, dynamic=False), torch.compile(loop_bwd, dynamic=False)
         rows = [("fwd", "cuBLAS addmm (floor)", lambda: torch.addmm(b1, x, w1.t())),
                 ("fwd", "addmm + Inductor GELU", lambda: loop_fwd_c(x, w1, b1)),
-                ("bwd", "cuBLAS mm (floor)", lambda: up @ w2),
-                ("bwd", "mm + Inductor GELU backward", lambda: loop_bwd_c(up, w2, pre)),
-                ("bwd", "mm + memlab gelu_bwd", lambda: tk.gelu_bwd(up @ w2, pre))]
+                ("fwd", "cuBLASLt GELU_AUX_BIAS", lambda: tm.mm_bias_gelu(x, w1, b1)),
+                ("bwd", "two cuBLAS mm (floor)", lambda: (up @ w2).t() @ x),
+                ("bwd", "mm, Inductor GELU backward + bias sum, mm", lambda: loop_bwd_c(up, w2, pre, x)),
+                ("bwd", "cuBLASLt DGELU, BGRADB", lambda: memlab_bwd(up, w2, pre, x))]
         for case, name, fn in rows:
             emit(case=case, rows=M, variant=name, ms=time_ms(fn, reps=args.reps, calls=it))
-        for cfg in launch_shapes(tm.MM_GELU, args.sweep):
-            emit(case="fwd", rows=M, variant="mm_bias_gelu", **cfg, **timed(lambda: tm.mm_bias_gelu(x, w1, b1, **cfg), args.reps, it))
-        for cfg in launch_shapes(tm.MM_DGELU, args.sweep):
-            emit(case="bwd", rows=M, variant="mm_dgelu", **cfg, **timed(lambda: tm.mm_dgelu(up, w2, pre, **cfg), args.reps, it))
+        emit(case="plans", rows=M, found={str(k): p.ok for k, p in tm._plans.items()})
+        emit(case="graph_check", rows=M, **graph_check(x, w1, b1, up, w2))
 
         # the whole branch, forward + backward, compiled as a training step compiles it (one static shape)
         h = x.view(M // 1024, 1024, C).clone().requires_grad_()

@@ -2,9 +2,10 @@
 
 - mm_bias_gelu:  pre = x @ W1^T + b1 and act = gelu_tanh(pre) in one matmul (CUBLASLT_EPILOGUE_GELU_AUX_BIAS: act is
                  the output, pre the auxiliary output kept for backward): no kernel reads pre back to make act
-- mm_dgelu:      d = (g @ W2) * gelu_tanh'(pre) and the column sums of d in one matmul (CUBLASLT_EPILOGUE_DGELU_BGRAD):
-                 the gradient with respect to act is never written nor read back, and the input layer's bias
-                 gradient needs no pass of its own
+- mm_dgelu:      d = (g @ W2) * gelu_tanh'(pre) in one matmul (CUBLASLT_EPILOGUE_DGELU): the gradient with respect
+                 to act is never written nor read back
+- mm_weight_grad_bias: d^T x and the column sums of d in one matmul (CUBLASLT_EPILOGUE_BGRADB): the input layer's
+                 weight and bias gradients, the bias's needing no pass of its own over d
 
 This is the fusion NVIDIA's Transformer Engine uses for its MLP. cuBLASLt is column-major: a row-major (rows, cols)
 tensor is its (cols, rows) matrix, so D^T = A^T B^T is asked for and the row-major results come out as they are.
@@ -25,7 +26,7 @@ from memlab.core.fused import reference
 _OP_N, _OP_T = 0, 1
 _COMPUTE_32F = 68  # cublasComputeType_t
 _DTYPE = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}  # cudaDataType_t
-_EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU_BGRAD = 164, 208
+_EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU, _EPILOGUE_BGRADB = 164, 192, 512
 # cublasLtMatmulDescAttributes_t
 _TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_DATA_TYPE, _BIAS_DATA_TYPE = 3, 4, 7, 8, 11, 12, 22, 26
 _PREF_MAX_WORKSPACE_BYTES = 1
@@ -81,20 +82,24 @@ def _layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_
 
 
 class _Plan:
-    """One matmul shape with one epilogue: descriptors and the algorithm cuBLASLt's heuristic picked, made once."""
+    """One matmul shape with one epilogue: descriptors and the algorithm cuBLASLt's heuristic picked, made once.
+    a, b, d: (rows, cols, leading dimension) of the column-major operands as stored; bias and aux are the epilogue's
+    vector and matrix (0: the epilogue has none), given here because the heuristic reads their alignment."""
 
-    def __init__(self, epilogue: int, transa: int, a: tuple, b: tuple, d: tuple, dtype: torch.dtype, bias_dtype: torch.dtype,
-                 pointers: tuple[int, int]):
+    def __init__(self, epilogue: int, trans: tuple[int, int], a: tuple, b: tuple, d: tuple, dtype: torch.dtype,
+                 bias: int, aux: int, bias_dtype: torch.dtype | None = None):
         lib = _lib()
         self.desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.addressof(self.desc), _COMPUTE_32F, _DTYPE[torch.float32]), "descriptor")
-        _set(self.desc, _TRANSA, ctypes.c_int32(transa))
-        _set(self.desc, _TRANSB, ctypes.c_int32(_OP_N))
+        _set(self.desc, _TRANSA, ctypes.c_int32(trans[0]))
+        _set(self.desc, _TRANSB, ctypes.c_int32(trans[1]))
         _set(self.desc, _EPILOGUE, ctypes.c_uint32(epilogue))
-        _set(self.desc, _AUX_LD, ctypes.c_int64(d[0]))
-        _set(self.desc, _AUX_DATA_TYPE, ctypes.c_int32(_DTYPE[dtype]))
-        _set(self.desc, _BIAS_DATA_TYPE, ctypes.c_int32(_DTYPE[bias_dtype]))
-        self.pointers(*pointers)  # the heuristic reads their alignment
+        if aux:
+            _set(self.desc, _AUX_LD, ctypes.c_int64(d[0]))
+            _set(self.desc, _AUX_DATA_TYPE, ctypes.c_int32(_DTYPE[dtype]))
+        if bias_dtype is not None:
+            _set(self.desc, _BIAS_DATA_TYPE, ctypes.c_int32(_DTYPE[bias_dtype]))
+        self.pointers(bias, aux)
         self.a, self.b, self.d = (_layout(dtype, *shape) for shape in (a, b, d))
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.addressof(pref)), "preference")
@@ -107,11 +112,13 @@ class _Plan:
         self.ok = status == 0 and found.value > 0
 
     def pointers(self, bias: int, aux: int) -> None:
-        _set(self.desc, _BIAS_POINTER, ctypes.c_void_p(bias))
-        _set(self.desc, _AUX_POINTER, ctypes.c_void_p(aux))
+        if bias:
+            _set(self.desc, _BIAS_POINTER, ctypes.c_void_p(bias))
+        if aux:
+            _set(self.desc, _AUX_POINTER, ctypes.c_void_p(aux))
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: torch.Tensor, aux: torch.Tensor) -> None:
-        self.pointers(bias.data_ptr(), aux.data_ptr())
+    def run(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None = None, aux: torch.Tensor | None = None) -> None:
+        self.pointers(0 if bias is None else bias.data_ptr(), 0 if aux is None else aux.data_ptr())
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         ws = _workspace(d.device)
         _check(_lib().cublasLtMatmul(
@@ -159,25 +166,41 @@ def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
     if usable(x, weight, bias, pre):
         # column-major: act^T (N, M) = W1 (stored (K, N), transposed) @ x^T (K, M), pre^T the auxiliary output
         plan = _plan(("gelu", M, N, K, x.dtype, x.device), lambda: _Plan(
-            _EPILOGUE_GELU_AUX_BIAS, _OP_T, (K, N, K), (K, M, K), (N, M, N), x.dtype, bias.dtype, (bias.data_ptr(), pre.data_ptr())))
+            _EPILOGUE_GELU_AUX_BIAS, (_OP_T, _OP_N), (K, N, K), (K, M, K), (N, M, N), x.dtype, bias.data_ptr(), pre.data_ptr()))
         if plan.ok:
-            plan.run(weight, x, act, bias, pre)
+            plan.run(weight, x, act, bias=bias, aux=pre)
             return pre, act
     return reference.mm_bias_gelu(x, weight, bias)
 
 
-def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d, column sums of d in fp32): d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
+def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
     (M, K), N = g.shape, weight.shape[1]
     d = torch.empty_like(pre)
     if usable(g, weight, pre, d):
-        # column-major: d^T (N, M) = W2 (stored (N, K)) @ g^T (K, M), gelu' from pre^T, bias gradient over M; the
-        # bias gradient in fp32 where cuBLASLt has that kernel, else in the compute dtype
-        for bias_dtype in (torch.float32, g.dtype):
-            d_bias = torch.empty(N, dtype=bias_dtype, device=g.device)
-            plan = _plan(("dgelu", M, N, K, g.dtype, bias_dtype, g.device), lambda: _Plan(
-                _EPILOGUE_DGELU_BGRAD, _OP_N, (N, K, N), (K, M, K), (N, M, N), g.dtype, bias_dtype, (d_bias.data_ptr(), pre.data_ptr())))
-            if plan.ok:
-                plan.run(weight, g, d, d_bias, pre)
-                return d, d_bias.float()
+        # column-major: d^T (N, M) = W2 (stored (N, K)) @ g^T (K, M), gelu' from pre^T. cuBLASLt's DGELU_BGRAD would
+        # add the bias gradient but ran 2x slower: the weight gradient's matmul takes it (mm_weight_grad_bias)
+        plan = _plan(("dgelu", M, N, K, g.dtype, g.device), lambda: _Plan(
+            _EPILOGUE_DGELU, (_OP_N, _OP_N), (N, K, N), (K, M, K), (N, M, N), g.dtype, 0, pre.data_ptr()))
+        if plan.ok:
+            plan.run(weight, g, d, aux=pre)
+            return d
     return reference.mm_dgelu(g, weight, pre)
+
+
+def mm_weight_grad_bias(d: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d^T x in d's dtype, the column sums of d in fp32): a linear layer's weight and bias gradients, d (M, N) the
+    gradient of its output and x (M, K) its input, in one matmul (CUBLASLT_EPILOGUE_BGRADB: the bias gradient is the
+    sum over the matmul's reduction dimension of the operand it streams anyway)."""
+    (M, N), K = d.shape, x.shape[1]
+    d_w = torch.empty((N, K), dtype=d.dtype, device=d.device)
+    if usable(d, x, d_w):
+        # column-major: d_w^T (K, N) = x^T (K, M) @ d (M, N, stored (N, M) and transposed); bias over M, length N
+        for bias_dtype in (torch.float32, d.dtype):  # fp32 where cuBLASLt has that kernel
+            d_b = torch.empty(N, dtype=bias_dtype, device=d.device)
+            plan = _plan(("wgrad", M, N, K, d.dtype, bias_dtype, d.device), lambda: _Plan(
+                _EPILOGUE_BGRADB, (_OP_N, _OP_T), (K, M, K), (N, M, N), (K, N, K), d.dtype, d_b.data_ptr(), 0, bias_dtype))
+            if plan.ok:
+                plan.run(x, d, d_w, bias=d_b)
+                return d_w, d_b.float()
+    return reference.mm_weight_grad_bias(d, x)

@@ -3,10 +3,11 @@
 The stock block computes x = x + proj(...) and the next LayerNorm in separate kernels, and its backward casts the
 fp32 residual gradient to bf16 and sums each bias gradient in passes of their own. Here every residual add takes
 the projection's bias and the *next* LayerNorm with it (block i's MLP output meets block i+1's ln_1, the last one
-ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients; the MLP
-runs as one function (_MLPBranch) whose GELU, forward and backward, is in the epilogue of the matmul
-next to it, with the input layer's bias gradient. Projections run without their bias (it is added, once, in
-add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
+ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients. The MLP runs as one
+function (_MLPBranch) whose GELU, forward and backward, and whose input layer's bias gradient are in the epilogues
+of the matmuls next to them (cuBLASLt's, as NVIDIA's Transformer Engine runs its MLP). Projections run without
+their bias (it is added, once, in add_layer_norm), and the saved activation for each norm is its input x, not a
+second fp32 tensor.
 
 The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
 forward, one pass per row, in their own buffer: the backward is the head's two matmuls. The head's weight is
@@ -24,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu
+from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu, mm_weight_grad_bias
 
 
 def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,9 +38,10 @@ def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: n
 
 class _MLPBranch(torch.autograd.Function):
     """proj(gelu_tanh(h W1^T + b1)) without proj's bias, the weights cast to h's dtype (as autocast casts them).
-    Forward: one kernel makes pre and act from the input layer's accumulator (memlab::mm_bias_gelu), then cuBLAS
-    the output layer. Backward: cuBLAS the output layer's weight gradient; one kernel the gradient through it and
-    the GELU, with the input layer's bias gradient (memlab::mm_dgelu); cuBLAS the input layer's two matmuls."""
+    Forward: one matmul makes pre and act (memlab::mm_bias_gelu, GELU in the epilogue), then the output layer.
+    Backward: the output layer's weight gradient; one matmul the gradient through the output layer and the GELU
+    (memlab::mm_dgelu); one the input layer's weight and bias gradients (memlab::mm_weight_grad_bias); its input
+    gradient. Each a cuBLAS(Lt) matmul, with no elementwise pass between them."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
@@ -56,9 +58,10 @@ class _MLPBranch(torch.autograd.Function):
         w_in_dtype, b_in_dtype, w_out_dtype = ctx.dtypes
         g = g.reshape(-1, g.shape[-1])  # (B*T, C)
         d_w_out = g.t() @ act
-        d_pre, d_b_in = mm_dgelu(g, w2, pre)  # (B*T, F), (F,)
+        d_pre = mm_dgelu(g, w2, pre)  # (B*T, F)
+        d_w_in, d_b_in = mm_weight_grad_bias(d_pre, x)  # (F, C), (F,)
         d_h = (d_pre @ w1).view(ctx.h_shape)
-        return d_h, (d_pre.t() @ x).to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
+        return d_h, d_w_in.to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
 
 
 def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:

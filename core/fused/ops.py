@@ -1,8 +1,9 @@
 """The fused kernels as torch custom ops (memlab::...), so torch.compile keeps them whole and autograd knows them.
 
 Each op runs the Triton kernel on CUDA and the PyTorch reference elsewhere (memlab.core.fused.reference); a fake
-implementation gives compile the output shapes. `add_layer_norm` has its backward registered here; the GELU
-backward is called from the MLP's autograd.Function (memlab.core.fused.forward).
+implementation gives compile the output shapes. `add_layer_norm` has its backward registered here; the MLP's ops
+(cuBLASLt matmuls with the GELU in their epilogues, memlab.core.fused.cublaslt) are called from its autograd.Function
+(memlab.core.fused.forward).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype):
 def add_layer_norm_backward(
     g_h: torch.Tensor, g_x: torch.Tensor | None, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
     weight: torch.Tensor, low_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dx in low_dtype, d LayerNorm weight, d LayerNorm bias, d branch bias)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dx in low_dtype, the rows d LayerNorm weight, d LayerNorm bias, d branch bias as one (3, C) tensor)."""
     return reference.add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype)
 
 
@@ -57,9 +58,8 @@ def _(g_h, g_x, x, mean, rstd, weight, low_dtype):
 
 @add_layer_norm_backward.register_fake
 def _(g_h, g_x, x, mean, rstd, weight, low_dtype):
-    C = x.shape[-1]
-    vec = x.new_empty((C,), dtype=torch.float32)
-    return x.new_empty(x.shape, dtype=torch.float32), x.new_empty(x.shape, dtype=low_dtype), vec, vec.clone(), vec.clone()
+    sums = x.new_empty((3, x.shape[-1]), dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=torch.float32), x.new_empty(x.shape, dtype=low_dtype), sums
 
 
 def _setup_add_layer_norm(ctx, inputs, output):
@@ -71,37 +71,20 @@ def _setup_add_layer_norm(ctx, inputs, output):
 
 def _backward_add_layer_norm(ctx, g_x, g_h, _g_mean, _g_rstd):
     x, mean, rstd, weight = ctx.saved_tensors
-    dx, dx_low, d_weight, d_ln_bias, d_bias = add_layer_norm_backward(g_h, g_x, x, mean, rstd, weight, ctx.low_dtype)
+    dx, dx_low, sums = add_layer_norm_backward(g_h, g_x, x, mean, rstd, weight, ctx.low_dtype)
+    d_weight, d_ln_bias, d_bias = sums.unbind(0)  # one (3, C) tensor from one sum over the kernel's partial sums
     return dx, dx_low, d_bias, d_weight, d_ln_bias, None, None
 
 
 add_layer_norm.register_autograd(_backward_add_layer_norm, setup_context=_setup_add_layer_norm)
 
-# ----------------------------------------------------------------------------- GELU (tanh) backward + bias gradient
+# ----------------------------------------------------------------------------- the MLP's matmuls with the GELU in their epilogues
 
 
-@torch.library.custom_op("memlab::gelu_tanh_backward_bias", mutates_args=())
-def gelu_tanh_backward_bias(g: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g * gelu_tanh'(pre) in pre's dtype, its column sums in fp32)."""
-    return reference.gelu_bwd(g, pre)
+def _cublaslt():
+    from memlab.core.fused import cublaslt  # imported on first CUDA use only
 
-
-@gelu_tanh_backward_bias.register_kernel("cuda")
-def _(g, pre):
-    return _triton().gelu_bwd(g, pre)
-
-
-@gelu_tanh_backward_bias.register_fake
-def _(g, pre):
-    return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)
-
-# ----------------------------------------------------------------------------- the MLP's matmuls with the GELU in them
-
-
-def _triton_mlp():
-    from memlab.core.fused import triton_mlp
-
-    return triton_mlp
+    return cublaslt
 
 
 @torch.library.custom_op("memlab::mm_bias_gelu", mutates_args=())
@@ -112,7 +95,7 @@ def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
 
 @mm_bias_gelu.register_kernel("cuda")
 def _(x, weight, bias):
-    return _triton_mlp().mm_bias_gelu(x, weight, bias)
+    return _cublaslt().mm_bias_gelu(x, weight, bias)
 
 
 @mm_bias_gelu.register_fake
@@ -122,19 +105,35 @@ def _(x, weight, bias):
 
 
 @torch.library.custom_op("memlab::mm_dgelu", mutates_args=())
-def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d, its column sums in fp32): d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
+def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
     return reference.mm_dgelu(g, weight, pre)
 
 
 @mm_dgelu.register_kernel("cuda")
 def _(g, weight, pre):
-    return _triton_mlp().mm_dgelu(g, weight, pre)
+    return _cublaslt().mm_dgelu(g, weight, pre)
 
 
 @mm_dgelu.register_fake
 def _(g, weight, pre):
-    return torch.empty_like(pre), pre.new_empty((pre.shape[-1],), dtype=torch.float32)
+    return torch.empty_like(pre)
+
+
+@torch.library.custom_op("memlab::mm_weight_grad_bias", mutates_args=())
+def mm_weight_grad_bias(d: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d^T x in d's dtype, the column sums of d in fp32): d (M, N) a linear layer's output gradient, x (M, K) its input."""
+    return reference.mm_weight_grad_bias(d, x)
+
+
+@mm_weight_grad_bias.register_kernel("cuda")
+def _(d, x):
+    return _cublaslt().mm_weight_grad_bias(d, x)
+
+
+@mm_weight_grad_bias.register_fake
+def _(d, x):
+    return d.new_empty((d.shape[1], x.shape[1])), d.new_empty((d.shape[1],), dtype=torch.float32)
 
 # ----------------------------------------------------------------------------- LM head + cross-entropy
 
@@ -169,3 +168,22 @@ def _backward_head_cross_entropy(ctx, g_loss, _g_grad):
 
 
 head_cross_entropy.register_autograd(_backward_head_cross_entropy, setup_context=_setup_head_cross_entropy)
+
+# ----------------------------------------------------------------------------- declared to Inductor up front
+
+
+def declare_to_inductor() -> None:
+    """Register memlab's ops with Inductor as kernels it calls as they are, with the layout rule it would pick on
+    meeting each one. Met undeclared, torch 2.11's Inductor logs the op with its inputs' IR spelled out (formatted
+    even when the log is off), and through the fused model's chain of ops that string grows exponentially with
+    depth: gpt2s's compile never finished (later torch formats it lazily)."""
+    try:
+        from torch._inductor import lowering
+        from torch._library.utils import get_layout_constraint_tag
+    except ImportError:  # no Inductor here: nothing compiles, nothing to declare
+        return
+    for op in (add_layer_norm, add_layer_norm_backward, mm_bias_gelu, mm_dgelu, mm_weight_grad_bias, head_cross_entropy):
+        overload = op._opoverload
+        if overload not in lowering.lowerings:
+            rule = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
+            lowering.make_fallback(overload, layout_constraint=rule)

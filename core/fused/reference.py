@@ -19,7 +19,8 @@ def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: tor
 
 
 def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype):
-    """dx = g_x + LayerNorm'(g_h) (fp32) and in low_dtype; the LayerNorm weight, LayerNorm bias and branch-bias grads."""
+    """dx = g_x + LayerNorm'(g_h) (fp32) and in low_dtype; the LayerNorm weight, LayerNorm bias and branch-bias grads
+    as the rows of one (3, C) tensor."""
     C = x.shape[-1]
     g = g_h.float().reshape(-1, C)
     xhat = ((x.reshape(-1, C) - mean.reshape(-1, 1)) * rstd.reshape(-1, 1))
@@ -31,18 +32,18 @@ def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype):
         dx = dx + g_x.float().reshape(-1, C)
     dx = dx.reshape(x.shape)
     dx_low = dx.to(low_dtype, copy=True)  # a copy even in fp32: an op's outputs may not alias each other
-    return dx, dx_low, (g * xhat).sum(dim=0), g.sum(dim=0), dx.reshape(-1, C).sum(dim=0)
+    return dx, dx_low, torch.stack([(g * xhat).sum(dim=0), g.sum(dim=0), dx.reshape(-1, C).sum(dim=0)])
 
 
 _K0 = math.sqrt(2.0 / math.pi)
 
 
-def gelu_bwd(g, pre):
-    """d = g * gelu_tanh'(pre) in pre's dtype, and the column sums of d (fp32): the input layer's bias gradient."""
+def _dgelu(g, pre):
+    """d = g * gelu_tanh'(pre) in pre's dtype."""
     x = pre.float()
     t = torch.tanh(_K0 * (x + 0.044715 * x * x * x))
     d = g.float() * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3 * 0.044715 * x * x))
-    return d.to(pre.dtype), d.reshape(-1, pre.shape[-1]).sum(dim=0)
+    return d.to(pre.dtype)
 
 
 def head_cross_entropy(h, weight, targets, vocab: int):
@@ -70,5 +71,10 @@ def mm_bias_gelu(x, weight, bias):
 
 
 def mm_dgelu(g, weight, pre):
-    """(d, its column sums): d = (g @ weight, rounded to pre's dtype) * gelu_tanh'(pre), as gelu_bwd after a matmul."""
-    return gelu_bwd((g.float() @ weight.float()).to(pre.dtype), pre)
+    """d = (g @ weight, rounded to pre's dtype) * gelu_tanh'(pre) in pre's dtype."""
+    return _dgelu((g.float() @ weight.float()).to(pre.dtype), pre)
+
+
+def mm_weight_grad_bias(d, x):
+    """(d^T x in d's dtype, the column sums of d in fp32): a linear layer's weight and bias gradients."""
+    return (d.float().t() @ x.float()).to(d.dtype), d.float().sum(dim=0)

@@ -4,7 +4,6 @@ three, for the same arithmetic; memlab.core.fused.reference holds the PyTorch ve
 - add_ln_fwd:  x = x_prev + branch + bias;  h = LayerNorm(x)       writes x (fp32), h (compute dtype), mean, rstd
 - add_ln_bwd:  dx = g_x + LayerNorm'(g_h);  also dx in the compute dtype (the branch's gradient) and per-program
                column sums of g_h * xhat, g_h and dx (the LayerNorm weight, LayerNorm bias and branch-bias grads)
-- gelu_bwd:    d = g * gelu_tanh'(pre), with per-program column sums of d (the MLP input layer's bias gradient)
 - head_cross_entropy: the LM head's logits (one cuBLAS matmul, vocabulary padded), then one kernel per row that
                computes the row's loss and overwrites its logits with their gradient: the backward is the matmuls
 
@@ -26,7 +25,6 @@ import triton.language as tl
 # loop, its loads software-pipelined STAGES deep. bench/fused_kernels.py sweeps alternatives.
 FWD = dict(rows=1, warps=8, programs_per_sm=0, stages=2)  # fused-h100/3-headline's sweep's best (0.423 ms, not 0.457)
 BWD = dict(rows=2, warps=4, programs_per_sm=8, stages=2)
-GELU = dict(block_f=512, rows=8, warps=4, programs_per_sm=4, stages=2)
 # the head's rows: near-best at every shape of bench/classifier_micro.py's sweep (results/fused-head-h100/)
 CE = dict(block=8192, warps=8, programs_per_sm=8)
 
@@ -99,33 +97,6 @@ def _add_ln_bwd_kernel(GH, GX, X, MEAN, RSTD, W, DX, DXL, PART, N, C, rows_per_p
     tl.store(PART + pid * C + cols, tl.sum(acc_dw, axis=0), mask=cmask)
     tl.store(PART + (n_progs + pid) * C + cols, tl.sum(acc_db, axis=0), mask=cmask)
     tl.store(PART + (2 * n_progs + pid) * C + cols, tl.sum(acc_dbias, axis=0), mask=cmask)
-
-
-@triton.jit
-def _gelu_bwd_kernel(G, PRE, D, PART, N, F, rows_per_prog, BLOCK_F: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
-                     BIG: tl.constexpr):
-    pid_f = tl.program_id(0)
-    pid_r = tl.program_id(1)
-    cols = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
-    cmask = cols < F
-    acc = tl.zeros([ROWS, BLOCK_F], dtype=tl.float32)
-    start = pid_r * rows_per_prog
-    for r in tl.range(start, start + rows_per_prog, ROWS, num_stages=STAGES):
-        rows = r + tl.arange(0, ROWS)
-        if BIG:
-            rows = rows.to(tl.int64)
-        m = (rows < N)[:, None] & cmask[None, :]
-        offs = rows[:, None] * F + cols[None, :]
-        g = tl.load(G + offs, mask=m, other=0.0).to(tl.float32)
-        x = tl.load(PRE + offs, mask=m, other=0.0).to(tl.float32)
-        # gelu(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); tanh(u) = 1 - 2 / (exp(2u) + 1)
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-        dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x)
-        d = g * dgelu
-        tl.store(D + offs, d.to(D.dtype.element_ty), mask=m)
-        acc += d
-    tl.store(PART + pid_r * F + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -209,22 +180,7 @@ def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch
         N, C, per, n_progs, HAS_GX=g_x is not None, BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"],
         STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
     )
-    return dx, dx_low, part[0].sum(dim=0), part[1].sum(dim=0), part[2].sum(dim=0)  # three tensors: outputs may not alias
-
-
-def gelu_bwd(g, pre, **launch):
-    cfg = GELU | launch
-    F = pre.shape[-1]
-    N = pre.numel() // F
-    d = torch.empty_like(pre)
-    col_blocks = triton.cdiv(F, cfg["block_f"])
-    per, row_progs = _split(N, max(1, _programs(pre.device, cfg["programs_per_sm"]) // col_blocks), cfg["rows"])
-    part = torch.empty((row_progs, F), dtype=torch.float32, device=pre.device)
-    _gelu_bwd_kernel[(col_blocks, row_progs)](
-        g.contiguous(), pre.contiguous(), d, part, N, F, per, BLOCK_F=cfg["block_f"], ROWS=cfg["rows"],
-        STAGES=cfg["stages"], BIG=_big(pre), num_warps=cfg["warps"],
-    )
-    return d, part.sum(dim=0)
+    return dx, dx_low, part.sum(dim=1)  # one sum for the three: (3, C)
 
 
 def head_cross_entropy(h, weight, targets, vocab: int, **launch):

@@ -32,6 +32,10 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
 
 
 def compiled(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
+    if profile.kernels.fused:
+        from memlab.core.fused.ops import declare_to_inductor
+
+        declare_to_inductor()
     mode = None if profile.compile.mode == "default" else profile.compile.mode
     if profile.compile.tune_kernels:
         # torch.compile takes a mode or options, not both: spell the mode out as its options and add the tuning
