@@ -51,7 +51,7 @@ def inputs(N: int, C: int, F: int, dtype: torch.dtype, seed: int) -> dict:
         return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dt)
 
     return dict(x_prev=r(N, C), branch=r(N, C, dt=dtype), bias=r(C, scale=0.1), weight=1 + r(C, scale=0.1), ln_bias=r(C, scale=0.1),
-                g_h=r(N, C, dt=dtype), g_x=r(N, C), g=r(N, F, dt=dtype), pre=r(N, F, scale=2.0, dt=dtype))
+                g_h=r(N, C, dt=dtype), g_x=r(N, C))
 
 
 def check(N: int, C: int, F: int, dtype: torch.dtype) -> dict:
@@ -139,7 +139,7 @@ def main() -> None:
         # name: (bytes moved once each, {param: choices}, call)
         "add_ln_fwd": (e * (4 + 2 + 4 + 2), {"rows": (1, 2), "warps": (4, 8), "programs_per_sm": (0, 8), "stages": (2,)},
                        lambda **k: tk.add_ln_fwd(t["x_prev"], t["branch"], t["bias"], t["weight"], t["ln_bias"], 1e-5, dt, **k)),
-        "add_ln_bwd": (e * (2 + 4 + 4 + 4 + 2), {"rows": (1, 2, 4), "warps": (4, 8), "programs_per_sm": (8,), "stages": (2,)},
+        "add_ln_bwd": (e * (2 + 4 + 4 + 4 + 2), {"rows": (1, 2, 4), "warps": (4, 8), "programs_per_sm": (1, 2, 4, 8), "stages": (2,)},
                        lambda **k: tk.add_ln_bwd(t["g_h"], t["g_x"], x, mean, rstd, t["weight"], dt, **k)),
     }
     for name, (nbytes, grid, call) in cases.items():

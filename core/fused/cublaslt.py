@@ -4,8 +4,6 @@
                  the output, pre the auxiliary output kept for backward): no kernel reads pre back to make act
 - mm_dgelu:      d = (g @ W2) * gelu_tanh'(pre) in one matmul (CUBLASLT_EPILOGUE_DGELU): the gradient with respect
                  to act is never written nor read back
-- mm_weight_grad_bias: d^T x and the column sums of d in one matmul (CUBLASLT_EPILOGUE_BGRADB): the input layer's
-                 weight and bias gradients, the bias's needing no pass of its own over d
 
 This is the fusion NVIDIA's Transformer Engine uses for its MLP. cuBLASLt is column-major: a row-major (rows, cols)
 tensor is its (cols, rows) matrix, so D^T = A^T B^T is asked for and the row-major results come out as they are.
@@ -26,9 +24,9 @@ from memlab.core.fused import reference
 _OP_N, _OP_T = 0, 1
 _COMPUTE_32F = 68  # cublasComputeType_t
 _DTYPE = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}  # cudaDataType_t
-_EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU, _EPILOGUE_BGRADB = 164, 192, 512
+_EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU = 164, 192
 # cublasLtMatmulDescAttributes_t
-_TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_DATA_TYPE, _BIAS_DATA_TYPE = 3, 4, 7, 8, 11, 12, 22, 26
+_TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_DATA_TYPE = 3, 4, 7, 8, 11, 12, 22
 _PREF_MAX_WORKSPACE_BYTES = 1
 _WORKSPACE_BYTES = 8 << 20
 
@@ -86,8 +84,7 @@ class _Plan:
     a, b, d: (rows, cols, leading dimension) of the column-major operands as stored; bias and aux are the epilogue's
     vector and matrix (0: the epilogue has none), given here because the heuristic reads their alignment."""
 
-    def __init__(self, epilogue: int, trans: tuple[int, int], a: tuple, b: tuple, d: tuple, dtype: torch.dtype,
-                 bias: int, aux: int, bias_dtype: torch.dtype | None = None):
+    def __init__(self, epilogue: int, trans: tuple[int, int], a: tuple, b: tuple, d: tuple, dtype: torch.dtype, bias: int, aux: int):
         lib = _lib()
         self.desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.addressof(self.desc), _COMPUTE_32F, _DTYPE[torch.float32]), "descriptor")
@@ -97,8 +94,6 @@ class _Plan:
         if aux:
             _set(self.desc, _AUX_LD, ctypes.c_int64(d[0]))
             _set(self.desc, _AUX_DATA_TYPE, ctypes.c_int32(_DTYPE[dtype]))
-        if bias_dtype is not None:
-            _set(self.desc, _BIAS_DATA_TYPE, ctypes.c_int32(_DTYPE[bias_dtype]))
         self.pointers(bias, aux)
         self.a, self.b, self.d = (_layout(dtype, *shape) for shape in (a, b, d))
         pref = ctypes.c_void_p()
@@ -179,28 +174,11 @@ def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.
     d = torch.empty_like(pre)
     if usable(g, weight, pre, d):
         # column-major: d^T (N, M) = W2 (stored (N, K)) @ g^T (K, M), gelu' from pre^T. cuBLASLt's DGELU_BGRAD would
-        # add the bias gradient but ran 2x slower: the weight gradient's matmul takes it (mm_weight_grad_bias)
+        # add the bias gradient (d's column sums) but ran 2x slower, and BGRADB in the weight gradient's matmul lost
+        # more at 200 x 1024 rows than the sum costs (results/fused-mlp-h100/): the caller sums d
         plan = _plan(("dgelu", M, N, K, g.dtype, g.device), lambda: _Plan(
             _EPILOGUE_DGELU, (_OP_N, _OP_N), (N, K, N), (K, M, K), (N, M, N), g.dtype, 0, pre.data_ptr()))
         if plan.ok:
             plan.run(weight, g, d, aux=pre)
             return d
     return reference.mm_dgelu(g, weight, pre)
-
-
-def mm_weight_grad_bias(d: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d^T x in d's dtype, the column sums of d in fp32): a linear layer's weight and bias gradients, d (M, N) the
-    gradient of its output and x (M, K) its input, in one matmul (CUBLASLT_EPILOGUE_BGRADB: the bias gradient is the
-    sum over the matmul's reduction dimension of the operand it streams anyway)."""
-    (M, N), K = d.shape, x.shape[1]
-    d_w = torch.empty((N, K), dtype=d.dtype, device=d.device)
-    if usable(d, x, d_w):
-        # column-major: d_w^T (K, N) = x^T (K, M) @ d (M, N, stored (N, M) and transposed); bias over M, length N
-        for bias_dtype in (torch.float32, d.dtype):  # fp32 where cuBLASLt has that kernel
-            d_b = torch.empty(N, dtype=bias_dtype, device=d.device)
-            plan = _plan(("wgrad", M, N, K, d.dtype, bias_dtype, d.device), lambda: _Plan(
-                _EPILOGUE_BGRADB, (_OP_N, _OP_T), (K, M, K), (N, M, N), (K, N, K), d.dtype, d_b.data_ptr(), 0, bias_dtype))
-            if plan.ok:
-                plan.run(x, d, d_w, bias=d_b)
-                return d_w, d_b.float()
-    return reference.mm_weight_grad_bias(d, x)

@@ -4,8 +4,8 @@ The stock block computes x = x + proj(...) and the next LayerNorm in separate ke
 fp32 residual gradient to bf16 and sums each bias gradient in passes of their own. Here every residual add takes
 the projection's bias and the *next* LayerNorm with it (block i's MLP output meets block i+1's ln_1, the last one
 ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients. The MLP runs as one
-function (_MLPBranch) whose GELU, forward and backward, and whose input layer's bias gradient are in the epilogues
-of the matmuls next to them (cuBLASLt's, as NVIDIA's Transformer Engine runs its MLP). Projections run without
+function (_MLPBranch) whose GELU, forward and backward, is in the epilogues of the matmuls next to it
+(cuBLASLt's, as NVIDIA's Transformer Engine runs its MLP). Projections run without
 their bias (it is added, once, in add_layer_norm), and the saved activation for each norm is its input x, not a
 second fp32 tensor.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu, mm_weight_grad_bias
+from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu
 
 
 def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,8 +40,7 @@ class _MLPBranch(torch.autograd.Function):
     """proj(gelu_tanh(h W1^T + b1)) without proj's bias, the weights cast to h's dtype (as autocast casts them).
     Forward: one matmul makes pre and act (memlab::mm_bias_gelu, GELU in the epilogue), then the output layer.
     Backward: the output layer's weight gradient; one matmul the gradient through the output layer and the GELU
-    (memlab::mm_dgelu); one the input layer's weight and bias gradients (memlab::mm_weight_grad_bias); its input
-    gradient. Each a cuBLAS(Lt) matmul, with no elementwise pass between them."""
+    (memlab::mm_dgelu); the input layer's input and weight gradients, and its bias gradient (a sum)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
@@ -59,8 +58,8 @@ class _MLPBranch(torch.autograd.Function):
         g = g.reshape(-1, g.shape[-1])  # (B*T, C)
         d_w_out = g.t() @ act
         d_pre = mm_dgelu(g, w2, pre)  # (B*T, F)
-        d_w_in, d_b_in = mm_weight_grad_bias(d_pre, x)  # (F, C), (F,)
         d_h = (d_pre @ w1).view(ctx.h_shape)
+        d_w_in, d_b_in = d_pre.t() @ x, d_pre.sum(dim=0, dtype=torch.float32)
         return d_h, d_w_in.to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
 
 

@@ -120,21 +120,6 @@ def _(g, weight, pre):
     return torch.empty_like(pre)
 
 
-@torch.library.custom_op("memlab::mm_weight_grad_bias", mutates_args=())
-def mm_weight_grad_bias(d: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d^T x in d's dtype, the column sums of d in fp32): d (M, N) a linear layer's output gradient, x (M, K) its input."""
-    return reference.mm_weight_grad_bias(d, x)
-
-
-@mm_weight_grad_bias.register_kernel("cuda")
-def _(d, x):
-    return _cublaslt().mm_weight_grad_bias(d, x)
-
-
-@mm_weight_grad_bias.register_fake
-def _(d, x):
-    return d.new_empty((d.shape[1], x.shape[1])), d.new_empty((d.shape[1],), dtype=torch.float32)
-
 # ----------------------------------------------------------------------------- LM head + cross-entropy
 
 
@@ -182,7 +167,7 @@ def declare_to_inductor() -> None:
         from torch._library.utils import get_layout_constraint_tag
     except ImportError:  # no Inductor here: nothing compiles, nothing to declare
         return
-    for op in (add_layer_norm, add_layer_norm_backward, mm_bias_gelu, mm_dgelu, mm_weight_grad_bias, head_cross_entropy):
+    for op in (add_layer_norm, add_layer_norm_backward, mm_bias_gelu, mm_dgelu, head_cross_entropy):
         overload = op._opoverload
         if overload not in lowering.lowerings:
             rule = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))

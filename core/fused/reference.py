@@ -74,7 +74,3 @@ def mm_dgelu(g, weight, pre):
     """d = (g @ weight, rounded to pre's dtype) * gelu_tanh'(pre) in pre's dtype."""
     return _dgelu((g.float() @ weight.float()).to(pre.dtype), pre)
 
-
-def mm_weight_grad_bias(d, x):
-    """(d^T x in d's dtype, the column sums of d in fp32): a linear layer's weight and bias gradients."""
-    return (d.float().t() @ x.float()).to(d.dtype), d.float().sum(dim=0)
