@@ -4,10 +4,9 @@ The stock block computes x = x + proj(...) and the next LayerNorm in separate ke
 fp32 residual gradient to bf16 and sums each bias gradient in passes of their own. Here every residual add takes
 the projection's bias and the *next* LayerNorm with it (block i's MLP output meets block i+1's ln_1, the last one
 ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients. The MLP runs as one
-function (_MLPBranch) whose GELU, forward and backward, is in the epilogues of the matmuls next to it
-(cuBLASLt's, as NVIDIA's Transformer Engine runs its MLP). Projections run without
-their bias (it is added, once, in add_layer_norm), and the saved activation for each norm is its input x, not a
-second fp32 tensor.
+function (_MLPBranch) whose GELU, forward and backward, is in the epilogues of the matmuls next to it (cuBLASLt's,
+as NVIDIA's Transformer Engine runs its MLP). Projections run without their bias (it is added, once, in
+add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
 
 The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
 forward, one pass per row, in their own buffer: the backward is the head's two matmuls. The head's weight is
