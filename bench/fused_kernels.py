@@ -1,5 +1,5 @@
 """kernels.fused on the GPU: each Triton kernel checked against its PyTorch reference, then timed over a sweep of
-launch shapes at the gpt2s shape (C = 768, F = 3072, batch x 1024 rows), with the bytes each must move and the
+launch shapes at the gpt2s shape (C = 768, batch x 1024 rows), with the bytes each must move and the
 bandwidth it reached beside a plain device-to-device copy's. "default" is the launch shape in
 core/fused/triton_kernels.py (the one the H100 results used); "best" is the fastest of the sweep.
 
@@ -44,7 +44,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def inputs(N: int, C: int, F: int, dtype: torch.dtype, seed: int) -> dict:
+def inputs(N: int, C: int, dtype: torch.dtype, seed: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def r(*shape, scale=1.0, dt=torch.float32):
@@ -54,9 +54,9 @@ def inputs(N: int, C: int, F: int, dtype: torch.dtype, seed: int) -> dict:
                 g_h=r(N, C, dt=dtype), g_x=r(N, C))
 
 
-def check(N: int, C: int, F: int, dtype: torch.dtype) -> dict:
+def check(N: int, C: int, dtype: torch.dtype) -> dict:
     """Max relative error of every output against the reference (fp32 arithmetic on the same inputs)."""
-    t = inputs(N, C, F, dtype, seed=N + C)
+    t = inputs(N, C, dtype, seed=N + C)
     out = {}
     fwd = tk.add_ln_fwd(t["x_prev"], t["branch"], t["bias"], t["weight"], t["ln_bias"], 1e-5, dtype)
     ref = reference.add_ln_fwd(t["x_prev"], t["branch"], t["bias"], t["weight"], t["ln_bias"], 1e-5, dtype)
@@ -107,7 +107,7 @@ def main() -> None:
     rows, lines = [], []
     dt = torch.bfloat16
     for N, C in ((1, 7), (37, 96), (1000, 768), (4099, 1000), (2048, 2048)):
-        errs = check(N, C, 4 * C, dt)
+        errs = check(N, C, dt)
         ok = all(e < 1e-2 for e in errs.values())
         lines.append(f"check N={N} C={C}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()) + ("  ok" if ok else "  FAILED"))
         rows.append({"kind": "check", "N": N, "C": C, **errs, "ok": ok})
@@ -123,8 +123,7 @@ def main() -> None:
         print(lines[-1], flush=True)
 
     N, C = args.batch * args.seq, args.C
-    F = 4 * C
-    t = inputs(N, C, F, dt, seed=0)
+    t = inputs(N, C, dt, seed=0)
     src = torch.empty(N * C * 2, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     copy_ms = time_ms(lambda: dst.copy_(src))
@@ -159,7 +158,7 @@ def main() -> None:
         lines.append(f"{name}: default {default_ms:.3f} ms ({nbytes / default_ms / 1e6:,.0f} GB/s); best {best[0]:.3f} ms "
                      f"({best[2]:,.0f} GB/s = {best[2] / copy_gbs:.0%} of copy) at {best[1]}; bytes {nbytes / 1e9:.2f} GB")
         print(lines[-1], flush=True)
-    env = f"GPU {torch.cuda.get_device_name()} · torch {torch.__version__} · triton {__import__('triton').__version__} · N={N} C={C} F={F} bf16"
+    env = f"GPU {torch.cuda.get_device_name()} · torch {torch.__version__} · triton {__import__('triton').__version__} · N={N} C={C} bf16"
     text = "\n".join([env] + lines)
     (out / "fused_kernels.txt").write_text(text + "\n")
     (out / "fused_kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

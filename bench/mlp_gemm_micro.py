@@ -35,17 +35,20 @@ C, FF = 768, 3072
 
 def graph_check(x, w1, b1, up, w2) -> dict:
     """The epilogue matmuls captured in a CUDA graph (as memlab's step is) and replayed: the same results as eager."""
-    eager = [*tm.mm_bias_gelu(x, w1, b1)]
-    eager += [tm.mm_dgelu(up, w2, eager[0])]
+
+    def both() -> list[torch.Tensor]:
+        pre, act = tm.mm_bias_gelu(x, w1, b1)
+        return [pre, act, tm.mm_dgelu(up, w2, pre)]
+
+    eager = both()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graphs asks
-        tm.mm_dgelu(up, w2, tm.mm_bias_gelu(x, w1, b1)[0])
+        both()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = [*tm.mm_bias_gelu(x, w1, b1)]
-        captured += [tm.mm_dgelu(up, w2, captured[0])]
+        captured = both()
     for t in captured:
         t.zero_()
     graph.replay()

@@ -156,9 +156,9 @@ def usable(*tensors: torch.Tensor) -> bool:
 def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pre, act): x (M, K) @ weight (N, K)^T + bias, and its GELU (tanh), both in x's dtype."""
     (M, K), N = x.shape, weight.shape[0]
-    pre = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    act = torch.empty_like(pre)
-    if usable(x, weight, bias, pre):
+    if usable(x, weight, bias):
+        pre = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        act = torch.empty_like(pre)
         # column-major: act^T (N, M) = W1 (stored (K, N), transposed) @ x^T (K, M), pre^T the auxiliary output
         plan = _plan(("gelu", M, N, K, x.dtype, x.device), lambda: _Plan(
             _EPILOGUE_GELU_AUX_BIAS, (_OP_T, _OP_N), (K, N, K), (K, M, K), (N, M, N), x.dtype, bias.data_ptr(), pre.data_ptr()))
@@ -171,8 +171,8 @@ def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> t
 def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
     (M, K), N = g.shape, weight.shape[1]
-    d = torch.empty_like(pre)
-    if usable(g, weight, pre, d):
+    if usable(g, weight, pre):
+        d = torch.empty_like(pre)
         # column-major: d^T (N, M) = W2 (stored (N, K)) @ g^T (K, M), gelu' from pre^T. cuBLASLt's DGELU_BGRAD would
         # add the bias gradient (d's column sums) but ran 2x slower, and BGRADB in the weight gradient's matmul lost
         # more at 200 x 1024 rows than the sum costs (results/fused-mlp-h100/): the caller sums d

@@ -38,10 +38,15 @@ def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype):
 _K0 = math.sqrt(2.0 / math.pi)
 
 
+def _tanh_u(x):
+    """tanh(sqrt(2/pi) (x + 0.044715 x^3)): gelu_tanh(x) = x/2 (1 + this), and its derivative's factor."""
+    return torch.tanh(_K0 * (x + 0.044715 * x * x * x))
+
+
 def _dgelu(g, pre):
     """d = g * gelu_tanh'(pre) in pre's dtype."""
     x = pre.float()
-    t = torch.tanh(_K0 * (x + 0.044715 * x * x * x))
+    t = _tanh_u(x)
     d = g.float() * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3 * 0.044715 * x * x))
     return d.to(pre.dtype)
 
@@ -61,7 +66,7 @@ def head_cross_entropy(h, weight, targets, vocab: int):
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + torch.tanh(_K0 * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1.0 + _tanh_u(x))
 
 
 def mm_bias_gelu(x, weight, bias):
