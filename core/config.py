@@ -143,9 +143,10 @@ class CompileConfig:
 @dataclass
 class KernelsConfig:
     # memlab's fused kernels (memlab.core.fused): residual add + bias + LayerNorm in one Triton pass each way, the
-    # MLP's GELU and its backward in cuBLASLt's matmul epilogues, and the LM head's loss with the logits' gradient
-    # made in forward (full logits only: a chunked or library loss keeps its own path). The same function of the
-    # same parameters in fewer passes over memory; on the CPU backend their PyTorch reference runs instead.
+    # MLP's GELU and its backward in cuBLASLt's matmul epilogues, every matmul on cuBLASLt's fastest algorithm for
+    # its shape (timed at first use), and the LM head's loss with the logits' gradient made in forward (full logits
+    # only: a chunked or library loss keeps its own path). The same function of the same parameters in fewer
+    # passes over memory; on the CPU backend their PyTorch reference runs instead.
     fused: bool = False
     # torchao float8 training: the blocks' Linear layers compute in float8 (H100 / Ada). A speed technique: the
     # weights stay fp32 masters, so memory barely moves.

@@ -41,12 +41,16 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before the output projection: (B, T, C) -> attention output (B, T, C)."""
-        B, T, C = x.shape
+        return self.attend_projected(self.qkv(x))
+
+    def attend_projected(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The attention over the qkv projection (B, T, 3C) -> its output (B, T, C)."""
+        B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         dropout_p = self.resid_dropout.p if self.training else 0.0
         packed = getattr(self.kernel, "packed", None)
         if packed is not None:  # FA4: takes the projection whole, and writes its gradient whole (no concatenation)
-            return packed(self.qkv(x), self.n_head, dropout_p)
-        q, k, v = self.qkv(x).split(C, dim=2)
+            return packed(qkv, self.n_head, dropout_p)
+        q, k, v = qkv.split(C, dim=2)
         # (B, T, C) -> (B, nh, T, hs): the layout every kernel takes; flash-style kernels transpose inside.
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = self.kernel(q, k, v, dropout_p=dropout_p)  # (B, nh, T, hs)

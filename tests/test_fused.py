@@ -182,6 +182,24 @@ def test_mlp_matmul_ops_give_the_gelu_mlps_values_and_gradients():
     torch.testing.assert_close(d.sum(0), leaves[2].grad, rtol=1e-5, atol=1e-5)
 
 
+def test_matmul_op_transposes_as_asked_adds_the_bias_and_passes_opcheck():
+    """memlab::matmul takes its operands as stored and transposes where asked (what the fused linears' forward,
+    input-gradient and weight-gradient matmuls each ask for), the bias added before the result's rounding."""
+    g = torch.Generator().manual_seed(5)
+    a, b, bias = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g), torch.randn(5, generator=g)
+    torch.testing.assert_close(torch.ops.memlab.matmul(a, b, False, True), a @ b.t())
+    torch.testing.assert_close(torch.ops.memlab.matmul(a, b, False, True, bias), a @ b.t() + bias)
+    c = torch.randn(6, 3, generator=g)
+    torch.testing.assert_close(torch.ops.memlab.matmul(a, c, True, False), a.t() @ c)
+    torch.testing.assert_close(torch.ops.memlab.matmul(b, a.t().contiguous(), False, False), b @ a.t())
+    d = torch.randn(4, 6, generator=g)
+    torch.testing.assert_close(torch.ops.memlab.matmul(c, d, True, True), c.t() @ d.t())
+    bf = torch.ops.memlab.matmul(a.bfloat16(), b.bfloat16(), False, True, bias.bfloat16())
+    assert bf.dtype == torch.bfloat16 and bf.shape == (6, 5)
+    torch.library.opcheck(torch.ops.memlab.matmul.default, (a, b, False, True, bias))
+    torch.library.opcheck(torch.ops.memlab.matmul.default, (a, c, True, False))
+
+
 _INTERPRETER_CHECK = textwrap.dedent(
     """
     import torch

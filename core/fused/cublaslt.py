@@ -1,12 +1,20 @@
-"""The MLP's GELU inside cuBLASLt's matmul epilogues (CUDA), called through ctypes: the library torch already loaded.
+"""kernels.fused's matmuls through cuBLASLt (CUDA), called through ctypes: the library torch already loaded.
 
+- matmul:        op(a) @ op(b) (+ bias in the epilogue), a plain matmul with its algorithm chosen by timing
 - mm_bias_gelu:  pre = x @ W1^T + b1 and act = gelu_tanh(pre) in one matmul (CUBLASLT_EPILOGUE_GELU_AUX_BIAS: act is
                  the output, pre the auxiliary output kept for backward): no kernel reads pre back to make act
 - mm_dgelu:      d = (g @ W2) * gelu_tanh'(pre) in one matmul (CUBLASLT_EPILOGUE_DGELU): the gradient with respect
                  to act is never written nor read back
 
-This is the fusion NVIDIA's Transformer Engine uses for its MLP. cuBLASLt is column-major: a row-major (rows, cols)
-tensor is its (cols, rows) matrix, so D^T = A^T B^T is asked for and the row-major results come out as they are.
+Every matmul's algorithm is chosen once per shape by timing: cuBLASLt's heuristic offers up to 8 candidates for a
+workspace of 8 MiB and for one of 32 MiB, and its first choice was up to a third slower than the best of them on
+gpt2s's matmuls at 200 x 1024 rows (bench/results/gemm-tune-h100/). Each candidate (and, for a plain matmul, torch's
+own call) runs on the real operands at the plan's first use, the fastest is kept; a first use inside a CUDA graph's
+capture takes the heuristic's first choice untimed. The GELU epilogues are the fusion NVIDIA's Transformer Engine
+uses for its MLP.
+
+cuBLASLt is column-major: a row-major (rows, cols) tensor is its (cols, rows) matrix, so D^T = B^T A^T is asked
+for and the row-major result comes out as it is.
 The epilogue computes the GELU (tanh form, as the model's) and its derivative from the fp32 accumulator, where the
 stock graph rounds pre and the gradient of act to the compute dtype first: the same function, rounded once less.
 A shape cuBLASLt has no epilogue kernel for runs the PyTorch reference (memlab.core.fused.reference) instead.
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Callable
 
 import torch
 
@@ -24,11 +33,13 @@ from memlab.core.fused import reference
 _OP_N, _OP_T = 0, 1
 _COMPUTE_32F = 68  # cublasComputeType_t
 _DTYPE = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}  # cudaDataType_t
-_EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU = 164, 192
+_EPILOGUE_DEFAULT, _EPILOGUE_BIAS, _EPILOGUE_GELU_AUX_BIAS, _EPILOGUE_DGELU = 1, 4, 164, 192
 # cublasLtMatmulDescAttributes_t
 _TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_DATA_TYPE = 3, 4, 7, 8, 11, 12, 22
 _PREF_MAX_WORKSPACE_BYTES = 1
-_WORKSPACE_BYTES = 8 << 20
+_PREFERRED_WORKSPACES = (8 << 20, 32 << 20)  # the heuristic is asked under each: its candidates differ
+WORKSPACE_BYTES = max(_PREFERRED_WORKSPACES)  # one buffer a device, allocated at the first matmul (the estimator counts it)
+_CANDIDATES = 8  # per preference: as many as cuBLASLt 13's heuristic returns for these shapes
 
 
 class _HeuristicResult(ctypes.Structure):
@@ -79,8 +90,21 @@ def _layout(dtype: torch.dtype, rows: int, cols: int, ld: int) -> ctypes.c_void_
     return out
 
 
+def _heuristic(desc, layouts: tuple, workspace: int) -> list[_HeuristicResult]:
+    """cuBLASLt's candidate algorithms for a matmul, best guess first, needing at most `workspace` bytes."""
+    lib, (a, b, d) = _lib(), layouts
+    pref = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.addressof(pref)), "preference")
+    ws = ctypes.c_uint64(workspace)
+    _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.addressof(ws), ctypes.sizeof(ws)), "preference")
+    results, found = (_HeuristicResult * _CANDIDATES)(), ctypes.c_int(0)
+    status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(), desc, a, b, d, d, pref, _CANDIDATES, ctypes.addressof(results), ctypes.addressof(found))
+    lib.cublasLtMatmulPreferenceDestroy(pref)
+    return list(results[: found.value]) if status == 0 else []
+
+
 class _Plan:
-    """One matmul shape with one epilogue: descriptors and the algorithm cuBLASLt's heuristic picked, made once.
+    """One matmul shape with one epilogue: its descriptors and candidate algorithms, made once, and the one chosen.
     a, b, d: (rows, cols, leading dimension) of the column-major operands as stored; bias and aux are the epilogue's
     vector and matrix (0: the epilogue has none), given here because the heuristic reads their alignment."""
 
@@ -96,15 +120,13 @@ class _Plan:
             _set(self.desc, _AUX_DATA_TYPE, ctypes.c_int32(_DTYPE[dtype]))
         self.pointers(bias, aux)
         self.a, self.b, self.d = (_layout(dtype, *shape) for shape in (a, b, d))
-        pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.addressof(pref)), "preference")
-        ws = ctypes.c_uint64(_WORKSPACE_BYTES)
-        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.addressof(ws), ctypes.sizeof(ws)), "preference")
-        self.result, found = _HeuristicResult(), ctypes.c_int(0)
-        status = lib.cublasLtMatmulAlgoGetHeuristic(_handle(), self.desc, self.a, self.b, self.d, self.d, pref, 1,
-                                                    ctypes.addressof(self.result), ctypes.addressof(found))
-        lib.cublasLtMatmulPreferenceDestroy(pref)
-        self.ok = status == 0 and found.value > 0
+        unique: dict[bytes, _HeuristicResult] = {}
+        for workspace in _PREFERRED_WORKSPACES:
+            for result in _heuristic(self.desc, (self.a, self.b, self.d), workspace):
+                unique.setdefault(bytes(result.algo), result)
+        self.candidates = list(unique.values())
+        self.ok = bool(self.candidates)
+        self.choice: int | None = None  # the index of the timed fastest: len(candidates) for torch's own call
 
     def pointers(self, bias: int, aux: int) -> None:
         if bias:
@@ -112,14 +134,48 @@ class _Plan:
         if aux:
             _set(self.desc, _AUX_POINTER, ctypes.c_void_p(aux))
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None = None, aux: torch.Tensor | None = None) -> None:
+    def run(self, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None = None,
+            aux: torch.Tensor | None = None, algo: int = 0) -> None:
         self.pointers(0 if bias is None else bias.data_ptr(), 0 if aux is None else aux.data_ptr())
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         ws = _workspace(d.device)
         _check(_lib().cublasLtMatmul(
             _handle(), self.desc, ctypes.addressof(one), a.data_ptr(), self.a, b.data_ptr(), self.b, ctypes.addressof(zero),
-            d.data_ptr(), self.d, d.data_ptr(), self.d, ctypes.addressof(self.result.algo), ws.data_ptr(), ws.numel(),
+            d.data_ptr(), self.d, d.data_ptr(), self.d, ctypes.addressof(self.candidates[algo].algo), ws.data_ptr(), ws.numel(),
             torch.cuda.current_stream(d.device).cuda_stream), "matmul")
+
+    def call(self, calls: list[Callable[[], None]]) -> None:
+        """Run the chosen one of `calls` (the candidates in order, then any alternative), choosing it first by
+        timing each on these operands; inside a CUDA graph's capture, unchosen, the heuristic's first."""
+        if self.choice is None:
+            if torch.cuda.is_current_stream_capturing():
+                return calls[0]()
+            self.choice = _fastest(calls)
+        calls[self.choice]()
+
+
+def _fastest(calls: list[Callable[[], None]], rounds: int = 3, burst_ms: float = 10.0) -> int:
+    """The index of the fastest call. Each is timed in bursts of back-to-back calls lasting about burst_ms (long
+    enough for the clock to settle where a training step would hold it, not only the first call's), `rounds`
+    times, interleaved so that a clock still moving favours no one; its best burst counts. The calls must be
+    repeatable: each writes the same output."""
+    best = [float("inf")] * len(calls)
+    reps = [1] * len(calls)
+    for r in range(rounds):
+        for i, call in enumerate(calls):
+            call()  # warm: its kernel loaded and its operands' cache state as in the timed calls
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps[i]):
+                call()
+            end.record()
+            end.synchronize()
+            per_call = start.elapsed_time(end) / reps[i]
+            if r == 0:  # the first round sizes the bursts; a burst of one call is no measure, so it is not kept
+                reps[i] = max(3, min(64, round(burst_ms / max(per_call, 1e-3))))
+            else:
+                best[i] = min(best[i], per_call)
+    return best.index(min(best))
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +191,7 @@ def _handle() -> ctypes.c_void_p:
 
 @functools.lru_cache(maxsize=None)
 def _workspace(device: torch.device) -> torch.Tensor:
-    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -148,37 +204,65 @@ def _plan(key: tuple, make) -> _Plan:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """cuBLASLt's epilogue kernels want contiguous rows a multiple of 16 bytes long, starting 16-byte aligned."""
+    """cuBLASLt's kernels want contiguous rows a multiple of 16 bytes long, starting 16-byte aligned."""
     return all(t.is_cuda and t.dtype in _DTYPE and t.is_contiguous() and (t.shape[-1] * t.element_size()) % 16 == 0
                and t.data_ptr() % 16 == 0 for t in tensors)
 
 
+def _operand(t: torch.Tensor, transpose: bool) -> tuple[int, tuple]:
+    """cuBLASLt's op and column-major (rows, cols, ld) for the row-major matrix t as stored, transposed if asked:
+    a row-major (r, c) tensor is the column-major (c, r) one, so it is op(t)^T that the stored layout gives as is."""
+    r, c = t.shape
+    return (_OP_T if transpose else _OP_N), (c, r, c)
+
+
+def _run(epilogue: int, a: torch.Tensor, b: torch.Tensor, ta: bool, tb: bool, d: torch.Tensor, bias=None, aux=None,
+         alternative: Callable[[], None] | None = None) -> bool:
+    """d (M, N) = op(a) (M, K) @ op(b) (K, N), row-major, with `epilogue`, through the plan for this shape; False
+    where cuBLASLt has no algorithm for it. Column-major, that is d^T = op(b)^T op(a)^T: cuBLASLt's A is b."""
+    (op_a, la), (op_b, lb) = _operand(b, tb), _operand(a, ta)
+    M, N = d.shape
+    key = (epilogue, op_a, la, op_b, lb, d.dtype, d.device, bias is not None, aux is not None)
+    plan = _plan(key, lambda: _Plan(epilogue, (op_a, op_b), la, lb, (N, M, N), d.dtype,
+                                    0 if bias is None else bias.data_ptr(), 0 if aux is None else aux.data_ptr()))
+    if not plan.ok:
+        return False
+    calls = [functools.partial(plan.run, b, a, d, bias, aux, i) for i in range(len(plan.candidates))]
+    plan.call(calls + ([alternative] if alternative is not None else []))
+    return True
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """op(a) @ op(b) (+ bias, added in the epilogue), in a's dtype; op transposes where asked."""
+    x, y = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
+    tensors = (a, b) if bias is None else (a, b, bias)
+    if usable(*tensors) and a.dtype == b.dtype:
+        d = torch.empty((x.shape[0], y.shape[1]), dtype=a.dtype, device=a.device)
+
+        def torch_own() -> None:  # torch's call is a candidate too: no shape runs slower than it did before
+            torch.mm(x, y, out=d) if bias is None else torch.addmm(bias, x, y, out=d)
+
+        if _run(_EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS, a, b, transpose_a, transpose_b, d, bias=bias, alternative=torch_own):
+            return d
+    return reference.matmul(a, b, transpose_a, transpose_b, bias)
+
+
 def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pre, act): x (M, K) @ weight (N, K)^T + bias, and its GELU (tanh), both in x's dtype."""
-    (M, K), N = x.shape, weight.shape[0]
     if usable(x, weight, bias):
-        pre = torch.empty((M, N), dtype=x.dtype, device=x.device)
-        act = torch.empty_like(pre)
-        # column-major: act^T (N, M) = W1 (stored (K, N), transposed) @ x^T (K, M), pre^T the auxiliary output
-        plan = _plan(("gelu", M, N, K, x.dtype, x.device), lambda: _Plan(
-            _EPILOGUE_GELU_AUX_BIAS, (_OP_T, _OP_N), (K, N, K), (K, M, K), (N, M, N), x.dtype, bias.data_ptr(), pre.data_ptr()))
-        if plan.ok:
-            plan.run(weight, x, act, bias=bias, aux=pre)
+        pre = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+        act = torch.empty_like(pre)  # the output; pre is the auxiliary output kept for backward
+        if _run(_EPILOGUE_GELU_AUX_BIAS, x, weight, False, True, act, bias=bias, aux=pre):
             return pre, act
     return reference.mm_bias_gelu(x, weight, bias)
 
 
 def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """d = (g (M, K) @ weight (K, N)) * gelu_tanh'(pre), in pre's dtype."""
-    (M, K), N = g.shape, weight.shape[1]
     if usable(g, weight, pre):
         d = torch.empty_like(pre)
-        # column-major: d^T (N, M) = W2 (stored (N, K)) @ g^T (K, M), gelu' from pre^T. cuBLASLt's DGELU_BGRAD would
-        # add the bias gradient (d's column sums) but ran 2x slower, and BGRADB in the weight gradient's matmul lost
-        # more at 200 x 1024 rows than the sum costs (results/fused-mlp-h100/): the caller sums d
-        plan = _plan(("dgelu", M, N, K, g.dtype, g.device), lambda: _Plan(
-            _EPILOGUE_DGELU, (_OP_N, _OP_N), (N, K, N), (K, M, K), (N, M, N), g.dtype, 0, pre.data_ptr()))
-        if plan.ok:
-            plan.run(weight, g, d, aux=pre)
+        # cuBLASLt's DGELU_BGRAD would add the bias gradient (d's column sums) but ran 2-3x slower, and BGRADB in
+        # the weight gradient's matmul lost more than the sum costs (results/fused-mlp-h100/): the caller sums d
+        if _run(_EPILOGUE_DGELU, g, weight, False, False, d, aux=pre):
             return d
     return reference.mm_dgelu(g, weight, pre)

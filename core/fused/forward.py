@@ -5,8 +5,10 @@ fp32 residual gradient to bf16 and sums each bias gradient in passes of their ow
 the projection's bias and the *next* LayerNorm with it (block i's MLP output meets block i+1's ln_1, the last one
 ln_f), so one kernel each way does the add, the norm, the cast and the bias gradients. The MLP runs as one
 function (_MLPBranch) whose GELU, forward and backward, is in the epilogues of the matmuls next to it (cuBLASLt's,
-as NVIDIA's Transformer Engine runs its MLP). Projections run without their bias (it is added, once, in
-add_layer_norm), and the saved activation for each norm is its input x, not a second fp32 tensor.
+as NVIDIA's Transformer Engine runs its MLP). Every other matmul is memlab::matmul (_Linear): cuBLASLt with its
+algorithm chosen per shape by timing, torch's own call among the candidates. Output projections run without their
+bias (it is added, once, in add_layer_norm), and the saved activation for each norm is its input x, not a second
+fp32 tensor.
 
 The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
 forward, one pass per row, in their own buffer: the backward is the head's two matmuls. The head's weight is
@@ -24,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, mm_bias_gelu, mm_dgelu
+from memlab.core.fused.ops import add_layer_norm, head_cross_entropy, matmul, mm_bias_gelu, mm_dgelu
 
 
 def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: nn.LayerNorm, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,6 +35,30 @@ def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: n
         branch, bias = F.dropout(branch + bias.to(branch.dtype), dropout), torch.zeros_like(bias)
     x, h, _, _ = add_layer_norm(x, branch, bias, norm.weight, norm.bias, norm.eps, branch.dtype)
     return x, h
+
+
+class _Linear(torch.autograd.Function):
+    """F.linear(h, weight, bias) with the weight and bias cast to h's dtype (as autocast casts them), its three
+    matmuls through memlab::matmul (the algorithm timed per shape) and the bias added in the forward's epilogue."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = h.reshape(-1, h.shape[-1])  # (B*T, C_in)
+        w = weight.to(h.dtype)
+        ctx.save_for_backward(x, w)
+        ctx.h_shape, ctx.dtypes = h.shape, (weight.dtype, None if bias is None else bias.dtype)
+        y = matmul(x, w, False, True, None if bias is None else bias.to(h.dtype))
+        return y.view(*h.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, w = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        g = g.reshape(-1, g.shape[-1])  # (B*T, C_out)
+        d_h = matmul(g, w, False, False).view(ctx.h_shape)
+        d_w = matmul(g, x, True, False).to(w_dtype)
+        d_b = None if b_dtype is None else g.sum(dim=0, dtype=torch.float32).to(b_dtype)
+        return d_h, d_w, d_b
 
 
 class _MLPBranch(torch.autograd.Function):
@@ -48,17 +74,17 @@ class _MLPBranch(torch.autograd.Function):
         pre, act = mm_bias_gelu(x, w1, b_in.to(h.dtype))  # (B*T, F) each
         ctx.save_for_backward(x, w1, pre, act, w2)
         ctx.h_shape, ctx.dtypes = h.shape, (w_in.dtype, b_in.dtype, w_out.dtype)
-        return (act @ w2.t()).view(h.shape)
+        return matmul(act, w2, False, True).view(h.shape)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         x, w1, pre, act, w2 = ctx.saved_tensors
         w_in_dtype, b_in_dtype, w_out_dtype = ctx.dtypes
         g = g.reshape(-1, g.shape[-1])  # (B*T, C)
-        d_w_out = g.t() @ act
+        d_w_out = matmul(g, act, True, False)
         d_pre = mm_dgelu(g, w2, pre)  # (B*T, F)
-        d_h = (d_pre @ w1).view(ctx.h_shape)
-        d_w_in, d_b_in = d_pre.t() @ x, d_pre.sum(dim=0, dtype=torch.float32)
+        d_h = matmul(d_pre, w1, False, False).view(ctx.h_shape)
+        d_w_in, d_b_in = matmul(d_pre, x, True, False), d_pre.sum(dim=0, dtype=torch.float32)
         return d_h, d_w_in.to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
 
 
@@ -69,9 +95,12 @@ def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
     x = model.drop(model.wte(idx) + model.wpe(torch.arange(T, device=idx.device)))  # (B, T, C) fp32 residual stream
     blocks = list(model.blocks)
     h = blocks[0].ln_1(x)  # the first norm has no residual add before it: the stock one
+    if torch.is_autocast_enabled(idx.device.type):  # its output is fp32 under autocast: cast as F.linear would
+        h = h.to(torch.get_autocast_dtype(idx.device.type))
     for i, block in enumerate(blocks):
         attn, mlp = block.attn, block.mlp
-        x, h = _add_norm(x, F.linear(attn.attend(h), attn.proj.weight), attn.proj.bias, block.ln_2, p)
+        qkv = _Linear.apply(h, attn.qkv.weight, attn.qkv.bias)
+        x, h = _add_norm(x, _Linear.apply(attn.attend_projected(qkv), attn.proj.weight, None), attn.proj.bias, block.ln_2, p)
         nxt = blocks[i + 1].ln_1 if i + 1 < len(blocks) else model.ln_f
         x, h = _add_norm(x, _MLPBranch.apply(h, mlp.fc.weight, mlp.fc.bias, mlp.proj.weight), mlp.proj.bias, nxt, p)
     return h

@@ -78,13 +78,30 @@ def _backward_add_layer_norm(ctx, g_x, g_h, _g_mean, _g_rstd):
 
 add_layer_norm.register_autograd(_backward_add_layer_norm, setup_context=_setup_add_layer_norm)
 
-# ----------------------------------------------------------------------------- the MLP's matmuls with the GELU in their epilogues
+# ----------------------------------------------------------------------------- matmuls, the MLP's with the GELU in their epilogues
 
 
 def _cublaslt():
     from memlab.core.fused import cublaslt  # imported on first CUDA use only
 
     return cublaslt
+
+
+@torch.library.custom_op("memlab::matmul", mutates_args=())
+def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """op(a) @ op(b) (+ bias) in a's dtype, op transposing where asked: a and b as stored, so that no transposed
+    view reaches the op (Inductor would copy it to a contiguous tensor first)."""
+    return reference.matmul(a, b, transpose_a, transpose_b, bias)
+
+
+@matmul.register_kernel("cuda")
+def _(a, b, transpose_a, transpose_b, bias=None):
+    return _cublaslt().matmul(a, b, transpose_a, transpose_b, bias)
+
+
+@matmul.register_fake
+def _(a, b, transpose_a, transpose_b, bias=None):
+    return a.new_empty((a.shape[1] if transpose_a else a.shape[0], b.shape[0] if transpose_b else b.shape[1]))
 
 
 @torch.library.custom_op("memlab::mm_bias_gelu", mutates_args=())
@@ -147,8 +164,8 @@ def _setup_head_cross_entropy(ctx, inputs, output):
 def _backward_head_cross_entropy(ctx, g_loss, _g_grad):
     # the logits' gradient was made in forward for a loss gradient of 1: the two matmuls take the real one
     h, weight, grad = ctx.saved_tensors
-    d_h = ((grad @ weight).float() * g_loss).to(h.dtype)
-    d_weight = ((grad.t() @ h).float() * g_loss).to(weight.dtype)
+    d_h = (matmul(grad, weight, False, False).float() * g_loss).to(h.dtype)
+    d_weight = (matmul(grad, h, True, False).float() * g_loss).to(weight.dtype)
     return d_h, d_weight, None, None
 
 
@@ -167,7 +184,7 @@ def declare_to_inductor() -> None:
         from torch._library.utils import get_layout_constraint_tag
     except ImportError:  # no Inductor here: nothing compiles, nothing to declare
         return
-    for op in (add_layer_norm, add_layer_norm_backward, mm_bias_gelu, mm_dgelu, head_cross_entropy):
+    for op in (add_layer_norm, add_layer_norm_backward, matmul, mm_bias_gelu, mm_dgelu, head_cross_entropy):
         overload = op._opoverload
         if overload not in lowering.lowerings:
             rule = lowering.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))

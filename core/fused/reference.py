@@ -79,3 +79,9 @@ def mm_dgelu(g, weight, pre):
     """d = (g @ weight, rounded to pre's dtype) * gelu_tanh'(pre) in pre's dtype."""
     return _dgelu((g.float() @ weight.float()).to(pre.dtype), pre)
 
+
+
+def matmul(a, b, transpose_a: bool, transpose_b: bool, bias=None):
+    """op(a) @ op(b) (+ bias, added before the rounding to a's dtype, as nn.Linear's addmm adds it)."""
+    x, y = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
+    return x @ y if bias is None else torch.addmm(bias, x, y)
