@@ -21,10 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Launch shapes used for the H100 results (bench/results/fused-h100/): each program walks its share of rows in a
-# loop, its loads software-pipelined STAGES deep. bench/fused_kernels.py sweeps alternatives.
-FWD = dict(rows=1, warps=8, programs_per_sm=0, stages=2)  # fused-h100/3-headline's sweep's best (0.423 ms, not 0.457)
-BWD = dict(rows=2, warps=4, programs_per_sm=8, stages=2)
+from memlab.core.fused.cublaslt import matmul
+
+# Launch shapes: each program walks its share of rows in a loop, its loads software-pipelined STAGES deep.
+# bench/fused_kernels.py sweeps alternatives; these are the best of its sweeps at gpt2s's batch 16 and 200 on the
+# H100 (bench/results/fused-mlp-h100/9-add-ln-bwd-sweep: forward 0.060 / 0.649 ms a call; backward 0.094 / 0.903,
+# where the shape used before was 0.097 / 0.939). The backward's best number of programs differs with the rows.
+FWD = dict(rows=2, warps=4, programs_per_sm=0, stages=2)
+BWD = dict(rows=4, warps=4, stages=2)
+BWD_PROGRAMS_PER_SM = ((65536, 2), (None, 8))  # (up to this many rows, programs a multiprocessor), first match
 # the head's rows: near-best at every shape of bench/classifier_micro.py's sweep (results/fused-head-h100/)
 CE = dict(block=8192, warps=8, programs_per_sm=8)
 
@@ -168,9 +173,10 @@ def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: tor
 
 
 def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch):
-    cfg = BWD | launch
     C = x.shape[-1]
     N = x.numel() // C
+    per_sm = next(p for limit, p in BWD_PROGRAMS_PER_SM if limit is None or N <= limit)
+    cfg = BWD | {"programs_per_sm": per_sm} | launch
     dx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     dx_low = torch.empty(x.shape, dtype=low_dtype, device=x.device)
     per, n_progs = _split(N, _programs(x.device, cfg["programs_per_sm"]), cfg["rows"])
@@ -188,7 +194,7 @@ def head_cross_entropy(h, weight, targets, vocab: int, **launch):
     `stride` rows, the first `vocab` real), then _ce_rows_kernel turns the logits into their gradient in place."""
     cfg = CE | launch
     M = h.shape[0]
-    logits = h @ weight.t()  # (M, stride): the one logit-sized buffer, returned as the gradient
+    logits = matmul(h, weight, False, True)  # (M, stride): the one logit-sized buffer, returned as the gradient
     loss = torch.empty(M, dtype=torch.float32, device=h.device)
     grid = (min(M, _programs(h.device, cfg["programs_per_sm"])),)
     _ce_rows_kernel[grid](logits, targets, loss, M, vocab, logits.shape[1], 1.0 / M, BLOCK=cfg["block"], num_warps=cfg["warps"])
