@@ -290,6 +290,9 @@ def test_cublaslt_matmuls_fall_back_to_the_reference_where_they_cannot_run():
         torch.testing.assert_close(got, want)
     up, w2, pre = torch.randn(6, 8, generator=g), torch.randn(8, 16, generator=g), torch.randn(6, 16, generator=g)
     torch.testing.assert_close(cublaslt.mm_dgelu(up, w2, pre), reference.mm_dgelu(up, w2, pre))
+    torch.testing.assert_close(cublaslt.matmul(x, w1, False, True, b1), torch.addmm(b1, x, w1.t()))
+    torch.testing.assert_close(cublaslt.matmul(pre, x, True, False), pre.t() @ x)
+    assert not cublaslt._plans  # nothing was planned, nothing timed: no cuBLASLt off CUDA
 
 
 _DECLARE_CHECK = textwrap.dedent(

@@ -15,6 +15,7 @@ uses for its MLP.
 
 cuBLASLt is column-major: a row-major (rows, cols) tensor is its (cols, rows) matrix, so D^T = B^T A^T is asked
 for and the row-major result comes out as it is.
+
 The epilogue computes the GELU (tanh form, as the model's) and its derivative from the fp32 accumulator, where the
 stock graph rounds pre and the gradient of act to the compute dtype first: the same function, rounded once less.
 A shape cuBLASLt has no epilogue kernel for runs the PyTorch reference (memlab.core.fused.reference) instead.
@@ -236,7 +237,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: boo
     """op(a) @ op(b) (+ bias, added in the epilogue), in a's dtype; op transposes where asked."""
     x, y = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
     tensors = (a, b) if bias is None else (a, b, bias)
-    if usable(*tensors) and a.dtype == b.dtype:
+    if usable(*tensors) and all(t.dtype == a.dtype for t in tensors):  # the epilogue reads the bias in a's dtype
         d = torch.empty((x.shape[0], y.shape[1]), dtype=a.dtype, device=a.device)
 
         def torch_own() -> None:  # torch's call is a candidate too: no shape runs slower than it did before
