@@ -16,11 +16,10 @@ Timing: --iters calls back to back between two CUDA events, median of --reps; GP
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
-from fused_kernels import time_ms  # bench/ is not a package: the script's own folder is on sys.path
+from fused_kernels import jsonl_emitter, time_ms  # bench/ is not a package: the script's own folder is on sys.path
 from memlab.core.fused import triton_kernels as tk
 from memlab.core.fused.forward import fused_head_loss
 
@@ -43,11 +42,7 @@ def main() -> None:
     C = 768
     dev = "cuda"
 
-    def emit(**row):
-        row["gpu"] = torch.cuda.get_device_name()
-        print(json.dumps(row), flush=True)
-        with open(args.out, "a") as sink:  # appended as each row lands: a run cut short keeps what it measured
-            sink.write(json.dumps(row) + "\n")
+    emit = jsonl_emitter(args.out)
 
     for M, V in ((int(r), int(v)) for r in args.rows.split(",") for v in args.vocabs.split(",")):
         if M * V * 2 > 25e9:  # the loop's logits and their gradient must fit beside the timing's copies

@@ -10,10 +10,9 @@ rounds, interleaved, and checks each output and log-sum-exp against the default'
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from fused_kernels import time_ms  # bench/ is not a package: the script's own folder is on sys.path
+from fused_kernels import jsonl_emitter, time_ms  # bench/ is not a package: the script's own folder is on sys.path
 from memlab.core.attention.flash_packed import split_heads
 
 
@@ -37,11 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     tiles = {name: None if name == "default" else tuple(int(n) for n in name.split("x")) for name in args.tiles.split(",")}
 
-    def emit(**row):
-        row["gpu"] = torch.cuda.get_device_name()
-        print(json.dumps(row), flush=True)
-        with open(args.out, "a") as sink:  # appended as each row lands
-            sink.write(json.dumps(row) + "\n")
+    emit = jsonl_emitter(args.out)
 
     for B in (int(b) for b in args.batches.split(",")):
         g = torch.Generator(device="cuda").manual_seed(B)

@@ -37,6 +37,19 @@ def time_ms(fn, reps: int = 15, calls: int = 10) -> float:
     return statistics.median(times)
 
 
+def jsonl_emitter(path: str):
+    """emit(**row) for the micro-benchmarks: the row, with the GPU's name, printed and appended to `path` as it
+    lands, so that a run cut short keeps what it measured."""
+
+    def emit(**row) -> None:
+        row["gpu"] = torch.cuda.get_device_name()
+        print(json.dumps(row), flush=True)
+        with open(path, "a") as sink:
+            sink.write(json.dumps(row) + "\n")
+
+    return emit
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     if not torch.isfinite(a).all():

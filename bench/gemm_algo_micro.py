@@ -15,10 +15,9 @@ Timing: --calls calls back to back between two CUDA events, median of --reps; GP
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from fused_kernels import rel_err, time_ms  # bench/ is not a package: the script's own folder is on sys.path
+from fused_kernels import jsonl_emitter, rel_err, time_ms  # bench/ is not a package: the script's own folder is on sys.path
 from memlab.core.fused import cublaslt as tm
 from memlab.core.fused import reference
 
@@ -61,11 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     dev, bf = "cuda", torch.bfloat16
 
-    def emit(**row):
-        row["gpu"] = torch.cuda.get_device_name()
-        print(json.dumps(row), flush=True)
-        with open(args.out, "a") as sink:  # appended as each row lands: a run cut short keeps what it measured
-            sink.write(json.dumps(row) + "\n")
+    emit = jsonl_emitter(args.out)
 
     for M in (int(r) for r in args.rows.split(",")):
         calls = max(2, args.calls * 16384 // M)

@@ -21,11 +21,10 @@ and the elementwise kernel. results/fused-mlp-h100/NOTE.md.)
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
-from fused_kernels import rel_err, time_ms  # bench/ is not a package: the script's own folder is on sys.path
+from fused_kernels import jsonl_emitter, rel_err, time_ms  # bench/ is not a package: the script's own folder is on sys.path
 from memlab.core.fused import reference
 from memlab.core.fused import cublaslt as tm
 from memlab.core.fused.forward import _MLPBranch
@@ -66,11 +65,7 @@ def main() -> None:
     torch._dynamo.config.cache_size_limit = 64
     dev, bf = "cuda", torch.bfloat16
 
-    def emit(**row):
-        row["gpu"] = torch.cuda.get_device_name()
-        print(json.dumps(row), flush=True)
-        with open(args.out, "a") as sink:  # appended as each row lands: a run cut short keeps what it measured
-            sink.write(json.dumps(row) + "\n")
+    emit = jsonl_emitter(args.out)
 
     for M in (int(r) for r in args.rows.split(",")):
         it = max(2, args.iters * 16384 // M)
