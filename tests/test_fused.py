@@ -295,6 +295,33 @@ def test_cublaslt_matmuls_fall_back_to_the_reference_where_they_cannot_run():
     assert not cublaslt._plans  # nothing was planned, nothing timed: no cuBLASLt off CUDA
 
 
+def test_algorithm_choices_are_remembered_per_gpu_model_and_timed_again_when_no_longer_offered(tmp_path, monkeypatch):
+    """cuBLASLt's timed choices go to one file per GPU model and library version in memlab's cache, merged across
+    writers; a later process takes a remembered choice untimed while the heuristic still offers it."""
+    from memlab.core.fused import algo_choices, cublaslt
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    path = algo_choices.choices_path("NVIDIA H100 80GB HBM3", 130100)
+    assert path == tmp_path / "cublaslt" / "NVIDIA-H100-80GB-HBM3-130100.json"
+    assert algo_choices.load(path) == {}
+    algo_choices.remember(path, "a", "torch")
+    algo_choices.remember(path, "b", "00ff")
+    assert algo_choices.load(path) == {"a": "torch", "b": "00ff"}
+
+    timed = []
+    monkeypatch.setattr(cublaslt, "_fastest", lambda calls: timed.append(len(calls)) or 1)
+    monkeypatch.setattr(cublaslt, "_choices_path", lambda: path)
+    calls = [lambda: None] * 3
+    assert cublaslt._choose("k", calls, ["aa", "bb", "torch"]) == 1 and timed == [3]
+    assert cublaslt._choose("k", calls, ["aa", "bb", "torch"]) == 1 and timed == [3]  # remembered, not timed
+    assert cublaslt._choose("k", calls, ["cc", "dd", "bb"]) == 2 and timed == [3]  # found by name at a new place
+    assert cublaslt._choose("k", calls, ["cc", "dd", "torch"]) == 1 and timed == [3, 3]  # no longer offered: timed
+    assert algo_choices.load(path) == {"a": "torch", "b": "00ff", "k": "dd"}
+
+    path.write_text("{half a file", encoding="utf-8")
+    assert algo_choices.load(path) == {}  # unreadable counts as empty; the next choice rewrites it whole
+
+
 _DECLARE_CHECK = textwrap.dedent(
     """
     import torch

@@ -9,8 +9,9 @@
 Every matmul's algorithm is chosen once per shape by timing: cuBLASLt's heuristic offers up to 8 candidates for a
 workspace of 8 MiB and for one of 32 MiB, and its first choice was up to a third slower than the best of them on
 gpt2s's matmuls at 200 x 1024 rows (bench/results/gemm-tune-h100/). Each candidate (and, for a plain matmul, torch's
-own call) runs on the real operands at the plan's first use, the fastest is kept; a first use inside a CUDA graph's
-capture takes the heuristic's first choice untimed. The GELU epilogues are the fusion NVIDIA's Transformer Engine
+own call) runs on the real operands at the plan's first use, the fastest is kept and remembered on this machine
+(memlab.core.fused.algo_choices: a later process takes it untimed); a first use inside a CUDA graph's capture takes
+the heuristic's first choice untimed. The GELU epilogues are the fusion NVIDIA's Transformer Engine
 uses for its MLP.
 
 cuBLASLt is column-major: a row-major (rows, cols) tensor is its (cols, rows) matrix, so D^T = B^T A^T is asked
@@ -29,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from memlab.core.fused import reference
+from memlab.core.fused import algo_choices, reference
 
 _OP_N, _OP_T = 0, 1
 _COMPUTE_32F = 68  # cublasComputeType_t
@@ -145,14 +146,37 @@ class _Plan:
             d.data_ptr(), self.d, d.data_ptr(), self.d, ctypes.addressof(self.candidates[algo].algo), ws.data_ptr(), ws.numel(),
             torch.cuda.current_stream(d.device).cuda_stream), "matmul")
 
-    def call(self, calls: list[Callable[[], None]]) -> None:
-        """Run the chosen one of `calls` (the candidates in order, then any alternative), choosing it first by
-        timing each on these operands; inside a CUDA graph's capture, unchosen, the heuristic's first."""
+    def call(self, key: str, calls: list[Callable[[], None]], names: list[str]) -> None:
+        """Run the chosen one of `calls` (the candidates in order, then any alternative, each named in `names`):
+        chosen first from the choices remembered on this machine, else by timing each on these operands; inside a
+        CUDA graph's capture, unchosen, the heuristic's first."""
         if self.choice is None:
             if torch.cuda.is_current_stream_capturing():
                 return calls[0]()
-            self.choice = _fastest(calls)
+            self.choice = _choose(key, calls, names)
         calls[self.choice]()
+
+
+def _choose(key: str, calls: list[Callable[[], None]], names: list[str]) -> int:
+    """The remembered choice for `key` where it is still a candidate, else the fastest by timing, remembered."""
+    path = _choices_path()
+    known = algo_choices.load(path).get(key)
+    if known in names:
+        return names.index(known)
+    index = _fastest(calls)
+    algo_choices.remember(path, key, names[index])
+    return index
+
+
+@functools.lru_cache(maxsize=None)
+def _choices_path_for(device: int):
+    lib = _lib()
+    lib.cublasLtGetVersion.restype, lib.cublasLtGetVersion.argtypes = ctypes.c_size_t, []
+    return algo_choices.choices_path(torch.cuda.get_device_name(device), lib.cublasLtGetVersion())
+
+
+def _choices_path():
+    return _choices_path_for(torch.cuda.current_device())
 
 
 def _fastest(calls: list[Callable[[], None]], rounds: int = 3, burst_ms: float = 10.0) -> int:
@@ -229,7 +253,10 @@ def _run(epilogue: int, a: torch.Tensor, b: torch.Tensor, ta: bool, tb: bool, d:
     if not plan.ok:
         return False
     calls = [functools.partial(plan.run, b, a, d, bias, aux, i) for i in range(len(plan.candidates))]
-    plan.call(calls + ([alternative] if alternative is not None else []))
+    names = [bytes(c.algo).hex() for c in plan.candidates]
+    if alternative is not None:
+        calls, names = calls + [alternative], names + ["torch"]
+    plan.call(repr(key[:6] + key[7:]).replace(" ", ""), calls, names)  # the device left out: one file per GPU model
     return True
 
 
