@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -128,7 +129,7 @@ class _Plan:
                 unique.setdefault(bytes(result.algo), result)
         self.candidates = list(unique.values())
         self.ok = bool(self.candidates)
-        self.choice: int | None = None  # the index of the timed fastest: len(candidates) for torch's own call
+        self.choice: int | None = None  # the chosen call's index (timed or remembered); len(candidates): torch's
 
     def pointers(self, bias: int, aux: int) -> None:
         if bias:
@@ -169,13 +170,13 @@ def _choose(key: str, calls: list[Callable[[], None]], names: list[str]) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _choices_path_for(device: int):
+def _choices_path_for(device: int) -> Path:
     lib = _lib()
     lib.cublasLtGetVersion.restype, lib.cublasLtGetVersion.argtypes = ctypes.c_size_t, []
     return algo_choices.choices_path(torch.cuda.get_device_name(device), lib.cublasLtGetVersion())
 
 
-def _choices_path():
+def _choices_path() -> Path:
     return _choices_path_for(torch.cuda.current_device())
 
 
