@@ -28,8 +28,8 @@ from memlab.core.fused.cublaslt import matmul
 # H100 (bench/results/fused-mlp-h100/9-add-ln-bwd-sweep: forward 0.060 / 0.649 ms a call; backward 0.094 / 0.903,
 # where the shape used before was 0.097 / 0.939). The backward's best number of programs differs with the rows.
 FWD = dict(rows=2, warps=4, programs_per_sm=0, stages=2)
-BWD = dict(rows=4, warps=4, stages=2)
-BWD_PROGRAMS_PER_SM = ((65536, 2), (None, 8))  # (up to this many rows, programs a multiprocessor), first match
+BWD = dict(rows=4, warps=4, stages=2)  # programs a multiprocessor: 2 up to BWD_FEW_ROWS rows (batch 16), else 8
+BWD_FEW_ROWS = 65536
 # the head's rows: near-best at every shape of bench/classifier_micro.py's sweep (results/fused-head-h100/)
 CE = dict(block=8192, warps=8, programs_per_sm=8)
 
@@ -175,8 +175,7 @@ def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: tor
 def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch):
     C = x.shape[-1]
     N = x.numel() // C
-    per_sm = next(p for limit, p in BWD_PROGRAMS_PER_SM if limit is None or N <= limit)
-    cfg = BWD | {"programs_per_sm": per_sm} | launch
+    cfg = BWD | {"programs_per_sm": 2 if N <= BWD_FEW_ROWS else 8} | launch
     dx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     dx_low = torch.empty(x.shape, dtype=low_dtype, device=x.device)
     per, n_progs = _split(N, _programs(x.device, cfg["programs_per_sm"]), cfg["rows"])
