@@ -59,6 +59,30 @@ def test_fused_forward_is_the_stock_models_function_in_fp32():
         torch.testing.assert_close(fused(idx), stock(idx), rtol=1e-5, atol=1e-5)
 
 
+def test_fused_block_drops_the_key_bias_and_adds_the_value_bias_after_the_attention():
+    """What the fused block's biases rest on, checked on the stock model: k's bias changes no output (softmax
+    takes a row's constant out), v's adds itself to every attention output row; so the fused gradient of k's
+    bias is exactly 0 and v's equals the stock one."""
+    stock, fused = _pair()
+    idx = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len), generator=torch.Generator().manual_seed(3))
+    attn, C = stock.blocks[0].attn, CFG.d_model
+    x = torch.randn(2, CFG.seq_len, C, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = attn.attend(x)
+        attn.qkv.bias[C : 2 * C] += 5.0
+        torch.testing.assert_close(attn.attend(x), before, rtol=1e-5, atol=1e-5)
+        attn.qkv.bias[2 * C :] += 1.0
+        torch.testing.assert_close(attn.attend(x), before + 1.0, rtol=1e-5, atol=1e-5)
+    stock, fused = _pair()
+    _, grads_s = _loss_and_grads(stock, idx, autocast=False)
+    _, grads_f = _loss_and_grads(fused, idx, autocast=False)
+    for i in range(CFG.n_layer):
+        d_s, d_f = grads_s[f"blocks.{i}.attn.qkv.bias"], grads_f[f"blocks.{i}.attn.qkv.bias"]
+        assert torch.count_nonzero(d_f[C : 2 * C]) == 0
+        assert d_s[C : 2 * C].abs().max() < 1e-6 < d_s[2 * C :].abs().max()
+        torch.testing.assert_close(d_f[2 * C :], d_s[2 * C :], rtol=1e-4, atol=1e-6)
+
+
 def test_fused_forward_applies_the_stock_models_dropout_in_the_same_order():
     """model.dropout > 0 (the seeds' 0.1): the same dropout calls in the same order, so the same masks from one seed."""
     stock, fused = _pair(cfg=dataclasses.replace(CFG, dropout=0.1))

@@ -15,6 +15,11 @@ forward, one pass per row, in their own buffer: the backward is the head's two m
 padded with zero rows to a row length of 128 bytes, as Inductor pads the stock logits' rows (same bytes), since
 cuBLAS runs several times slower on an odd row length such as GPT-2's 50257 (bench/results/fused-head-h100/).
 
+Without dropout, the qkv projection's bias goes in only for q: k's bias adds q.b_k to every score of a row, which
+the softmax takes out again (no effect, a gradient of 0), and v's adds b_v to every output row, since a row of
+attention weights sums to 1, so it joins the output projection's bias as W_proj b_v. The same function; the backward
+sums a third of the qkv projection's gradient for its bias instead of all of it.
+
 With model.dropout > 0 (the seeds trained with 0.1), dropout runs in PyTorch where the stock model has it: on the
 embeddings, inside the attention kernel, and on each projection's output (bias included, as nn.Linear gives it),
 which then meets the fused add with a zero bias. The same dropout calls in the same order as the stock forward.
@@ -39,7 +44,8 @@ def _add_norm(x: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, norm: n
 
 class _Linear(torch.autograd.Function):
     """F.linear(h, weight, bias) with the weight and bias cast to h's dtype (as autocast casts them), its three
-    matmuls through memlab::matmul (the algorithm timed per shape) and the bias added in the forward's epilogue."""
+    matmuls through memlab::matmul (the algorithm timed per shape) and the bias added in the forward's epilogue.
+    The bias may cover only the leading outputs (the others get none): its gradient sums only their columns."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -47,7 +53,10 @@ class _Linear(torch.autograd.Function):
         w = weight.to(h.dtype)
         ctx.save_for_backward(x, w)
         ctx.h_shape, ctx.dtypes = h.shape, (weight.dtype, None if bias is None else bias.dtype)
-        y = matmul(x, w, False, True, None if bias is None else bias.to(h.dtype))
+        ctx.bias_len = 0 if bias is None else bias.shape[0]
+        if bias is not None:
+            bias = F.pad(bias.to(h.dtype), (0, w.shape[0] - bias.shape[0]))
+        y = matmul(x, w, False, True, bias)
         return y.view(*h.shape[:-1], w.shape[0])
 
     @staticmethod
@@ -57,7 +66,7 @@ class _Linear(torch.autograd.Function):
         g = g.reshape(-1, g.shape[-1])  # (B*T, C_out)
         d_h = matmul(g, w, False, False).view(ctx.h_shape)
         d_w = matmul(g, x, True, False).to(w_dtype)
-        d_b = None if b_dtype is None else g.sum(dim=0, dtype=torch.float32).to(b_dtype)
+        d_b = None if b_dtype is None else g[:, : ctx.bias_len].sum(dim=0, dtype=torch.float32).to(b_dtype)
         return d_h, d_w, d_b
 
 
@@ -88,6 +97,17 @@ class _MLPBranch(torch.autograd.Function):
         return d_h, d_w_in.to(w_in_dtype), d_b_in.to(b_in_dtype), d_w_out.to(w_out_dtype)
 
 
+def _attention_biases(attn, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the qkv projection's bias, the output projection's) as the fused block adds them: without dropout, q's bias
+    alone and proj's with W_proj b_v added (module docstring); with it, as they are, since dropped attention
+    weights no longer sum to 1 in a row."""
+    if dropout:
+        return attn.qkv.bias, attn.proj.bias
+    b_q, _b_k, b_v = attn.qkv.bias.chunk(3)
+    # W_proj b_v as a product and a sum, not a matmul: autocast would round a matmul's result to bf16
+    return b_q, attn.proj.bias + (attn.proj.weight * b_v).sum(dim=1)
+
+
 def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
     """GPT.hidden(idx) for kernels.fused: (B, T) token ids -> final LayerNorm output (B, T, C), compute dtype."""
     p = model.cfg.dropout if model.training else 0.0
@@ -99,8 +119,9 @@ def fused_hidden(model, idx: torch.Tensor) -> torch.Tensor:
         h = h.to(torch.get_autocast_dtype(idx.device.type))
     for i, block in enumerate(blocks):
         attn, mlp = block.attn, block.mlp
-        qkv = _Linear.apply(h, attn.qkv.weight, attn.qkv.bias)
-        x, h = _add_norm(x, _Linear.apply(attn.attend_projected(qkv), attn.proj.weight, None), attn.proj.bias, block.ln_2, p)
+        qkv_bias, proj_bias = _attention_biases(attn, p)
+        qkv = _Linear.apply(h, attn.qkv.weight, qkv_bias)
+        x, h = _add_norm(x, _Linear.apply(attn.attend_projected(qkv), attn.proj.weight, None), proj_bias, block.ln_2, p)
         nxt = blocks[i + 1].ln_1 if i + 1 < len(blocks) else model.ln_f
         x, h = _add_norm(x, _MLPBranch.apply(h, mlp.fc.weight, mlp.fc.bias, mlp.proj.weight), mlp.proj.bias, nxt, p)
     return h
