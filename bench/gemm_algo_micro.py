@@ -5,11 +5,13 @@ For each matmul (forward, input gradient, weight gradient of qkv, attention proj
 times torch's matmul (what the compiled loop runs) and memlab's (core/fused/cublaslt.py: cuBLASLt, the algorithm
 chosen by timing at the first call, torch's own call among the candidates), and checks memlab's result against
 torch's; then the MLP's two epilogue matmuls as memlab runs them. With --sweep, every candidate the heuristic offers
-is timed as well, the first (the heuristic's choice) against the best.
+is timed as well, the first (the heuristic's choice) against the best. With --dgelu-layouts, only the MLP's DGELU
+matmul, every candidate, with the output layer's weight as stored (C, F) and as a transposed copy (F, C): cuBLASLt
+offers other kernels for the other operand order.
 
 Timing: --calls calls back to back between two CUDA events, median of --reps; GPU time (the host is not in it).
 
-    python3 bench/gemm_algo_micro.py --out $OUT/gemm.jsonl --rows 16384,204800 [--sweep]
+    python3 bench/gemm_algo_micro.py --out $OUT/gemm.jsonl --rows 16384,204800 [--sweep | --dgelu-layouts]
 """
 
 from __future__ import annotations
@@ -50,6 +52,30 @@ def sweep(a, b, ta, tb, d, epilogue: int, reps: int, calls: int, bias=None, aux=
             "workspace_bytes": [c.workspace_size for c in plan.candidates]}
 
 
+def dgelu_layouts(emit, M: int, dev: str, bf: torch.dtype, reps: int, calls: int) -> None:
+    """DGELU, d = (g @ w2) * gelu'(pre), with w2 (C, F) as stored ("NN" in cuBLASLt's terms, what memlab ran) and as
+    a transposed copy w2t (F, C) ("TN", the forward GELU matmul's order), every candidate; the plain matmul of each
+    order beside it as the floor."""
+    g = torch.Generator(device=dev).manual_seed(M + 2)
+    up = torch.randn(M, C, device=dev, generator=g).to(bf)
+    w2 = (torch.randn(C, FF, device=dev, generator=g) * 0.02).to(bf)
+    w2t = w2.t().contiguous()
+    pre = (torch.randn(M, FF, device=dev, generator=g) * 2).to(bf)
+    ref = reference.mm_dgelu(up, w2, pre)
+    for order, b, tb in (("NN", w2, False), ("TN", w2t, True)):
+        d = torch.empty_like(pre)
+        row = sweep(up, b, False, tb, d, tm._EPILOGUE_DGELU, reps, calls, aux=pre)
+        best = row["best_index"]
+        (op_a, la), (op_b, lb) = tm._operand(b, tb), tm._operand(up, False)
+        plan = tm._Plan(tm._EPILOGUE_DGELU, (op_a, op_b), la, lb, (FF, M, FF), bf, 0, pre.data_ptr())
+        if plan.ok:
+            plan.run(b, up, d, None, pre, best)
+        emit(case="dgelu_layout", rows=M, order=order, rel_err=rel_err(d, ref), **row)
+        plain = sweep(up, b, False, tb, torch.empty_like(pre), tm._EPILOGUE_DEFAULT, reps, calls)
+        emit(case="plain_layout", rows=M, order=order, **plain)
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -57,10 +83,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--sweep", action="store_true", help="also time every candidate algorithm of every matmul")
+    ap.add_argument("--dgelu-layouts", action="store_true", help="only DGELU, with the weight as stored and transposed")
     args = ap.parse_args()
     dev, bf = "cuda", torch.bfloat16
 
     emit = jsonl_emitter(args.out)
+    if args.dgelu_layouts:
+        for M in (int(r) for r in args.rows.split(",")):
+            dgelu_layouts(emit, M, dev, bf, args.reps, max(2, args.calls * 16384 // M))
+        return
 
     for M in (int(r) for r in args.rows.split(",")):
         calls = max(2, args.calls * 16384 // M)
