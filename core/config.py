@@ -346,14 +346,15 @@ def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, st
     looks_like_path = _looks_like_path(ref)
     if looks_like_path or (ref not in builtin_names(kind) and Path(ref).is_dir()):
         path = Path(ref).expanduser()
+        shown = ref if ref.isprintable() else repr(ref)  # an error is one line, whatever the path holds
         if path.is_dir():
-            raise ConfigError(f"{ref} is a folder; a {kind} is a .toml file (or a built-in name: memlab {kind}s)")
+            raise ConfigError(f"{shown} is a folder; a {kind} is a .toml file (or a built-in name: memlab {kind}s)")
         if not path.is_file():
-            raise ConfigError(f"{kind} file not found: {ref}")
+            raise ConfigError(f"{kind} file not found: {shown}")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{ref}: cannot read {kind} file ({e.__class__.__name__})") from None
+            raise ConfigError(f"{shown}: cannot read {kind} file ({e.__class__.__name__})") from None
         return _read_toml(text, str(path)), str(path), path.stem
     names = builtin_names(kind)
     if ref not in names:

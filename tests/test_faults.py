@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from memlab.core import schema
@@ -174,6 +174,8 @@ def _toml_value(v) -> str:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=st.dictionaries(st.one_of(_known_sections, _keys), st.dictionaries(st.one_of(_keys, st.sampled_from(["dtype", "kernel", "window", "mode", "steps", "name", "fused"])), _scalars, max_size=4), max_size=4),
        top=st.dictionaries(st.sampled_from(["description", "extends", "name", "speed"]), _scalars, max_size=2))
+@example(doc={}, top={"extends": "/\n"})  # found by the fuzzer: the missing parent's path printed its newline
+@example(doc={}, top={"extends": "./a\tb"})
 def test_fuzzed_profile_documents_only_ever_raise_config_errors(doc, top, tmp_path_factory):
     text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in top.items())
     text += "".join(f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in table.items()) for section, table in doc.items())
