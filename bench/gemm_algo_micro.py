@@ -40,16 +40,21 @@ def matmuls(M: int, dev: str, bf: torch.dtype) -> list[tuple]:
     return out
 
 
-def sweep(a, b, ta, tb, d, epilogue: int, reps: int, calls: int, bias=None, aux=None) -> dict:
-    """Every candidate the heuristic offers for this matmul, timed: the first (what memlab ran before) and the best."""
+def sweep(a, b, ta, tb, d, epilogue: int, reps: int, calls: int, bias=None, aux=None, ref=None) -> dict:
+    """Every candidate the heuristic offers for this matmul, timed: the first (what memlab ran before) and the best;
+    with `ref`, the best one's result against it as well (rel_err)."""
     (op_a, la), (op_b, lb) = tm._operand(b, tb), tm._operand(a, ta)
     M, N = d.shape
     plan = tm._Plan(epilogue, (op_a, op_b), la, lb, (N, M, N), d.dtype, 0 if bias is None else bias.data_ptr(),
                     0 if aux is None else aux.data_ptr())
     times = [time_ms(lambda: plan.run(b, a, d, bias, aux, i), reps=reps, calls=calls) for i in range(len(plan.candidates))]
-    return {"candidates": len(times), "first_ms": times[0] if times else None, "best_ms": min(times, default=None),
-            "best_index": times.index(min(times)) if times else None, "times": times,
-            "workspace_bytes": [c.workspace_size for c in plan.candidates]}
+    row = {"candidates": len(times), "first_ms": times[0] if times else None, "best_ms": min(times, default=None),
+           "best_index": times.index(min(times)) if times else None, "times": times,
+           "workspace_bytes": [c.workspace_size for c in plan.candidates]}
+    if ref is not None and times:
+        plan.run(b, a, d, bias, aux, row["best_index"])
+        row["rel_err"] = rel_err(d, ref)
+    return row
 
 
 def dgelu_layouts(emit, M: int, dev: str, bf: torch.dtype, reps: int, calls: int) -> None:
@@ -63,14 +68,8 @@ def dgelu_layouts(emit, M: int, dev: str, bf: torch.dtype, reps: int, calls: int
     pre = (torch.randn(M, FF, device=dev, generator=g) * 2).to(bf)
     ref = reference.mm_dgelu(up, w2, pre)
     for order, b, tb in (("NN", w2, False), ("TN", w2t, True)):
-        d = torch.empty_like(pre)
-        row = sweep(up, b, False, tb, d, tm._EPILOGUE_DGELU, reps, calls, aux=pre)
-        best = row["best_index"]
-        (op_a, la), (op_b, lb) = tm._operand(b, tb), tm._operand(up, False)
-        plan = tm._Plan(tm._EPILOGUE_DGELU, (op_a, op_b), la, lb, (FF, M, FF), bf, 0, pre.data_ptr())
-        if plan.ok:
-            plan.run(b, up, d, None, pre, best)
-        emit(case="dgelu_layout", rows=M, order=order, rel_err=rel_err(d, ref), **row)
+        row = sweep(up, b, False, tb, torch.empty_like(pre), tm._EPILOGUE_DGELU, reps, calls, aux=pre, ref=ref)
+        emit(case="dgelu_layout", rows=M, order=order, **row)
         plain = sweep(up, b, False, tb, torch.empty_like(pre), tm._EPILOGUE_DEFAULT, reps, calls)
         emit(case="plain_layout", rows=M, order=order, **plain)
     torch.cuda.empty_cache()
