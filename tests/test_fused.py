@@ -165,15 +165,20 @@ def test_head_op_compiles_whole_and_passes_opcheck():
     torch.testing.assert_close(got[1], w.grad)
 
 
-def test_add_layer_norm_op_matches_autograd_of_the_plain_formula():
+@pytest.mark.parametrize("pad", [0, 4])
+def test_add_layer_norm_op_matches_autograd_of_the_plain_formula(pad):
+    """With pad, h's rows end in the ones column (a 1, then zeros), a constant: the gradient arriving for it (junk
+    here) reaches no input."""
     g = torch.Generator().manual_seed(3)
     N, C = 10, 24
     leaves = [torch.randn(*s, generator=g).requires_grad_() for s in ((N, C), (N, C), (C,), (C,), (C,))]
     x_prev, branch, bias, weight, ln_bias = leaves
-    gx, gh = torch.randn(N, C, generator=g), torch.randn(N, C, generator=g)
+    gx, gh, junk = torch.randn(N, C, generator=g), torch.randn(N, C, generator=g), torch.randn(N, pad, generator=g)
 
-    x, h, mean, rstd = torch.ops.memlab.add_layer_norm(x_prev, branch, bias, weight, ln_bias, 1e-5, torch.float32)
-    torch.autograd.backward([x, h], [gx, gh])
+    x, h, mean, rstd = torch.ops.memlab.add_layer_norm(x_prev, branch, bias, weight, ln_bias, 1e-5, torch.float32, pad)
+    assert h.shape == (N, C + pad) and (h[:, C:] == torch.eye(1, pad)).all()
+    torch.autograd.backward([x, h], [gx, torch.cat([gh, junk], dim=1)])
+    h = h[:, :C]
     got = [t.grad.clone() for t in leaves]
     for t in leaves:
         t.grad = None
@@ -224,10 +229,30 @@ def test_matmul_op_transposes_as_asked_adds_the_bias_and_passes_opcheck():
     torch.library.opcheck(torch.ops.memlab.matmul.default, (a, c, True, False))
 
 
+def test_matmul_op_reads_the_leading_columns_of_a_wider_input_and_pads_its_output_with_zeros():
+    """The ones column's matmuls: the forward's input carries pad columns past the weight's (ignored), the input
+    gradient comes out with zero pad columns, and the weight gradient's matmul over the padded input ends in the
+    bias gradient (the column sums of g)."""
+    g = torch.Generator().manual_seed(6)
+    h, w, grad = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g), torch.randn(6, 5, generator=g)
+    padded = torch.cat([h, torch.ones(6, 1), torch.zeros(6, 3)], dim=1)
+    torch.testing.assert_close(torch.ops.memlab.matmul(padded, w, False, True), h @ w.t())
+    d_h = torch.ops.memlab.matmul(grad, w, False, False, None, 4)
+    assert d_h.shape == (6, 8) and not d_h[:, 4:].any()
+    torch.testing.assert_close(d_h[:, :4], grad @ w)
+    d_wb = torch.ops.memlab.matmul(grad, padded, True, False)
+    torch.testing.assert_close(d_wb[:, :4], grad.t() @ h)
+    torch.testing.assert_close(d_wb[:, 4], grad.sum(0))
+    assert not d_wb[:, 5:].any()
+    torch.library.opcheck(torch.ops.memlab.matmul.default, (padded, w, False, True))
+    torch.library.opcheck(torch.ops.memlab.matmul.default, (grad, w, False, False, None, 4))
+
+
 _INTERPRETER_CHECK = textwrap.dedent(
     """
     import torch
     from memlab.core.fused import reference, triton_kernels as tk
+    from memlab.core.fused.forward import ones_pad
 
     def close(got, want, tol):
         for a, b in zip(got, want):
@@ -248,6 +273,14 @@ _INTERPRETER_CHECK = textwrap.dedent(
         for g_x in (gx, None):
             close(tk.add_ln_bwd(gh, g_x, x, mean, rstd, w, dt, **launch),
                   reference.add_ln_bwd(gh, g_x, x, mean, rstd, w, dt), tol)
+        # with the ones column (pad 8 for bf16 C 48 and 64, 4 for fp32 C 100): written after h; the pad's incoming
+        # gradient (junk here) is left out
+        pad = ones_pad(C, dt)
+        got = tk.add_ln_fwd(x_prev, branch, bias, w, b, 1e-5, dt, pad, **launch)
+        close(got, reference.add_ln_fwd(x_prev, branch, bias, w, b, 1e-5, dt, pad), tol)
+        assert got[1].shape == (N, C + pad) and (got[1][:, C] == 1).all() and not got[1][:, C + 1:].any()
+        gh_padded = torch.cat([gh, torch.randn(N, pad, generator=g).to(dt)], dim=1)
+        close(tk.add_ln_bwd(gh_padded, gx, x, mean, rstd, w, dt, **launch), reference.add_ln_bwd(gh, gx, x, mean, rstd, w, dt), tol)
     # the head: V 100 in rows padded to 128 (pad rows zero), chunks of 32 columns, fewer programs than rows
     for M, dt in ((9, torch.float32), (6, torch.bfloat16)):
         tol = 1e-2 if dt == torch.bfloat16 else 1e-5

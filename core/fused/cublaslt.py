@@ -236,21 +236,26 @@ def usable(*tensors: torch.Tensor) -> bool:
                and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _operand(t: torch.Tensor, transpose: bool) -> tuple[int, tuple]:
-    """cuBLASLt's op and column-major (rows, cols, ld) for the row-major matrix t as stored, transposed if asked:
-    a row-major (r, c) tensor is the column-major (c, r) one, so it is op(t)^T that the stored layout gives as is."""
+def _operand(t: torch.Tensor, transpose: bool, cols: int | None = None) -> tuple[int, tuple]:
+    """cuBLASLt's op and column-major (rows, cols, ld) for the row-major matrix t as stored (its leading `cols`
+    columns where given), transposed if asked: a row-major (r, c) tensor is the column-major (c, r) one, so it is
+    op(t)^T that the stored layout gives as is."""
     r, c = t.shape
-    return (_OP_T if transpose else _OP_N), (c, r, c)
+    return (_OP_T if transpose else _OP_N), (cols or c, r, c)
 
 
 def _run(epilogue: int, a: torch.Tensor, b: torch.Tensor, ta: bool, tb: bool, d: torch.Tensor, bias=None, aux=None,
          alternative: Callable[[], None] | None = None) -> bool:
     """d (M, N) = op(a) (M, K) @ op(b) (K, N), row-major, with `epilogue`, through the plan for this shape; False
-    where cuBLASLt has no algorithm for it. Column-major, that is d^T = op(b)^T op(a)^T: cuBLASLt's A is b."""
-    (op_a, la), (op_b, lb) = _operand(b, tb), _operand(a, ta)
+    where cuBLASLt has no algorithm for it. Column-major, that is d^T = op(b)^T op(a)^T: cuBLASLt's A is b. An
+    untransposed a wider than K gives its leading K columns; d may be the leading columns of a wider output."""
     M, N = d.shape
+    K = b.shape[1] if tb else b.shape[0]
+    (op_a, la), (op_b, lb) = _operand(b, tb), _operand(a, ta, None if ta or a.shape[1] == K else K)
     shape = (epilogue, op_a, la, op_b, lb, d.dtype, bias is not None, aux is not None)
-    plan = _plan((shape, d.device), lambda: _Plan(epilogue, (op_a, op_b), la, lb, (N, M, N), d.dtype,
+    if d.stride(0) != N:  # keys as before for the outputs that had them (choices remembered)
+        shape += (d.stride(0),)
+    plan = _plan((shape, d.device), lambda: _Plan(epilogue, (op_a, op_b), la, lb, (N, M, d.stride(0)), d.dtype,
                                     0 if bias is None else bias.data_ptr(), 0 if aux is None else aux.data_ptr()))
     if not plan.ok:
         return False
@@ -262,23 +267,32 @@ def _run(epilogue: int, a: torch.Tensor, b: torch.Tensor, ta: bool, tb: bool, d:
     return True
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """op(a) @ op(b) (+ bias, added in the epilogue), in a's dtype; op transposes where asked."""
-    x, y = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
+def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None,
+           pad_out: int = 0) -> torch.Tensor:
+    """op(a) @ op(b) (+ bias, added in the epilogue), in a's dtype, then pad_out zero columns; op transposes where
+    asked. An untransposed a may be wider than op(b)'s rows: its leading columns are used."""
+    y = b.t() if transpose_b else b
+    x = a.t() if transpose_a else a[:, : y.shape[0]]
     tensors = (a, b) if bias is None else (a, b, bias)
     if usable(*tensors) and all(t.dtype == a.dtype for t in tensors):  # the epilogue reads the bias in a's dtype
-        d = torch.empty((x.shape[0], y.shape[1]), dtype=a.dtype, device=a.device)
+        out = torch.empty((x.shape[0], y.shape[1] + pad_out), dtype=a.dtype, device=a.device)
+        d = out[:, : y.shape[1]]  # the product's columns; cuBLASLt writes them at out's row length
+        if pad_out:
+            out[:, y.shape[1]:].zero_()
 
         def torch_own() -> None:  # torch's call is a candidate too: no shape runs slower than it did before
             torch.mm(x, y, out=d) if bias is None else torch.addmm(bias, x, y, out=d)
 
-        if _run(_EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS, a, b, transpose_a, transpose_b, d, bias=bias, alternative=torch_own):
-            return d
-    return reference.matmul(a, b, transpose_a, transpose_b, bias)
+        alternative = None if pad_out else torch_own  # torch's out= wants a contiguous output
+        if usable(out) and _run(_EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS, a, b, transpose_a, transpose_b, d,
+                                bias=bias, alternative=alternative):
+            return out
+    return reference.matmul(a, b, transpose_a, transpose_b, bias, pad_out)
 
 
 def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pre, act): x (M, K) @ weight (N, K)^T + bias, and its GELU (tanh), both in x's dtype."""
+    """(pre, act): x (M, K) @ weight (N, K)^T + bias, and its GELU (tanh), both in x's dtype. x may be wider than K
+    (a ones column): its leading K columns are used."""
     if usable(x, weight, bias):
         pre = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
         act = torch.empty_like(pre)  # the output; pre is the auxiliary output kept for backward

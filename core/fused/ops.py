@@ -25,21 +25,23 @@ def _triton():
 @torch.library.custom_op("memlab::add_layer_norm", mutates_args=())
 def add_layer_norm(
     x_prev: torch.Tensor, branch: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor, ln_bias: torch.Tensor,
-    eps: float, out_dtype: torch.dtype,
+    eps: float, out_dtype: torch.dtype, pad: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x, h, mean, rstd): x = x_prev + branch + bias in fp32, h = LayerNorm(x; weight, ln_bias) in out_dtype."""
-    return reference.add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype)
+    """(x, h, mean, rstd): x = x_prev + branch + bias in fp32, h = LayerNorm(x; weight, ln_bias) in out_dtype, its
+    rows followed by `pad` columns: a column of ones, then zeros (the ones column: memlab.core.fused.forward)."""
+    return reference.add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype, pad)
 
 
 @add_layer_norm.register_kernel("cuda")
-def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype):
-    return _triton().add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype)
+def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype, pad=0):
+    return _triton().add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps, out_dtype, pad)
 
 
 @add_layer_norm.register_fake
-def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype):
+def _(x_prev, branch, bias, weight, ln_bias, eps, out_dtype, pad=0):
     stats = x_prev.new_empty(x_prev.shape[:-1], dtype=torch.float32)
-    return x_prev.new_empty(x_prev.shape, dtype=torch.float32), x_prev.new_empty(x_prev.shape, dtype=out_dtype), stats, stats.clone()
+    h = x_prev.new_empty((*x_prev.shape[:-1], x_prev.shape[-1] + pad), dtype=out_dtype)
+    return x_prev.new_empty(x_prev.shape, dtype=torch.float32), h, stats, stats.clone()
 
 
 @torch.library.custom_op("memlab::add_layer_norm_backward", mutates_args=())
@@ -47,7 +49,8 @@ def add_layer_norm_backward(
     g_h: torch.Tensor, g_x: torch.Tensor | None, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
     weight: torch.Tensor, low_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dx in low_dtype, the rows d LayerNorm weight, d LayerNorm bias, d branch bias as one (3, C) tensor)."""
+    """(dx, dx in low_dtype, the rows d LayerNorm weight, d LayerNorm bias, d branch bias as one (3, C) tensor).
+    g_h may carry add_layer_norm's pad columns: constants, they pass no gradient on."""
     return reference.add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype)
 
 
@@ -63,7 +66,7 @@ def _(g_h, g_x, x, mean, rstd, weight, low_dtype):
 
 
 def _setup_add_layer_norm(ctx, inputs, output):
-    _, branch, _, weight, _, _, _ = inputs
+    _, branch, _, weight, _, _, _, _ = inputs
     x, _, mean, rstd = output
     ctx.save_for_backward(x, mean, rstd, weight)
     ctx.low_dtype = branch.dtype
@@ -73,7 +76,7 @@ def _backward_add_layer_norm(ctx, g_x, g_h, _g_mean, _g_rstd):
     x, mean, rstd, weight = ctx.saved_tensors
     dx, dx_low, sums = add_layer_norm_backward(g_h, g_x, x, mean, rstd, weight, ctx.low_dtype)
     d_weight, d_ln_bias, d_bias = sums.unbind(0)  # one (3, C) tensor from one sum over the kernel's partial sums
-    return dx, dx_low, d_bias, d_weight, d_ln_bias, None, None
+    return dx, dx_low, d_bias, d_weight, d_ln_bias, None, None, None
 
 
 add_layer_norm.register_autograd(_backward_add_layer_norm, setup_context=_setup_add_layer_norm)
@@ -88,25 +91,28 @@ def _cublaslt():
 
 
 @torch.library.custom_op("memlab::matmul", mutates_args=())
-def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """op(a) @ op(b) (+ bias) in a's dtype, op transposing where asked: a and b as stored, so that no transposed
-    view reaches the op (Inductor would copy it to a contiguous tensor first)."""
-    return reference.matmul(a, b, transpose_a, transpose_b, bias)
+def matmul(a: torch.Tensor, b: torch.Tensor, transpose_a: bool, transpose_b: bool, bias: torch.Tensor | None = None,
+           pad_out: int = 0) -> torch.Tensor:
+    """op(a) @ op(b) (+ bias) in a's dtype, op transposing where asked, then pad_out zero columns: a and b as
+    stored, so that no transposed view reaches the op (Inductor would copy it to a contiguous tensor first). An
+    untransposed a may carry pad columns past op(b)'s rows (a ones column): its leading columns are used."""
+    return reference.matmul(a, b, transpose_a, transpose_b, bias, pad_out)
 
 
 @matmul.register_kernel("cuda")
-def _(a, b, transpose_a, transpose_b, bias=None):
-    return _cublaslt().matmul(a, b, transpose_a, transpose_b, bias)
+def _(a, b, transpose_a, transpose_b, bias=None, pad_out=0):
+    return _cublaslt().matmul(a, b, transpose_a, transpose_b, bias, pad_out)
 
 
 @matmul.register_fake
-def _(a, b, transpose_a, transpose_b, bias=None):
-    return a.new_empty((a.shape[1] if transpose_a else a.shape[0], b.shape[0] if transpose_b else b.shape[1]))
+def _(a, b, transpose_a, transpose_b, bias=None, pad_out=0):
+    return a.new_empty((a.shape[1] if transpose_a else a.shape[0], (b.shape[0] if transpose_b else b.shape[1]) + pad_out))
 
 
 @torch.library.custom_op("memlab::mm_bias_gelu", mutates_args=())
 def mm_bias_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pre, act): pre = x (M, K) @ weight (N, K)^T + bias, act = gelu_tanh(pre), both in x's dtype."""
+    """(pre, act): pre = x (M, K) @ weight (N, K)^T + bias, act = gelu_tanh(pre), both in x's dtype. x may carry
+    pad columns past K (a ones column): its leading K are used."""
     return reference.mm_bias_gelu(x, weight, bias)
 
 

@@ -8,21 +8,31 @@ import math
 import torch
 
 
-def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype):
-    """x = x_prev + branch + bias (fp32); h = LayerNorm(x) in out_dtype; mean and rstd per row."""
+def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype, pad: int = 0):
+    """x = x_prev + branch + bias (fp32); h = LayerNorm(x) in out_dtype, its rows followed by `pad` columns that
+    hold a 1 and then zeros (the ones column: memlab.core.fused.forward); mean and rstd per row."""
     x = x_prev.float() + branch.float() + bias.float()
     mean = x.mean(dim=-1)
     xc = x - mean.unsqueeze(-1)
     rstd = torch.rsqrt((xc * xc).mean(dim=-1) + eps)
     h = xc * rstd.unsqueeze(-1) * weight.float() + ln_bias.float()
-    return x, h.to(out_dtype), mean, rstd
+    return x, with_ones_column(h.to(out_dtype), pad), mean, rstd
+
+
+def with_ones_column(h: torch.Tensor, pad: int) -> torch.Tensor:
+    """h with `pad` more columns: a column of ones, then zeros (none where pad is 0)."""
+    if not pad:
+        return h
+    tail = h.new_zeros(pad)
+    tail[0] = 1
+    return torch.cat([h, tail.expand(*h.shape[:-1], pad)], dim=-1)
 
 
 def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype):
     """dx = g_x + LayerNorm'(g_h) (fp32) and in low_dtype; the LayerNorm weight, LayerNorm bias and branch-bias grads
-    as the rows of one (3, C) tensor."""
+    as the rows of one (3, C) tensor. g_h may have the ones column's pad: no gradient flows through it."""
     C = x.shape[-1]
-    g = g_h.float().reshape(-1, C)
+    g = g_h[..., :C].float().reshape(-1, C)
     xhat = ((x.reshape(-1, C) - mean.reshape(-1, 1)) * rstd.reshape(-1, 1))
     wg = g * weight.float()
     c1 = (xhat * wg).mean(dim=-1, keepdim=True)
@@ -70,7 +80,9 @@ def _gelu_tanh(x):
 
 
 def mm_bias_gelu(x, weight, bias):
-    """(pre, act): pre = x @ weight^T + bias in x's dtype (the matmul accumulates in fp32), act its GELU (tanh)."""
+    """(pre, act): pre = x @ weight^T + bias in x's dtype (the matmul accumulates in fp32), act its GELU (tanh).
+    x may carry pad columns past weight's (a ones column): its leading ones are the matrix."""
+    x = x[:, : weight.shape[1]]
     pre = (x.float() @ weight.float().t() + bias.float()).to(x.dtype)
     return pre, _gelu_tanh(pre.float()).to(x.dtype)
 
@@ -81,7 +93,9 @@ def mm_dgelu(g, weight, pre):
 
 
 
-def matmul(a, b, transpose_a: bool, transpose_b: bool, bias=None):
-    """op(a) @ op(b) (+ bias, added before the rounding to a's dtype, as nn.Linear's addmm adds it)."""
-    x, y = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
-    return x @ y if bias is None else torch.addmm(bias, x, y)
+def matmul(a, b, transpose_a: bool, transpose_b: bool, bias=None, pad_out: int = 0):
+    """op(a) @ op(b) (+ bias, added before the rounding to a's dtype, as nn.Linear's addmm adds it), followed by
+    pad_out zero columns. An untransposed a may carry pad columns past op(b)'s rows: its leading ones are used."""
+    x, y = (a.t() if transpose_a else a[:, : (b.shape[1] if transpose_b else b.shape[0])]), (b.t() if transpose_b else b)
+    out = x @ y if bias is None else torch.addmm(bias, x, y)
+    return torch.nn.functional.pad(out, (0, pad_out)) if pad_out else out

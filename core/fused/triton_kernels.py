@@ -1,7 +1,8 @@
 """Triton kernels behind kernels.fused (CUDA). Each one does in one pass over memory what Inductor does in two or
 three, for the same arithmetic; memlab.core.fused.reference holds the PyTorch version of each.
 
-- add_ln_fwd:  x = x_prev + branch + bias;  h = LayerNorm(x)       writes x (fp32), h (compute dtype), mean, rstd
+- add_ln_fwd:  x = x_prev + branch + bias;  h = LayerNorm(x)       writes x (fp32), h (compute dtype), mean, rstd;
+               h's rows may end in a ones column (memlab.core.fused.forward says why)
 - add_ln_bwd:  dx = g_x + LayerNorm'(g_h);  also dx in the compute dtype (the branch's gradient) and per-program
                column sums of g_h * xhat, g_h and dx (the LayerNorm weight, LayerNorm bias and branch-bias grads)
 - head_cross_entropy: the LM head's logits (one cuBLAS matmul, vocabulary padded), then one kernel per row that
@@ -35,8 +36,9 @@ CE = dict(block=8192, warps=8, programs_per_sm=8)
 
 
 @triton.jit
-def _add_ln_fwd_kernel(XP, BR, BIAS, W, B, X, H, MEAN, RSTD, N, C, eps, rows_per_prog,
-                       BLOCK_C: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr, BIG: tl.constexpr):
+def _add_ln_fwd_kernel(XP, BR, BIAS, W, B, X, H, MEAN, RSTD, N, C, eps, rows_per_prog, PAD: tl.constexpr,
+                       BLOCK_PAD: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr, BIG: tl.constexpr):
+    """H's rows are C + PAD long: after the norm's C values come a 1 and PAD - 1 zeros (the ones column)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -58,13 +60,18 @@ def _add_ln_fwd_kernel(XP, BR, BIAS, W, B, X, H, MEAN, RSTD, N, C, eps, rows_per
         xc = tl.where(m, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
         h = xc * rstd[:, None] * w[None, :] + b[None, :]
-        tl.store(H + offs, h.to(H.dtype.element_ty), mask=m)
+        h_row = rows[:, None] * (C + PAD)
+        tl.store(H + h_row + cols[None, :], h.to(H.dtype.element_ty), mask=m)
+        if PAD > 0:
+            pad = tl.arange(0, BLOCK_PAD)
+            ones = tl.where(pad == 0, 1.0, 0.0)[None, :] + tl.zeros([ROWS, BLOCK_PAD], dtype=tl.float32)
+            tl.store(H + h_row + C + pad[None, :], ones.to(H.dtype.element_ty), mask=rmask[:, None] & (pad < PAD)[None, :])
         tl.store(MEAN + rows, mean, mask=rmask)
         tl.store(RSTD + rows, rstd, mask=rmask)
 
 
 @triton.jit
-def _add_ln_bwd_kernel(GH, GX, X, MEAN, RSTD, W, DX, DXL, PART, N, C, rows_per_prog, n_progs,
+def _add_ln_bwd_kernel(GH, GX, X, MEAN, RSTD, W, DX, DXL, PART, N, C, rows_per_prog, n_progs, GH_PAD: tl.constexpr,
                        HAS_GX: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr,
                        BIG: tl.constexpr):
     pid = tl.program_id(0)
@@ -82,7 +89,7 @@ def _add_ln_bwd_kernel(GH, GX, X, MEAN, RSTD, W, DX, DXL, PART, N, C, rows_per_p
         rmask = rows < N
         m = rmask[:, None] & cmask[None, :]
         offs = rows[:, None] * C + cols[None, :]
-        g = tl.load(GH + offs, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(GH + rows[:, None] * (C + GH_PAD) + cols[None, :], mask=m, other=0.0).to(tl.float32)  # pad: no gradient
         x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
         mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
         rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
@@ -156,18 +163,18 @@ def _split(n_rows: int, programs: int, rows_step: int) -> tuple[int, int]:
     return per, triton.cdiv(n_rows, per)
 
 
-def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype, **launch):
+def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: torch.dtype, pad: int = 0, **launch):
     cfg = FWD | launch
     C = x_prev.shape[-1]
     N = x_prev.numel() // C
     x = torch.empty(x_prev.shape, dtype=torch.float32, device=x_prev.device)
-    h = torch.empty(x_prev.shape, dtype=out_dtype, device=x_prev.device)
+    h = torch.empty((*x_prev.shape[:-1], C + pad), dtype=out_dtype, device=x_prev.device)
     mean = torch.empty(x_prev.shape[:-1], dtype=torch.float32, device=x_prev.device)
     rstd = torch.empty_like(mean)
     per, n_progs = _split(N, _programs(x_prev.device, cfg["programs_per_sm"]), cfg["rows"])
     _add_ln_fwd_kernel[(n_progs,)](
-        x_prev.contiguous(), branch.contiguous(), bias, weight, ln_bias, x, h, mean, rstd, N, C, eps, per,
-        BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"], STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
+        x_prev.contiguous(), branch.contiguous(), bias, weight, ln_bias, x, h, mean, rstd, N, C, eps, per, pad,
+        BLOCK_PAD=triton.next_power_of_2(max(pad, 1)), BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"], STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
     )
     return x, h, mean, rstd
 
@@ -182,7 +189,7 @@ def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch
     part = torch.empty((3, n_progs, C), dtype=torch.float32, device=x.device)
     _add_ln_bwd_kernel[(n_progs,)](
         g_h.contiguous(), g_x.contiguous() if g_x is not None else dx, x, mean, rstd, weight, dx, dx_low, part,
-        N, C, per, n_progs, HAS_GX=g_x is not None, BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"],
+        N, C, per, n_progs, g_h.shape[-1] - C, HAS_GX=g_x is not None, BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"],
         STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
     )
     return dx, dx_low, part.sum(dim=1)  # one sum for the three: (3, C)
