@@ -82,9 +82,10 @@ def check(N: int, C: int, dtype: torch.dtype) -> dict:
     return out
 
 
-def model_check(compiled: bool, dropout: float = 0.0) -> str:
-    """A small GPT on the GPU, stock vs kernels.fused, bf16 autocast: loss and the worst gradient's relative error.
-    With dropout, each forward starts from the same RNG state: the fused model drops where the stock one does."""
+def model_check(compiled: bool, dropout: float = 0.0, bf16: bool = True) -> str:
+    """A small GPT on the GPU, stock vs kernels.fused, under bf16 autocast (or in fp32, TF32 off): loss and the worst
+    gradient's relative error. With dropout, each forward starts from the same RNG state: the fused model drops
+    where the stock one does."""
     import copy
 
     from memlab.core.attention import build_attention
@@ -93,7 +94,8 @@ def model_check(compiled: bool, dropout: float = 0.0) -> str:
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, d_ff=1024, vocab_size=1024, seq_len=128, dropout=dropout)
-    stock = GPT(cfg, build_attention(AttentionConfig(kernel="sdpa"), torch.device("cuda"), torch.bfloat16, dropout)).cuda()
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    stock = GPT(cfg, build_attention(AttentionConfig(kernel="sdpa"), torch.device("cuda"), dtype, dropout)).cuda()
     fused = copy.deepcopy(stock)
     fused.fused = True
     idx = torch.randint(0, 1024, (8, 128), device="cuda")
@@ -102,12 +104,13 @@ def model_check(compiled: bool, dropout: float = 0.0) -> str:
     for m in (stock, fused):
         run = torch.compile(m) if compiled else m
         torch.cuda.manual_seed(1)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             loss = run(idx, tgt)
         loss.backward()
         losses.append(loss.item())
     worst = max(((n, rel_err(a.grad, b.grad)) for (n, a), b in zip(stock.named_parameters(), fused.parameters())), key=lambda t: t[1])
-    return f"model check ({'compiled' if compiled else 'eager'}{f', dropout {dropout}' if dropout else ''}): loss stock {losses[0]:.5f} fused {losses[1]:.5f}; worst grad {worst[0]} rel err {worst[1]:.1e}"
+    label = ", ".join(["compiled" if compiled else "eager"] + ([f"dropout {dropout}"] if dropout else []) + ([] if bf16 else ["fp32"]))
+    return f"model check ({label}): loss stock {losses[0]:.6f} fused {losses[1]:.6f}; worst grad {worst[0]} rel err {worst[1]:.1e}"
 
 
 def main() -> None:
