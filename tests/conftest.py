@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -22,6 +23,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Inductor compiles in the process that asks, not in a pool of workers that each import torch first: the same code,
 # less than half the CPU time of the compiling tests on 2 cores.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+def pytest_collection_finish(session):
+    """Everything imported so far (torch, the test modules) lives until the end: out of the collector's sight, so
+    that each full collection (the engine's own gc.collect() before every run, Python's automatic ones) walks only
+    what the tests make. About 0.6 s less for every run trained in a test process."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
