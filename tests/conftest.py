@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Inductor compiles in the process that asks, not in a pool of workers that each import torch first: the same code,
 # less than half the CPU time of the compiling tests on 2 cores.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Bytecode is cached (__pycache__, git-ignored) even where the image sets PYTHONDONTWRITEBYTECODE: else each worker
+# rewrites and compiles every test module (~4 s of its collection) and each child process compiles memlab's modules
+# from source (~0.3 s each, some 80 children) on every run.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_finish(session):
