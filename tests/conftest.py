@@ -45,6 +45,9 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "requires_cuda" in item.keywords:
                 item.add_marker(skip)
+    # The slow tests first (a stable sort): xdist hands tests out in this order, so none of them starts last on one
+    # worker while the other has run out of work.
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 @pytest.fixture

@@ -269,6 +269,7 @@ def _estimate_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compiled_step_it_cannot_trace(capsys):
     def estimate(*args: str) -> dict:
         return _estimate_json(capsys, "--method", "fake", *args)
@@ -496,6 +497,7 @@ def torch_release() -> str:
     return torch.__version__.split("+")[0]
 
 
+@pytest.mark.slow
 def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_smaller_max_batch(capsys):
     """`memlab estimate --gpu-memory` (analytic by default): the analytic max batch is an upper estimate, so the
     allocator replay runs as well and the batch to plan for is the smaller; without a card named, no replay."""
@@ -757,6 +759,7 @@ def test_fake_steps_in_threads_take_turns_and_leave_torch_as_it_was():
     assert (F.scaled_dot_product_attention, F.dropout) == originals
 
 
+@pytest.mark.slow
 def test_a_stop_ends_a_replayed_trace_in_progress_and_leaves_torch_as_it_was(monkeypatch):
     """A trace of a large step takes seconds to tens of seconds, and a study's stop waited for it: the trace asks
     the stop every STOP_EVERY ops and ends with SearchStopped, its patches undone and the next trace free to start."""

@@ -153,6 +153,7 @@ def test_memory_cap_env(monkeypatch):
         bf.apply_memory_cap(torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_real_child_probe_on_cpu(tmp_path):
     """The real probe in a child process (CPU backend): a finished run fits; a child that fails for another
     reason (here: bad input, exit 2) is a ProbeError, not a miss; probe folders are removed."""

@@ -195,6 +195,7 @@ def test_bad_vary_is_refused_in_one_line_before_any_run(vary, expect, tmp_path, 
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_sweep_vary_runs_each_value_under_its_own_name(tmp_path):
     r = subprocess.run([sys.executable, "-m", "memlab", "sweep", "--profiles", "bf16", "--vary", "checkpointing.mode=none,ops",
                         "--experiment", "tiny", "--device", "cpu", "--steps", "2", "--set", "train.measure_after=1",

@@ -72,6 +72,7 @@ def check_rank_rows(events: list[dict], run_dir: Path, world: int = 2) -> pl.Dat
     return ranks
 
 
+@pytest.mark.slow
 def test_ddp_on_two_ranks_trains_exactly_as_one_process(tmp_path):
     """fp32, accumulation 2 (DDP all-reduces once per optimizer step): global batch 8 = 2 ranks x 2 micro x 2."""
     overrides = ["accumulation.steps=2"]
@@ -83,6 +84,7 @@ def test_ddp_on_two_ranks_trains_exactly_as_one_process(tmp_path):
     torch.testing.assert_close(losses, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_ranks_trains_as_one_process(tmp_path):
     """FSDP2 with an fp32 mixed-precision policy: sharded weights, grads and AdamW state, the same training."""
     reference = single_process_losses("baseline", [])
@@ -95,6 +97,7 @@ def test_fsdp_on_two_ranks_trains_as_one_process(tmp_path):
     assert finished["summary"]["final_loss"] == pytest.approx(losses[-1])
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_bf16_fsdp_profile_on_two_ranks(tmp_path):
     """Through the supervisor: the child becomes torchrun, rank 0's events are the one stream it reads."""
     r = memlab("sweep", "--profiles", "fsdp_gradcp_bf16", "--nproc", "2", "--experiment", "tiny", "--device", "cpu",

@@ -140,6 +140,7 @@ def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
     assert predicted == pytest.approx(measured, rel=0.01), (predicted / MIB, measured / MIB)
 
 
+@pytest.mark.slow
 def test_gpt2_small_bf16_matches_the_fake_measurement():
     from memlab.core.memsnapshot import fake_estimate
 
@@ -306,6 +307,7 @@ def test_estimate_json_is_one_object_with_components_total_and_max_batch():
     assert out["experiment"] == "gpt2s" and out["method"] == "analytic"
 
 
+@pytest.mark.slow
 def test_estimate_table_and_fake_method():
     r = cli("estimate", "--profile", "bf16", "--experiment", "tiny", "--method", "fake")
     assert r.exit_code == 0, r.output

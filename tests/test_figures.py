@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_time_to_first_step_counts_from_memlab_not_from_the_shell_that_execs_it():
     """`bash -c 'sleep 2; exec memlab run ...'`: the process is the shell's, created 2 s before memlab starts."""
@@ -49,6 +51,7 @@ def test_wall_tokens_per_s_counts_a_slow_loader_that_the_step_timer_does_not(tin
     assert summary["tokens_per_s_wall"] * summary["total_s"] > measured * tokens_per_step  # within the run's own time
 
 
+@pytest.mark.slow
 def test_host_memory_on_cpu_is_the_same_whether_or_not_the_token_cache_was_warm(tmp_path):
     """Tokenizing (a cold cache) happens in a child process and before the host peak's reset: two identical runs,
     the first of which builds the cache, report the same peak RSS (issue 20: 0.57 and 0.36 GiB before)."""

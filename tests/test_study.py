@@ -241,6 +241,7 @@ def test_a_recipe_offline_says_so_in_one_line_with_the_same_shape_on_the_built_i
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_what_is_done_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "s"
     cmd = [sys.executable, "-m", "memlab", *STUDY[:-4], "--steps", "8", "--profiles", "baseline,bf16", "--out", str(out)]

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import polars as pl
+import pytest
 from fake_children import fake_spec
 
 from memlab.core import schema
@@ -79,6 +80,7 @@ def test_bad_input_is_rejected_with_the_one_line_reason(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_two_processes_in_one_runs_folder_never_collide(tmp_path):
     a, b = ChildRun(spec(tmp_path)), ChildRun(spec(tmp_path))
     ra, rb = a.wait(), b.wait()
@@ -219,6 +221,7 @@ def test_parse_event_skips_everything_that_is_not_an_event():
     assert failed == {"event": "failed", "reason": "error", "message": ""}
 
 
+@pytest.mark.slow
 def test_a_child_whose_supervisor_is_killed_stops_itself_and_keeps_its_folder(tmp_path):
     """A supervisor SIGKILLed (e.g. by a timeout) leaves its child in a session of its own: the child notices it was
     re-parented and interrupts itself, rather than holding the GPU until it ends."""

@@ -11,6 +11,7 @@ import sys
 import time
 
 import polars as pl
+import pytest
 from fake_children import fake_spec
 
 from memlab.cli import main
@@ -19,6 +20,7 @@ from memlab.core.supervisor import ChildSpec
 SWEEP = [sys.executable, "-m", "memlab", "sweep", "--experiment", "tiny", "--device", "cpu", "--set", "train.measure_after=1"]
 
 
+@pytest.mark.slow
 def test_a_failing_profile_is_recorded_and_the_sweep_goes_on(tmp_path):
     r = subprocess.run([*SWEEP, "--profiles", "baseline,tf32,gradcp", "--steps", "3", "--runs-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=240)
@@ -32,6 +34,7 @@ def test_a_failing_profile_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert statuses == ["baseline", "gradcp"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_sweep_and_keeps_finished_runs(tmp_path):
     proc = subprocess.Popen([*SWEEP, "--profiles", "baseline,gradcp,bf16", "--runs-dir", str(tmp_path), "--set", "train.steps=100000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -50,6 +53,7 @@ def test_ctrl_c_stops_the_sweep_and_keeps_finished_runs(tmp_path):
     assert pl.read_parquet(run / "summary.parquet")["status"].to_list() == ["interrupted"]
 
 
+@pytest.mark.slow
 def test_the_reproduction_of_issue_16_ends_with_an_outcome_for_each_run_and_no_traceback(tmp_path):
     """A child that refuses after `started` deletes its folder; the sweep used to die marking it (FileNotFoundError)."""
     r = subprocess.run([sys.executable, "-m", "memlab", "sweep", "--profiles", "baseline,bf16", "--experiment", "tiny", "--device", "cpu",

@@ -76,6 +76,7 @@ def test_lines_that_fail_where_the_search_ended_are_dropped_and_fitted_again_abo
 
 
 @pytest.mark.parametrize("profile, gib", [("baseline", 0.5), ("compile", 2.0)])
+@pytest.mark.slow
 def test_the_replayed_max_batch_is_the_same_off_lines_as_traced_at_every_batch(profile, gib, monkeypatch):
     """The search's answer does not depend on where its traces came from: the tiny experiment, eager (its staging
     buffers and the embedding backward's blocks by rule, Sized) and compiled, under a budget, with find-batch's margin."""

@@ -53,6 +53,7 @@ def run_json(run_dir: str | Path) -> dict:
 # ---------------------------------------------------------------------------------------------- real children
 
 
+@pytest.mark.slow
 async def test_two_profiles_run_in_child_processes_and_fill_charts_and_results(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -82,6 +83,7 @@ async def test_two_profiles_run_in_child_processes_and_fill_charts_and_results(t
         assert app.mode == "idle" and not app.busy and statuses(app)[-1] == ("bf16", "queued")
 
 
+@pytest.mark.slow
 async def test_a_crash_a_cancel_and_a_rejected_profile_each_end_only_their_run(tmp_path):
     app = make_app(tmp_path, overrides=[])
     async with app.run_test(size=(80, 24)) as pilot:
@@ -111,6 +113,7 @@ async def test_a_crash_a_cancel_and_a_rejected_profile_each_end_only_their_run(t
         await wait_for(pilot, lambda: app.results.table is not None and app.results.table["status"].to_list() == ["crashed", "interrupted"], what="results of the two run folders")
 
 
+@pytest.mark.slow
 async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_path):
     app = make_app(tmp_path, overrides=["train.steps=100000"])
     async with app.run_test(size=(80, 24)) as pilot:
