@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +60,14 @@ def tiny():
     e.train.steps = 6
     e.train.measure_after = 1
     return e
+
+
+@pytest.fixture(scope="session")
+def profiles_listing() -> subprocess.CompletedProcess:
+    """`memlab profiles` as a user runs it, in a child process. Listing them runs every technique's checks (torch,
+    Dynamo, torchao imported: ~5 s), so one child serves the tests of three files that read it; those tests carry
+    @pytest.mark.xdist_group("memlab-profiles") so that they share a worker and the child runs once."""
+    return subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture

@@ -135,10 +135,11 @@ def test_debug_shows_the_traceback():
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
-def test_profiles_lists_every_builtin_with_what_it_changes():
+@pytest.mark.xdist_group("memlab-profiles")
+def test_profiles_lists_every_builtin_with_what_it_changes(profiles_listing):
     from memlab.core.config import builtin_names
 
-    r = memlab("profiles")
+    r = profiles_listing
     assert r.returncode == 0
     for name in builtin_names("profile"):
         assert name in r.stdout

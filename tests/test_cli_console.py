@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 
 from memlab.cli.console import ConsoleSink, batch_split, make_console
@@ -64,11 +65,12 @@ def test_flags_do_not_show_a_value_type_in_help():
     assert r.returncode == 0 and "--no-meters" in r.stdout and "<bool>" not in r.stdout
 
 
-def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves():
+@pytest.mark.xdist_group("memlab-profiles")
+def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves(profiles_listing):
     from memlab.core.config import builtin_names, load_profile
     from memlab.core.requirements import cuda_only
 
-    r = subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=60)
+    r = profiles_listing
     # a row's first line starts with its name; a long description wraps onto indented lines
     rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith((" ", "needs"))}
     for name in builtin_names("profile"):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,11 +28,49 @@ HAS_MUON = hasattr(torch.optim, "Muon")
 HAS_GALORE = all(importlib.util.find_spec(m) is not None for m in ("galore_torch", "transformers", "bitsandbytes"))
 
 
-def _cli(*args: str, block: str = "") -> subprocess.CompletedProcess:
-    """memlab in a child process; `block` names a module made unimportable there (a missing extra)."""
-    code = f"import sys; sys.modules[{block!r}] = None\n" if block else ""
-    code += "import sys; from memlab.cli import main; sys.argv = ['memlab', *sys.argv[1:]]; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+# Each case runs memlab's real entry point (memlab.cli:main, what the console script calls) in a child process; the
+# cases share one child, which imports torch and torchao once rather than once a case (~5 s each). `block` names a
+# module made unimportable for that case (a missing extra). The installed `memlab` executable itself is run by
+# tests/test_cli.py.
+_CLI_DRIVER = """
+import contextlib, io, json, sys
+from memlab.cli import main
+
+results = {}
+for name, argv, block in json.loads(sys.argv[1]):
+    if block:
+        sys.modules[block] = None
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    if block:
+        del sys.modules[block]
+    results[name] = {"returncode": code, "stderr": err.getvalue()}
+print(json.dumps(results))
+"""
+
+
+# The tests that read cli_refusals share one xdist worker, so that its child runs once.
+SHARES_CLI_REFUSALS = pytest.mark.xdist_group("optimizer-cli-refusals")
+
+
+@pytest.fixture(scope="module")
+def cli_refusals(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """name -> (the case's exit status and stderr, its runs folder), for the CLI refusals of this file."""
+    cases = {name: ("run", "--profile", name, *TINY) for name in ("adamw4bit", "paged_adamw8bit")}
+    cases["galore"] = ("run", "--profile", "galore", *TINY)
+    blocks = {"galore": "galore_torch"}
+    runs = {name: tmp_path_factory.mktemp(f"runs-{name}") for name in cases}
+    todo = [(name, [*argv, "--runs-dir", str(runs[name])], blocks.get(name, "")) for name, argv in cases.items()]
+    r = subprocess.run([sys.executable, "-c", _CLI_DRIVER, json.dumps(todo)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout.splitlines()[-1])
+    return {name: (subprocess.CompletedProcess(cases[name], **results[name], stdout=""), runs[name]) for name in cases}
 
 
 def _gpt():
@@ -46,12 +86,13 @@ def _gpt():
 # ---------------------------------------------------------------------------------------------- refusals
 
 
+@SHARES_CLI_REFUSALS
 @pytest.mark.parametrize("name", ["adamw4bit", "paged_adamw8bit"])
-def test_cuda_only_optimizers_are_refused_on_cpu_in_one_line(name, tmp_path):
-    r = _cli("run", "--profile", name, *TINY, "--runs-dir", str(tmp_path))
+def test_cuda_only_optimizers_are_refused_on_cpu_in_one_line(name, cli_refusals):
+    r, runs = cli_refusals[name]
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "needs CUDA" in r.stderr, r.stderr
-    assert not any(tmp_path.iterdir())  # before any work: no run folder
+    assert not any(runs.iterdir())  # before any work: no run folder
 
 
 @pytest.mark.parametrize(("name", "module", "extra"), [
@@ -65,8 +106,9 @@ def test_a_missing_library_names_its_extra(name, module, extra, monkeypatch):
         check_techniques(load_experiment("tiny"), load_profile(name), torch.device("cuda"))
 
 
-def test_a_missing_library_exits_2_in_one_line_on_the_cli(tmp_path):
-    r = _cli("run", "--profile", "galore", *TINY, "--runs-dir", str(tmp_path), block="galore_torch")
+@SHARES_CLI_REFUSALS
+def test_a_missing_library_exits_2_in_one_line_on_the_cli(cli_refusals):
+    r, _ = cli_refusals["galore"]
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "memlab[galore]" in r.stderr, r.stderr
 
@@ -211,8 +253,9 @@ def test_paged_state_is_outside_the_allocator_and_said_so():
     assert any("unified memory" in note for note in est.notes)
 
 
-def test_profiles_lists_the_optimizer_profiles():
-    r = _cli("profiles")
+@pytest.mark.xdist_group("memlab-profiles")
+def test_profiles_lists_the_optimizer_profiles(profiles_listing):
+    r = profiles_listing
     assert r.returncode == 0
     for name in ("adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore"):
         assert name in r.stdout
