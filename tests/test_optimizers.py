@@ -33,23 +33,30 @@ HAS_GALORE = all(importlib.util.find_spec(m) is not None for m in ("galore_torch
 # module made unimportable for that case (a missing extra). The installed `memlab` executable itself is run by
 # tests/test_cli.py.
 _CLI_DRIVER = """
-import contextlib, io, json, sys
+import json, os, sys, tempfile
 from memlab.cli import main
 
 results = {}
 for name, argv, block in json.loads(sys.argv[1]):
     if block:
         sys.modules[block] = None
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    with tempfile.TemporaryFile("w+") as err:  # file descriptor 2 itself: whatever writes there, Python or not
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
         try:
             main(argv)
             code = 0
         except SystemExit as e:
             code = e.code
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        results[name] = {"returncode": code, "stderr": err.read()}
     if block:
         del sys.modules[block]
-    results[name] = {"returncode": code, "stderr": err.getvalue()}
 print(json.dumps(results))
 """
 
