@@ -295,6 +295,16 @@ _INTERPRETER_CHECK = textwrap.dedent(
 )
 
 
+def test_norm_kernels_take_int64_offsets_from_the_largest_tensor_they_index():
+    """A padded h (or its gradient) has more elements than x: rows whose x offsets fit in int32 may not for h."""
+    pytest.importorskip("triton", reason="memlab's Triton kernels need Triton")
+    from memlab.core.fused.triton_kernels import _big
+
+    rows = 2**31 // 770  # x (rows, 768) stays under 2**31 elements, h (rows, 776) does not
+    x, h = torch.empty(rows, 768, device="meta"), torch.empty(rows, 776, device="meta")
+    assert not _big(x) and _big(h) and _big(x, h) and _big(h, x)
+
+
 def test_triton_kernels_match_the_reference_in_tritons_interpreter():
     """The CUDA kernels themselves, run by Triton's CPU interpreter on odd shapes (C not a power of two, rows not a
     multiple of the tile, no incoming residual gradient). A subprocess: the interpreter is chosen at import."""

@@ -96,6 +96,7 @@ def mm_dgelu(g, weight, pre):
 def matmul(a, b, transpose_a: bool, transpose_b: bool, bias=None, pad_out: int = 0):
     """op(a) @ op(b) (+ bias, added before the rounding to a's dtype, as nn.Linear's addmm adds it), followed by
     pad_out zero columns. An untransposed a may carry pad columns past op(b)'s rows: its leading ones are used."""
-    x, y = (a.t() if transpose_a else a[:, : (b.shape[1] if transpose_b else b.shape[0])]), (b.t() if transpose_b else b)
+    y = b.t() if transpose_b else b
+    x = a.t() if transpose_a else a[:, : y.shape[0]]
     out = x @ y if bias is None else torch.addmm(bias, x, y)
     return torch.nn.functional.pad(out, (0, pad_out)) if pad_out else out

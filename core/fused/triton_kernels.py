@@ -153,8 +153,10 @@ def _programs(device: torch.device, per_sm: int) -> int:
     return _multiprocessors(device) * per_sm
 
 
-def _big(t: torch.Tensor) -> bool:
-    return t.numel() + 2 * t.shape[-1] >= 2**31  # offsets up to numel + a row, plus rows past the end of the split
+def _big(*tensors: torch.Tensor) -> bool:
+    """Whether a kernel that indexes these tensors needs int64 offsets: up to numel + a row, plus rows past the end
+    of the split, in the largest of them (a padded h or g_h has more than x)."""
+    return any(t.numel() + 2 * t.shape[-1] >= 2**31 for t in tensors)
 
 
 def _split(n_rows: int, programs: int, rows_step: int) -> tuple[int, int]:
@@ -174,7 +176,7 @@ def add_ln_fwd(x_prev, branch, bias, weight, ln_bias, eps: float, out_dtype: tor
     per, n_progs = _split(N, _programs(x_prev.device, cfg["programs_per_sm"]), cfg["rows"])
     _add_ln_fwd_kernel[(n_progs,)](
         x_prev.contiguous(), branch.contiguous(), bias, weight, ln_bias, x, h, mean, rstd, N, C, eps, per, pad,
-        BLOCK_PAD=triton.next_power_of_2(max(pad, 1)), BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"], STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
+        BLOCK_PAD=triton.next_power_of_2(max(pad, 1)), BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"], STAGES=cfg["stages"], BIG=_big(x, h), num_warps=cfg["warps"],
     )
     return x, h, mean, rstd
 
@@ -190,7 +192,7 @@ def add_ln_bwd(g_h, g_x, x, mean, rstd, weight, low_dtype: torch.dtype, **launch
     _add_ln_bwd_kernel[(n_progs,)](
         g_h.contiguous(), g_x.contiguous() if g_x is not None else dx, x, mean, rstd, weight, dx, dx_low, part,
         N, C, per, n_progs, g_h.shape[-1] - C, HAS_GX=g_x is not None, BLOCK_C=triton.next_power_of_2(C), ROWS=cfg["rows"],
-        STAGES=cfg["stages"], BIG=_big(x), num_warps=cfg["warps"],
+        STAGES=cfg["stages"], BIG=_big(x, g_h), num_warps=cfg["warps"],
     )
     return dx, dx_low, part.sum(dim=1)  # one sum for the three: (3, C)
 
