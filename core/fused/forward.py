@@ -23,7 +23,7 @@ gradient for q's third only.
 Where a norm's output feeds a linear layer (qkv, the MLP's input layer), add_layer_norm writes a column of ones
 after it (then zeros, to a row length of 16 bytes): the forward's matmul reads only the norm's columns, and the
 weight gradient's matmul g^T [h 1] then gives the bias gradient as its last column, from its fp32 accumulator,
-where a separate sum would read all of g again (5.3 ms of a 277 ms step at gpt2s batch 200 on the H100: the
+where a separate sum would read all of g again (5.3 ms of a 273 ms step at gpt2s batch 200 on the H100, run 12: the
 extra output column costs 0.04 ms of the 0.44 ms it saves a layer, bench/results/gemm-tune-h100/ run 15). The
 bias gradient is rounded as the weight gradient is, as under the stock model's autocast.
 
