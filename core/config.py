@@ -20,17 +20,24 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from memlab.core.errors import ConfigError
+from memlab.core.models import shape
 
 # ---------------------------------------------------------------------------------------------- experiment
 
 
 @dataclass
 class ModelConfig:
-    """GPT-style decoder: pre-LayerNorm blocks, learned positions, tied embeddings."""
+    """The model. family = gpt: memlab's own GPT-style decoder (pre-LayerNorm blocks, learned positions, tied
+    embeddings). family = hf: any causal LM the installed transformers knows, from `source` (a preset, a config.json
+    or a checkpoint folder); the shape keys below that the experiment sets override its config, the rest come from
+    it (memlab.core.models.shape)."""
 
+    family: Literal["gpt", "hf"] = "gpt"
+    source: str = ""  # hf: a preset name (memlab models), a config.json, or a checkpoint folder (config + weights)
     n_layer: int = 12
     n_head: int = 12
     d_model: int = 768
+    n_kv_head: int = 0  # key/value heads (grouped-query attention, hf only); 0 = n_head
     d_ff: int = 0  # 0 = 4 * d_model
     vocab_size: int = 0  # 0 = the tokenizer's vocabulary, padded up to a multiple of 64 (faster matmuls)
     seq_len: int = 1024
@@ -77,8 +84,22 @@ class Experiment:
 
     def fingerprint(self) -> str:
         """Stable short hash: runs with equal fingerprints are comparable side by side."""
-        blob = json.dumps(dataclasses.asdict(self) | {"name": None, "description": None}, sort_keys=True)
+        data = dataclasses.asdict(self) | {"name": None, "description": None}
+        for key, default in _NEW_MODEL_KEYS.items():  # keys added later leave older experiments' ids as they were
+            if data["model"].get(key) == default:
+                del data["model"][key]
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# Keys that joined [model] after runs were stored: at their defaults they are left out of the fingerprint.
+_NEW_MODEL_KEYS = {"family": "gpt", "source": "", "n_kv_head": 0}
+
+
+def explicit_keys(obj: Any) -> set[str]:
+    """The "section.key" names a TOML document or `--set` gave `obj` (an Experiment) explicitly; the hf family fills
+    the other shape keys from the model's config (memlab.core.models.shape)."""
+    return obj.__dict__.setdefault("_explicit", set())
 
 
 # ---------------------------------------------------------------------------------------------- profile
@@ -254,7 +275,7 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     return float(value) if tp is float else value
 
 
-def _apply_section(obj: Any, table: Any, section: str, origin: str) -> None:
+def _apply_section(obj: Any, table: Any, section: str, origin: str, explicit: set[str]) -> None:
     if not isinstance(table, dict):
         raise ConfigError(f"{origin}: [{section}] must be a table of keys, got {table!r}")
     hints = typing.get_type_hints(type(obj))
@@ -263,6 +284,7 @@ def _apply_section(obj: Any, table: Any, section: str, origin: str) -> None:
         if key not in valid:
             raise ConfigError(f"{origin}: unknown key {section}.{key}; valid keys in [{section}]: {', '.join(valid)}")
         setattr(obj, key, coerce(value, hints[key], f"{origin}: {section}.{key}"))
+        explicit.add(f"{section}.{key}")
 
 
 def _apply_document(target: Any, doc: dict, sections: dict[str, type], origin: str) -> None:
@@ -274,7 +296,7 @@ def _apply_document(target: Any, doc: dict, sections: dict[str, type], origin: s
         elif key == "overrides" and isinstance(target, Profile):
             target.overrides = {**target.overrides, **_profile_overrides(value, origin)}
         elif key in sections:
-            _apply_section(getattr(target, key), value, key, origin)
+            _apply_section(getattr(target, key), value, key, origin, explicit_keys(target))
         else:
             top = PROFILE_TOP_LEVEL_KEYS if isinstance(target, Profile) else TOP_LEVEL_KEYS
             valid = sorted(top) + [f"[{s}]" for s in sections]
@@ -394,8 +416,17 @@ def load_profile(ref: str) -> Profile:
 
 def load_experiment(ref: str) -> Experiment:
     experiment, origin = _load(ref, "experiment", Experiment, EXPERIMENT_SECTIONS)
+    _resolve_model(experiment, origin)
     validate_experiment(experiment, origin)
     return experiment
+
+
+def _resolve_model(experiment: Experiment, origin: str) -> None:
+    """hf: the shape keys the experiment left unset come from its model's config (memlab.core.models.shape)."""
+    try:
+        shape.resolve(experiment, explicit_keys(experiment))
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
 
 
 def profile_from_dict(data: dict) -> Profile:
@@ -449,6 +480,9 @@ def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) 
         if tp is str and not isinstance(value, str):
             value = str(value)
         setattr(target, key, coerce(value, tp, f"--set {section}.{key}"))
+        if section in EXPERIMENT_SECTIONS:
+            explicit_keys(experiment).add(f"{section}.{key}")
+    _resolve_model(experiment, "--set")
     validate_experiment(experiment, "--set")
     validate_profile(profile, "--set")
 
@@ -471,6 +505,7 @@ def validate_experiment(e: Experiment, origin: str) -> None:
     for key in ("n_layer", "n_head", "d_model", "seq_len"):
         _require(getattr(m, key) >= 1, f"{origin}: model.{key} must be at least 1, got {getattr(m, key)}")
     _require(m.d_model % m.n_head == 0, f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _validate_family(m, origin)
     _require(m.d_ff >= 0, f"{origin}: model.d_ff must be >= 0 (0 = 4 x d_model), got {m.d_ff}")
     _require(m.vocab_size >= 0, f"{origin}: model.vocab_size must be >= 0 (0 = from the tokenizer), got {m.vocab_size}")
     _require(0.0 <= m.dropout < 1.0, f"{origin}: model.dropout must be in [0, 1), got {m.dropout}")
@@ -489,6 +524,19 @@ def validate_experiment(e: Experiment, origin: str) -> None:
     _require(d.val_tokens >= 1, f"{origin}: data.val_tokens must be at least 1, got {d.val_tokens}")
     _require(bool(d.source.strip()), f"{origin}: data.source must not be empty (stdlib, a path, or hf:NAME)")
     _require(bool(d.tokenizer.strip()), f"{origin}: data.tokenizer must not be empty (bpe:N, a tokenizer.json, or hf:NAME)")
+
+
+def _validate_family(m: ModelConfig, origin: str) -> None:
+    _require(m.n_kv_head >= 0, f"{origin}: model.n_kv_head must be >= 0 (0 = n_head), got {m.n_kv_head}")
+    if m.family == "gpt":
+        _require(not m.source, f"{origin}: model.source = {m.source!r} applies to model.family = \"hf\" (memlab's gpt is built from the shape keys alone)")
+        _require(m.n_kv_head in (0, m.n_head), f"{origin}: model.n_kv_head = {m.n_kv_head}: memlab's gpt has no grouped-query attention; use model.family = \"hf\" (e.g. a llama preset) or n_kv_head = 0")
+        return
+    kv = m.n_kv_head or m.n_head
+    _require(m.n_head % kv == 0, f"{origin}: model.n_kv_head ({kv}) must divide model.n_head ({m.n_head}): each key/value head serves a whole group of query heads")
+    config = shape.read_source(m.source)
+    cap = shape.max_positions(config)
+    _require(cap is None or m.seq_len <= cap, f"{origin}: model.seq_len = {m.seq_len} is longer than the model's positions ({cap}, its config's max_position_embeddings)")
 
 
 def validate_profile(p: Profile, origin: str) -> None:

@@ -123,6 +123,8 @@ class _Run:
             "gpu_name": info.get("gpu_name"),
             "n_gpus": info.get("world_size", 1) if self.device.type == "cuda" else 0,
             "params": info.get("params"),
+            "model_family": info.get("model_family", e.model.family),
+            "architecture": info.get("architecture"),
             "batch_size": e.train.batch_size,
             "micro_batch": info.get("micro_batch"),
             "grad_accum": p.accumulation.steps,
@@ -357,17 +359,19 @@ def _build(run: _Run, prepared: Prepared) -> TrainStep:
                     tokens_per_step=e.train.batch_size * e.model.seq_len, phase="model")
     torch.manual_seed(e.train.seed)
     step = build_step(e, p, run.device, prepared.vocab_size, dist=dctx)
-    n_params = step.model.num_params()
-    cfg = step.model.cfg
+    n_params, m = step.model.num_params(), e.model
     run.info.update(
         kernel=step.kernel,
         params=n_params,
-        flops_per_token=flops_per_token(n_params - step.model.wpe.weight.numel(), cfg.n_layer, cfg.d_model, cfg.seq_len, step.kernel.window),
+        model_family=step.model.family,
+        architecture=step.model.architecture,
+        flops_per_token=flops_per_token(step.model.flops_params(), m.n_layer, m.d_model, m.seq_len, step.kernel.window),
         gpu_name=run.environment["gpu_name"] if run.device.type == "cuda" else None,
         memlab_commit=run.environment["git_sha"],
         **step.applied,
     )
-    run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=prepared.vocab_size, micro_batch=prepared.micro_batch, device=run.device.type, world_size=dctx.world_size))
+    if e.model.family == "gpt":  # the analytic estimate is memlab's GPT's (memlab.core.estimate)
+        run.info.setdefault("estimate_peak_bytes", peak_for_run(e, p, vocab_size=prepared.vocab_size, micro_batch=prepared.micro_batch, device=run.device.type, world_size=dctx.world_size))
     return step
 
 

@@ -85,6 +85,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    family = "gpt"
+    architecture = "gpt"
+
     def __init__(self, cfg: GPTConfig, kernel: AttentionKernel):
         super().__init__()
         self.cfg = cfg
@@ -112,6 +115,27 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # The family adapter's names (memlab.core.models.family): what techniques ask for, whatever the model.
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.ln_f
+
+    @property
+    def head(self) -> nn.Module:
+        return self.lm_head
+
+    @property
+    def embedding(self) -> nn.Module:
+        return self.wte
+
+    @staticmethod
+    def sublayer(block: Block, which: str) -> nn.Module:
+        return block.attn if which == "attention" else block.mlp
+
+    def flops_params(self) -> int:
+        """Parameters that multiply each token: all but the position table (the tied head is a matmul)."""
+        return self.num_params() - self.wpe.weight.numel()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters counted once (the tied matrix once). non_embedding drops wte and wpe (for FLOPs)."""

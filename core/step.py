@@ -14,13 +14,7 @@ from typing import Any, Callable, ContextManager, Iterable
 import torch
 
 from memlab.core.config import Experiment, Profile
-from memlab.core.model import GPT, GPTConfig
-
-
-def model_config(experiment: Experiment, vocab_size: int) -> GPTConfig:
-    m = experiment.model
-    return GPTConfig(n_layer=m.n_layer, n_head=m.n_head, d_model=m.d_model, d_ff=m.d_ff or 4 * m.d_model,
-                     vocab_size=vocab_size, seq_len=m.seq_len, dropout=m.dropout)
+from memlab.core.models import family
 
 
 class _NoMeter:
@@ -52,7 +46,7 @@ class TrainStep:
     dist: Any = None  # memlab.core.distributed.DistContext; None: no distributed wrapping
     micro_batch: int = 0
     kernel: Any = None  # the attention kernel that runs (memlab.core.attention)
-    model: GPT | None = None  # the module whose parameters train
+    model: torch.nn.Module | None = None  # the module whose parameters train: the family's model (memlab.core.models)
     train_model: torch.nn.Module | None = None  # what forward runs: the model, or its compiled / DDP wrapper
     optimizer: torch.optim.Optimizer | None = None
     scaler: torch.amp.GradScaler | None = None
@@ -73,15 +67,8 @@ class TrainStep:
         return self.experiment.train.clip
 
     def build_model(self) -> None:
-        """The GPT with the chosen attention kernel, on the device (techniques then wrap it)."""
-        cfg = model_config(self.experiment, self.vocab_size)
-        if self.on_device:
-            with self.device:
-                self.model = GPT(cfg, self.kernel)
-        else:  # made on the CPU then moved: the same initial weights on every device, from the seed
-            self.model = GPT(cfg, self.kernel).to(self.device)
-        if self.param_dtype != torch.float32:  # bf16_pure (a no-op .to() would still swap fake tensors: skipped)
-            self.model = self.model.to(self.param_dtype)
+        """The experiment's model with the chosen attention kernel, on the device (techniques then wrap it)."""
+        self.model = family.build(self)
         self.train_model = self.model
 
     def run(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], meter: Any = None,

@@ -114,6 +114,7 @@ class FlashAttention:
         # gets FA4 outside the graph (one graph break a call). FA2 registers torch custom ops.
         self._call = torch.compiler.disable(self._fa4) if impl.fa4 else self._fa2
         self.packed = self._packed if impl.fa4 else None
+        self.accepts_gqa = True  # FA2 and FA4 take fewer key/value heads than query heads as they are
 
     def _packed(self, qkv: torch.Tensor, heads: int, dropout_p: float = 0.0) -> torch.Tensor:
         assert not dropout_p, "FA4 has no dropout: build_attention chooses a stand-in before any step"

@@ -50,7 +50,8 @@ def supports_of(backend: str, masked: bool) -> Supports:
 def chosen_backend(q, k, v, dropout_p: float, is_causal: bool, mask=None) -> str:
     """The backend SDPA would dispatch to for these inputs (PyTorch's own selection logic)."""
     try:
-        idx = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal)
+        gqa = {"enable_gqa": True} if k.size(-3) != q.size(-3) else {}
+        idx = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, **gqa)
         return _NAMES.get(SDPBackend(idx), f"backend{idx}")
     except Exception:  # noqa: BLE001 (private API: if it moves, say so rather than guess)
         return "auto"
@@ -68,6 +69,9 @@ class SDPAAttention:
             self.name = f"sdpa:{backend}" if backend != "auto" else "sdpa"
         self._mask: torch.Tensor | None = None
         self._probed = False
+        # grouped-query attention (fewer key/value heads, the hf family): SDPA repeats them itself (enable_gqa)
+        # rather than the caller copying them; cuDNN's backend is not documented to take them, so it gets copies
+        self.accepts_gqa = backend != "cudnn"
 
     def _window_mask(self, q: torch.Tensor) -> torch.Tensor:
         T = q.size(-2)
@@ -76,19 +80,20 @@ class SDPAAttention:
         return self._mask
 
     def __call__(self, q, k, v, dropout_p: float = 0.0):
+        gqa = {"enable_gqa": True} if k.size(-3) != q.size(-3) else {}  # only ever asked for: older torch lacks it
         if self.masked:
             mask = self._window_mask(q)
             if self.backend in ("math", "auto"):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, **gqa)
             with sdpa_kernel([BACKENDS[self.backend]]):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, **gqa)
         if self.backend == "auto":
             if not self._probed and not torch.compiler.is_compiling():
                 self.name = f"sdpa:{chosen_backend(q, k, v, dropout_p, True)}"
                 self._probed = True
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, **gqa)
         with sdpa_kernel([BACKENDS[self.backend]]):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, **gqa)
 
 
 def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> SDPAAttention:

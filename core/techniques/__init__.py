@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core import attention
+from memlab.core.models import family
 from memlab.core.techniques import (
     accumulation,
     act_offload,
@@ -59,7 +60,9 @@ TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
 
 def check_techniques(experiment: Experiment, profile: Profile, device: torch.device, world: int = 1) -> None:
-    """Every technique's refusal, before any work. Cheap: builds no model and allocates nothing on the GPU."""
+    """Every technique's refusal, before any work. Cheap: builds no model and allocates nothing on the GPU (an hf
+    model's checks read its config, and a checkpoint's headers)."""
+    family.check(experiment, profile, device, world)
     for technique in TECHNIQUES:
         technique.check(experiment, profile, device, world)
 

@@ -63,7 +63,7 @@ def apply(step: TrainStep) -> None:
         return
     if ck.offload_overlap:
         offload = OverlapOffload(CudaCopies(step.device))
-        offload.install(list(step.model.blocks), step.model.ln_f)
+        offload.install(list(step.model.blocks), step.model.final_norm)
         step.offload, how = offload.forward, OVERLAP
     else:
         step.offload, how = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)), SYNC

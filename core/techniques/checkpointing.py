@@ -95,7 +95,7 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
         return f"every_n:{cfg.every} ({len(chosen)}/{len(blocks)} blocks)"
     if cfg.mode == "selective":
         for block in blocks:
-            _wrap(block.attn if cfg.target == "attention" else block.mlp)
+            _wrap(model.sublayer(block, cfg.target))
         return f"selective:{cfg.target}"
     if cfg.mode == "ops":
         for block in blocks:

@@ -20,6 +20,10 @@ import torch
 
 from memlab.core.errors import ConfigError, DeviceError
 
+from memlab.core.models.family import require_family
+
+FAMILIES = ("gpt",)  # what capturing a whole step is checked on
+
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import StepResult, TrainStep
@@ -58,6 +62,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
 
 def check_plan(experiment: Experiment, profile: Profile) -> None:
     if profile.cuda_graph.enabled:
+        require_family(experiment, FAMILIES, "cuda_graph.enabled", "set cuda_graph.enabled = false (capturing a step is checked on memlab's GPT only)")
         conflict = _conflict(profile)
         if conflict:
             raise ConfigError(conflict)

@@ -20,6 +20,10 @@ import torch
 
 from memlab.core.errors import ConfigError, DeviceError
 
+from memlab.core.models.family import require_family
+
+FAMILIES = ("gpt",)  # what the module swap is checked on
+
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
@@ -48,6 +52,7 @@ def check_plan(experiment: Experiment, profile: Profile) -> None:
     """What the configuration alone rules out, wherever it would run."""
     if not profile.kernels.float8:
         return
+    require_family(experiment, FAMILIES, "kernels.float8", "set kernels.float8 = false (the float8 module swap is checked on memlab's GPT only)")
     if profile.kernels.fused:
         raise ConfigError("kernels.float8 swaps the blocks' Linear modules, which kernels.fused bypasses; choose one of kernels.fused, kernels.float8")
     m = experiment.model

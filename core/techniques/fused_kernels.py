@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.models.family import require_family
+
+FAMILIES = ("gpt",)  # memlab's fused block and head
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -26,6 +29,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
     """What the configuration alone rules out, wherever it would run."""
     if not profile.kernels.fused:
         return
+    require_family(experiment, FAMILIES, "kernels.fused", "set kernels.fused = false (its kernels are written for memlab's own GPT block and head)")
     # the fused path wires the residual stream across blocks itself, so per-block wrappers would be bypassed
     if profile.checkpointing.mode != "none":
         raise ConfigError(f"kernels.fused runs the blocks itself and cannot checkpoint them; use checkpointing.mode = none, not {profile.checkpointing.mode} (or kernels.fused = false)")
