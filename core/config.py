@@ -192,6 +192,23 @@ class LossConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """What trains. full: every parameter. lora / dora: low-rank adapters on the target Linear layers (peft), the
+    base frozen in `base` precision (nf4 / int8: quantized by bitsandbytes, CUDA only: QLoRA). freeze: only the
+    last `last_blocks` blocks, the final norm and the head train."""
+
+    method: Literal["full", "lora", "dora", "freeze"] = "full"
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.05  # on the adapters' input (peft's lora_dropout)
+    # all-linear: every Linear inside the blocks (not the head); else comma-separated names, each the end of a
+    # module's name (e.g. "q_proj,v_proj", or "attn.qkv" on memlab's gpt)
+    targets: str = "all-linear"
+    base: Literal["auto", "bf16", "nf4", "int8"] = "auto"  # the frozen weights' storage; auto = as precision.dtype keeps them
+    last_blocks: int = 2  # freeze: how many of the last blocks train
+
+
+@dataclass
 class LoaderConfig:
     pin_memory: bool = False
     workers: int = 0
@@ -224,6 +241,7 @@ class Profile:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     # Experiment keys this profile cannot run without, e.g. {"train.clip": 0.0} for optimizer.in_backward (no global
     # norm exists to clip by). Applied to the experiment when the two are resolved together (apply_overrides), so the
     # run's experiment, its fingerprint and its summary's `overrides` all say so.
@@ -549,10 +567,21 @@ def validate_profile(p: Profile, origin: str) -> None:
              f"{origin}: loss.chunked = true and loss.fused = {p.loss.fused} are two ways to avoid the logits; choose one (loss.chunked = false, or loss.fused = \"none\")")
     _require(p.loader.workers >= 0, f"{origin}: loader.workers must be >= 0, got {p.loader.workers}")
     _require(p.optimizer.rank >= 1, f"{origin}: optimizer.rank must be at least 1, got {p.optimizer.rank}")
+    _validate_finetune(p.finetune, origin)
     if p.checkpointing.offload_overlap:
         _require(p.checkpointing.offload, f"{origin}: checkpointing.offload_overlap applies with checkpointing.offload = true (it says how the activations go to the CPU)")
     if p.optimizer.fused:
         _require(p.optimizer.name == "adamw", f"{origin}: optimizer.fused applies to adamw only, not {p.optimizer.name}")
+
+
+def _validate_finetune(f: FinetuneConfig, origin: str) -> None:
+    _require(f.rank >= 1, f"{origin}: finetune.rank must be at least 1, got {f.rank}")
+    _require(f.alpha > 0, f"{origin}: finetune.alpha must be positive, got {f.alpha}")
+    _require(0.0 <= f.dropout < 1.0, f"{origin}: finetune.dropout must be in [0, 1), got {f.dropout}")
+    _require(f.last_blocks >= 0, f"{origin}: finetune.last_blocks must be >= 0, got {f.last_blocks}")
+    _require(bool(f.targets.strip()), f"{origin}: finetune.targets must not be empty (all-linear, or names such as q_proj,v_proj)")
+    if f.base in ("nf4", "int8"):
+        _require(f.method in ("lora", "dora"), f"{origin}: finetune.base = {f.base} quantizes frozen weights; it needs method = lora or dora, not {f.method}")
 
 
 def to_dict(obj: Any) -> dict:

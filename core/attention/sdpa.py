@@ -51,6 +51,10 @@ def chosen_backend(q, k, v, dropout_p: float, is_causal: bool, mask=None) -> str
     """The backend SDPA would dispatch to for these inputs (PyTorch's own selection logic)."""
     try:
         gqa = {"enable_gqa": True} if k.size(-3) != q.size(-3) else {}
+        kind = q.device.type
+        if torch.is_autocast_enabled(kind):  # autocast casts SDPA's inputs before the dispatch: probe with its dtype
+            dtype = torch.get_autocast_dtype(kind)
+            q, k, v = (t.to(dtype) for t in (q, k, v))
         idx = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, **gqa)
         return _NAMES.get(SDPBackend(idx), f"backend{idx}")
     except Exception:  # noqa: BLE001 (private API: if it moves, say so rather than guess)

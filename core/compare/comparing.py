@@ -43,7 +43,8 @@ def group_labels(firsts: list[dict]) -> list[str]:
         changes = experiment_changes(r.get("experiment_config"), r["experiment"])
         if changes is None:
             changes = r["experiment_id"] if len(names[r["experiment"]]) > 1 else ""
-        labels.append(group_label(r["experiment"], changes, r["device"], r["gpu_name"]))
+        model = r.get("architecture") if r.get("model_family") == "hf" else None  # what a transformers run trained
+        labels.append(group_label(r["experiment"] + (f" ({model})" if model else ""), changes, r["device"], r["gpu_name"]))
     seen = collections.Counter(labels)  # the same changes twice (a built-in edited between runs): keep them apart
     return [f"{label} ({r['experiment_id']})" if seen[label] > 1 else label for label, r in zip(labels, firsts)]
 

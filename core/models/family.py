@@ -44,6 +44,15 @@ def gpt_config(experiment: Experiment, vocab_size: int) -> GPTConfig:
                      vocab_size=vocab_size, seq_len=m.seq_len, dropout=m.dropout)
 
 
+def skeleton(experiment: Experiment) -> torch.nn.Module:
+    """The experiment's model on the meta device (shapes and module names, no memory): for checks that ask which
+    layers the model has (memlab.core.techniques.finetune)."""
+    if experiment.model.family == "hf":
+        return hf.skeleton(experiment)
+    with torch.device("meta"):
+        return GPT(gpt_config(experiment, experiment.model.vocab_size or 64), kernel=None)
+
+
 def build(step: TrainStep) -> torch.nn.Module:
     """The experiment's model with the step's attention kernel, on the step's device."""
     e = step.experiment

@@ -153,6 +153,14 @@ def build(experiment: Experiment, profile: Profile, kernel: Any, device: torch.d
     return model
 
 
+def skeleton(experiment: Experiment) -> HFCausalLM:
+    """The model on the meta device: its modules and shapes, nothing allocated (a 1B model in a fraction of a second)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return HFCausalLM(AutoModelForCausalLM.from_config(transformers_config(experiment.model)))
+
+
 def layer_windows(model: HFCausalLM) -> list[int]:
     """Each decoder layer's own sliding window (0 = full attention): Gemma-2 alternates, Mistral v0.1 has one."""
     return [getattr(model.sublayer(b, "attention"), "sliding_window", None) or 0 for b in model.blocks]

@@ -8,7 +8,9 @@ step. `apply_techniques` applies them in this order, and why:
  1. memory cap      caps the caching allocator before anything allocates on the GPU;
  2. precision       matmul flags, the autocast context and (fp16) the GradScaler; the kernel depends on the dtype;
  3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
-    -- the model is built here, with that kernel, on the device --
+    finetune        the frozen base's storage dtype (bf16 for LoRA and QLoRA) is the model's build dtype;
+    -- the model is built here (memlab.core.models.family), with that kernel, on the device --
+    finetune        freeze, quantize (QLoRA) and add adapters: before every wrapper and the optimizer;
  4. loss            chunked cross-entropy or a library's fused kernel is a setting of the model's head;
  5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
     float8          swap the blocks' Linear modules for torchao's Float8Linear: before the wrappers and compile;
@@ -39,6 +41,7 @@ from memlab.core.techniques import (
     checkpointing,
     cuda_graph,
     distributed,
+    finetune,
     float8,
     fused_kernels,
     loader,
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
     from memlab.core.step import TrainStep
 
 BEFORE_MODEL = (memory_cap, precision, attention)
-ON_MODEL = (loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
+ON_MODEL = (finetune, loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
 CHECK_ONLY = (allocator, loader, accumulation)
 TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
@@ -79,12 +82,14 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     loss.check_plan(experiment, profile, world)
     act_offload.check_plan(experiment, profile)
     cuda_graph.check_plan(experiment, profile)
+    finetune.check_plan(experiment, profile, world)
 
 
 def apply_techniques(step: TrainStep) -> None:
     """Build `step` in the order above (its model, wrapped model, optimizer, scaler, autocast, offload)."""
     for technique in BEFORE_MODEL:
         technique.apply(step)
+    finetune.apply_before_model(step)
     step.build_model()
     for technique in ON_MODEL:
         technique.apply(step)
