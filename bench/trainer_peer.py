@@ -22,13 +22,21 @@ import torch
 
 
 def build_model(experiment, lora: dict | None, device: str):
+    """The experiment's model; with LoRA, its base in bf16 (as memlab's lora profile keeps it), with QLoRA its
+    Linear layers in NF4 through the same bitsandbytes swap memlab uses, then peft's adapters (fp32, peft's default)."""
     from transformers import AutoModelForCausalLM
 
     from memlab.core.models.hf import transformers_config
 
     config = transformers_config(experiment.model)
+    dtype = torch.bfloat16 if lora else torch.float32
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    if lora and lora.get("qlora"):
+        from memlab.core.models.hf import HFCausalLM
+        from memlab.core.techniques.finetune import _quantize, linear_layers
+
+        _quantize(model, {k.removeprefix("hf."): v for k, v in linear_layers(HFCausalLM(model)).items()}, "nf4", torch.device(device))
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -80,6 +88,7 @@ def main() -> None:
     ap.add_argument("--mode", choices=("bf16", "gradcp", "compile"), default="bf16")
     ap.add_argument("--lora", action="store_true", help="peft LoRA r16 alpha 32 dropout 0.05 on every linear layer")
     ap.add_argument("--dora", action="store_true")
+    ap.add_argument("--qlora", action="store_true", help="LoRA over an NF4 base (bitsandbytes)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--lr", type=float, default=None)
@@ -92,7 +101,7 @@ def main() -> None:
 
     e = load_experiment(args.experiment)
     t = e.train
-    lora = {"rank": 16, "alpha": 32, "dropout": 0.05, "dora": args.dora} if (args.lora or args.dora) else None
+    lora = {"rank": 16, "alpha": 32, "dropout": 0.05, "dora": args.dora, "qlora": args.qlora} if (args.lora or args.dora or args.qlora) else None
     torch.manual_seed(t.seed)
     model = build_model(e, lora, args.device)
     vocab = int(e.data.tokenizer.split(":")[1]) if e.data.tokenizer.startswith("bpe:") else e.model.vocab_size
@@ -111,7 +120,8 @@ def main() -> None:
     trainer.train()
     step_s = (timing["t1"] - timing["t0"]) / (args.steps - args.warmup)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    row = {"side": "trainer" + ("+peft" if lora else ""), "mode": args.mode + ("+dora" if args.dora else "+lora" if lora else ""),
+    kind = "+dora" if args.dora else "+qlora" if args.qlora else "+lora" if lora else ""
+    row = {"side": "trainer" + ("+peft" if lora else ""), "mode": args.mode + kind,
            "experiment": args.experiment, "batch": t.batch_size, "seq_len": e.model.seq_len,
            "wall_step_ms": step_s * 1000, "tokens_per_s_wall": t.batch_size * e.model.seq_len / step_s,
            "peak_alloc_bytes": timing["peak_alloc_bytes"], "peak_reserved_bytes": timing["peak_reserved_bytes"],

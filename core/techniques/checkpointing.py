@@ -56,12 +56,17 @@ def _random(op: Any) -> bool:
     return random and not op._schema.is_mutable
 
 
+_DECISIONS: dict[int, CheckpointPolicy] = {}  # by id(op): an OpOverload's own __hash__ is Python, and runs per op
+
+
 def ops_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:  # noqa: ARG001
     """Keep what is costly to recompute (matmuls, attention) and what must not be redrawn (random ops); recompute
     the cheap, memory-bound rest."""
-    if op in SAVED_OPS or getattr(op, "namespace", None) in SAVED_NAMESPACES or _random(op):
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
+    decision = _DECISIONS.get(id(op))
+    if decision is None:
+        keep = op in SAVED_OPS or getattr(op, "namespace", None) in SAVED_NAMESPACES or _random(op)
+        decision = _DECISIONS[id(op)] = CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return decision
 
 
 def _ops_contexts():
@@ -79,8 +84,13 @@ def _wrap(module: nn.Module, context_fn: Callable | None = None) -> None:
     module.forward = forward
 
 
-def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
-    """Wrap blocks (or their attention / MLP) per cfg.mode; returns a one-line description for the summary."""
+def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig, compile_blocks: bool = False) -> str:
+    """Wrap blocks (or their attention / MLP) per cfg.mode; returns a one-line description for the summary.
+
+    compile_blocks (mode ops, on CUDA, without compile.enabled): each wrapped block is compiled, so that the per-op
+    policy is applied once, when the block's graph is traced. Run eagerly, per-op SAC puts every op of forward and
+    of the recompute through a Python dispatch mode: on an H100 that host time exceeded the recompute it saves
+    (Llama-3.2-1B at 2 x 2048: 241 ms a step against full checkpointing's 165). On the CPU backend it runs eagerly."""
     blocks = list(model.blocks)
     if cfg.mode == "none":
         return f"compiler budget {cfg.budget:g}" if cfg.budget < 1 else "none"
@@ -100,7 +110,10 @@ def apply_checkpointing(model: nn.Module, cfg: CheckpointingConfig) -> str:
     if cfg.mode == "ops":
         for block in blocks:
             _wrap(block, _ops_contexts)
-        return f"ops ({OPS_DESCRIPTION}, {len(blocks)}/{len(blocks)} blocks)"
+            if compile_blocks:
+                block.compile()
+        each = ", each compiled" if compile_blocks else ""
+        return f"ops ({OPS_DESCRIPTION}, {len(blocks)}/{len(blocks)} blocks{each})"
     raise ValueError(cfg.mode)
 
 
@@ -138,4 +151,6 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
 def apply(step: TrainStep) -> None:
     """Before compile, so compile sees (and can fuse around) the recompute boundaries. The budget is applied by
     torch_compile, around the module it compiles."""
-    step.applied["checkpointing"] = apply_checkpointing(step.model, step.profile.checkpointing)
+    p = step.profile
+    compile_blocks = p.checkpointing.mode == "ops" and step.device.type == "cuda" and not p.compile.enabled and not step.on_device
+    step.applied["checkpointing"] = apply_checkpointing(step.model, p.checkpointing, compile_blocks)
