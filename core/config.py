@@ -485,6 +485,10 @@ def apply_overrides(experiment: Experiment, profile: Profile, items: list[str]) 
     for name, value in profile.overrides.items():
         section, key = name.split(".")
         setattr(getattr(experiment, section), key, value)  # checked when the profile was loaded
+    if any(parse_set(item)[:2] in (("model", "source"), ("model", "family")) for item in items):
+        # another model: the shape (and tokenizer) the experiment's file gave its own model no longer apply; a
+        # checkpoint's own tokenizer then serves its data (the --set keys beside it still win)
+        explicit_keys(experiment).difference_update([f"model.{k}" for k in shape.KEY_NAMES] + ["data.tokenizer"])
     for item in items:
         section, key, value = parse_set(item)
         if section in EXPERIMENT_SECTIONS:

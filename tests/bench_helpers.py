@@ -15,6 +15,9 @@ ISSUE_19_PROFILES = frozenset({
     "compile_budget", "sac_ops", "liger_ce", "cce", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore",
     "optim_in_bwd", "float8", "act_offload_overlap",
 })
+# The fine-tuning profiles: measured on the transformers family's shapes (bench/results/hf-h100), not in the gpt
+# estimator's tables at micro-batch 16.
+FINETUNE_PROFILES = frozenset({"lora", "lora_gradcp", "lora_fast", "qlora", "qlora_gradcp", "dora", "freeze"})
 
 
 def bench_module(stem: str) -> ModuleType:

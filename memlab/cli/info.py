@@ -41,8 +41,32 @@ def experiments() -> None:
     for name in builtin_names("experiment"):
         e = load_experiment(name)
         m = e.model
-        table.add_row(name, e.description, f"{m.n_layer}L {m.d_model}d {m.n_head}h T={m.seq_len}", f"{e.data.source} {e.data.tokenizer}")
+        model = f"{m.n_layer}L {m.d_model}d {m.n_head}h T={m.seq_len}" + (f" ({m.source})" if m.family == "hf" else "")
+        table.add_row(name, e.description, model, f"{e.data.source} {e.data.tokenizer}")
     make_console().print(table)
+
+
+def models() -> None:
+    """The model families and the built-in presets (published config values; no weights are downloaded)."""
+    from memlab.cli.console import make_console
+    from rich.table import Table
+
+    from memlab.core.models.presets import PRESETS
+    from memlab.core.models.shape import max_positions, shape_of
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("preset", "architecture", "params", "layers", "width", "heads / kv", "ffn", "vocab", "positions", "config of"):
+        table.add_column(col, overflow="fold")
+    for name, preset in PRESETS.items():
+        c, s = preset["config"], shape_of(preset["config"])
+        table.add_row(name, c["architectures"][0], f"{preset['params'] / 1e9:.2f}B", str(s["n_layer"]), str(s["d_model"]),
+                      f"{s['n_head']} / {s['n_kv_head']}", str(s["d_ff"]), f"{s['vocab_size']:,}", f"{max_positions(c):,}", preset["hub"])
+    console = make_console()
+    console.print("[bold]families[/]  gpt: memlab's own GPT (the default; its fused kernels and analytic estimate)  ·  "
+                  "hf: any causal LM the installed transformers knows (pip install 'memlab\\[hf]')")
+    console.print(table)
+    console.print("[dim]use one: --experiment llama-1b (built-in), --model llama-3.2-1b, --model ./config.json or "
+                  "--model ./checkpoint-folder/; --set model.n_layer=2 shrinks any of them[/]")
 
 
 def env(as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False) -> None:
@@ -61,4 +85,5 @@ def env(as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")
 def register(app: typer.Typer) -> None:
     app.command("profiles")(profiles)
     app.command("experiments")(experiments)
+    app.command("models")(models)
     app.command("env")(env)

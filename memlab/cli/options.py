@@ -54,6 +54,20 @@ def data_overrides(data: str | None, text_field: str | None, tokenizer: str | No
     return items
 
 
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="A transformers model: a preset (memlab models), a config.json, or a checkpoint folder (config.json + *.safetensors [+ tokenizer.json]); its shape replaces the experiment's.")]
+
+
+def model_overrides(model: str | None) -> list[str]:
+    """--model X: the hf family built from X, as --set items (validated the same way)."""
+    if model is None:
+        return []
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    source = str(path.resolve()) if path.exists() else model  # a folder stays the same folder in child processes
+    return ['model.family="hf"', f"model.source={_toml_string(source)}"]
+
+
 def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt, data_overrides, resolve
+from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, data_overrides, model_overrides, resolve
 
 EXIT_BY_STATUS = {"finished": 0, "interrupted": 130, "oom": 1, "nan": 1, "error": 1}
 
@@ -17,6 +17,7 @@ EXIT_BY_STATUS = {"finished": 0, "interrupted": 130, "oom": 1, "nan": 1, "error"
 def run(
     profile: Annotated[str, typer.Option("--profile", "-p", help="Built-in profile name (memlab profiles) or a TOML file.")],
     experiment: ExperimentOpt = "auto",
+    model: ModelOpt = None,
     device: DeviceOpt = "auto",
     runs_dir: RunsDirOpt = "runs",
     steps: StepsOpt = None,
@@ -42,7 +43,7 @@ def run(
     from memlab.core import distributed
 
     dev = resolve_device(device)
-    overrides = list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
+    overrides = model_overrides(model) + list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
     # Several ranks (issue 9): `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
     # the user's, multi-host included) every rank runs this same command and only rank 0 speaks and writes.
     if nproc is not None and distributed.launched_by_torchrun():

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt
+from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, model_overrides
 from memlab.core.units import gib
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def sweep(
     profiles: Annotated[str, typer.Option("--profiles", help="Comma-separated profile names or TOML paths, run in this order.")],
     experiment: ExperimentOpt = "auto",
+    model: ModelOpt = None,
     device: DeviceOpt = "auto",
     runs_dir: RunsDirOpt = "runs",
     steps: StepsOpt = None,
@@ -44,7 +45,7 @@ def sweep(
     from memlab.core.supervisor import ChildSpec
 
     dev = resolve_device(device)
-    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    overrides = model_overrides(model) + list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     names = _profile_names(profiles)
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
     # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
