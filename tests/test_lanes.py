@@ -1,0 +1,140 @@
+"""Lanes (memlab.core.lanes): one queue drained over several GPUs, each child pinned with CUDA_VISIBLE_DEVICES.
+Fake children (tests/fake_children.py) report the CUDA_VISIBLE_DEVICES they saw; the GPU count is faked."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import polars as pl
+import pytest
+from fake_children import fake_spec
+
+from memlab.core.errors import ConfigError
+from memlab.core.lanes import CPU_LANE, FAKE_COUNT_ENV, Lane, LaneQueue, map_on_lanes, plan_lanes
+
+GPU0, GPU1 = Lane((0,), ("0",)), Lane((1,), ("1",))
+
+
+def _seen(outcome) -> str | None:
+    return (outcome.result.summary or {}).get("cuda_visible_devices")
+
+
+def test_the_next_item_goes_to_whichever_lane_is_free_each_child_pinned_to_its_gpu(tmp_path):
+    """`slow` holds one lane until the three quick ones have run, one after another, on the other lane."""
+    kinds = {"slow": "waits_for_release", "b": "reports_gpu", "c": "reports_gpu", "d": "reports_gpu"}
+    claimed: list[tuple[str, Lane]] = []
+
+    def on_result(outcome):
+        if sum(o.key in "bcd" for o in queue_outcomes + [outcome]) == 3:
+            (tmp_path / "release-slow").touch()
+        queue_outcomes.append(outcome)
+
+    queue_outcomes: list = []
+    queue = LaneQueue([GPU0, GPU1], on_start=lambda key, spec, lane: claimed.append((key, lane)), on_result=on_result)
+    outcomes = queue.run((k, fake_spec(kind, tmp_path, profile=k)) for k, kind in kinds.items())
+    assert [o.key for o in outcomes] == ["b", "c", "d", "slow"]  # the quick ones ended while `slow` still ran
+    assert all(o.status == "finished" for o in outcomes)
+    assert sorted(k for k, _ in claimed) == ["b", "c", "d", "slow"]
+    lane_of = {o.key: o.lane for o in outcomes}
+    assert lane_of["b"] == lane_of["c"] == lane_of["d"] != lane_of["slow"]  # one lane drained the rest
+    for o in outcomes:
+        assert _seen(o) == o.lane.ids[0]  # each child saw exactly its lane's GPU
+
+
+def test_a_lane_whose_gpu_fails_is_taken_out_its_run_crashed_and_the_others_go_on(tmp_path):
+    kinds = ["gpu_fault", "reports_gpu", "reports_gpu", "reports_gpu", "reports_gpu"]
+    queue = LaneQueue([GPU0, GPU1])
+    outcomes = queue.run((i, fake_spec(k, tmp_path, profile=f"p{i}")) for i, k in enumerate(kinds))
+    by_key = {o.key: o for o in outcomes}
+    bad = by_key[0]
+    assert bad.status == "crashed" and "uncorrectable ECC error" in bad.result.message and "taken out" in bad.result.message
+    assert list(queue.out) == [bad.lane]
+    run = bad.result.run_dir
+    assert json.loads((Path(run) / "run.json").read_text())["status"] == "crashed"
+    rest = [by_key[i] for i in range(1, 5)]
+    assert all(o.status == "finished" for o in rest)
+    good = {o.lane for o in rest}
+    assert len(good) == 1 and bad.lane not in good
+    assert all(_seen(o) == o.lane.ids[0] for o in rest)
+
+
+def test_when_every_lane_is_out_the_rest_is_skipped(tmp_path):
+    outcomes = LaneQueue([GPU0]).run((i, fake_spec(k, tmp_path, profile=f"p{i}")) for i, k in enumerate(["gpu_fault", "finished", "finished"]))
+    assert [o.status for o in outcomes] == ["crashed", "skipped", "skipped"]
+    assert "every lane's GPU failed" in outcomes[1].result.message
+
+
+def test_a_run_that_fails_on_its_own_leaves_its_lane_in(tmp_path, monkeypatch):
+    monkeypatch.setattr("memlab.core.lanes.nvml_fault", lambda lane: None)  # NVML (if any) says the GPU is fine
+    queue = LaneQueue([GPU0])
+    outcomes = queue.run((i, fake_spec(k, tmp_path, profile=f"p{i}")) for i, k in enumerate(["sigkilled", "oom", "finished"]))
+    assert [o.status for o in outcomes] == ["crashed", "oom", "finished"]
+    assert queue.out == {}
+
+
+def test_stop_stops_every_lane_keeps_their_folders_and_skips_the_rest(tmp_path):
+    stepping: set[str] = set()
+    lock = threading.Lock()
+
+    def on_event(key, event):
+        if event["event"] == "step":
+            with lock:
+                stepping.add(key)
+                if stepping == {"a", "b"}:
+                    queue.stop(grace_s=5)
+
+    queue = LaneQueue([GPU0, GPU1], on_event=on_event)
+    items = [("a", "sleeps"), ("b", "sleeps"), ("c", "finished"), ("d", "finished")]
+    outcomes = queue.run((k, fake_spec(kind, tmp_path, profile=k)) for k, kind in items)
+    status = {o.key: o.status for o in outcomes}
+    assert status == {"a": "interrupted", "b": "interrupted", "c": "skipped", "d": "skipped"}
+    for o in outcomes[:2]:
+        assert pl.read_parquet(f"{o.result.run_dir}/summary.parquet")["status"].to_list() == ["interrupted"]
+
+
+def test_map_on_lanes_keeps_the_items_order_and_raises_what_work_raised():
+    seen = map_on_lanes(lambda item, lane: (item, lane.name), [1, 2, 3, 4], [GPU0, GPU1])
+    assert [s[0] for s in seen] == [1, 2, 3, 4] and {s[1] for s in seen} <= {"gpu 0", "gpu 1"}
+
+    def work(item, lane):
+        if item == 3:
+            raise ValueError("probe broke")
+        return item
+
+    with pytest.raises(ValueError, match="probe broke"):
+        map_on_lanes(work, [1, 2, 3, 4], [GPU0])
+
+
+def test_plan_lanes_one_per_gpu_or_per_nproc_gpus_one_cpu_lane_without(monkeypatch):
+    monkeypatch.setenv(FAKE_COUNT_ENV, "4")
+    assert [lane.name for lane in plan_lanes(None, "cuda")] == ["gpu 0", "gpu 1", "gpu 2", "gpu 3"]
+    assert [lane.env for lane in plan_lanes("2,0", "cuda")] == [{"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "0"}]
+    assert [lane.name for lane in plan_lanes(None, "cuda", nproc=2)] == ["gpus 0,1", "gpus 2,3"]
+    assert [lane.env for lane in plan_lanes("3,1,0", "cuda", nproc=3)] == [{"CUDA_VISIBLE_DEVICES": "3,1,0"}]
+    assert plan_lanes(None, "cpu") == [CPU_LANE] and CPU_LANE.env == {}
+    monkeypatch.setenv(FAKE_COUNT_ENV, "0")
+    assert plan_lanes(None, "cuda") == [CPU_LANE]
+
+
+@pytest.mark.parametrize("gpus, nproc, device, expect", [
+    ("4", None, "cuda", "--gpus 4: GPU 4 is not visible (visible: 0,1,2,3)"),
+    ("0,0", None, "cuda", "--gpus 0,0: GPU 0 is listed twice; give each GPU once"),
+    ("0,1", 3, "cuda", "--nproc 3 needs 3 GPUs a run but --gpus gives 2 (0,1); give more GPUs or fewer ranks"),
+    (None, 5, "cuda", "--nproc 5 needs 5 GPUs a run but --gpus gives 4"),
+    ("one", None, "cuda", "--gpus one: 'one' is not a GPU index (visible: 0,1,2,3)"),
+    ("0,,1", None, "cuda", "--gpus '0,,1': give comma-separated GPU indices"),
+    ("0", None, "cpu", "--gpus 0 picks GPUs for CUDA runs; with --device cpu leave it out"),
+])
+def test_bad_gpus_are_one_line(monkeypatch, gpus, nproc, device, expect):
+    monkeypatch.setenv(FAKE_COUNT_ENV, "4")
+    with pytest.raises(ConfigError) as e:
+        plan_lanes(gpus, device, nproc)
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_no_gpu_here_says_so(monkeypatch):
+    monkeypatch.setenv(FAKE_COUNT_ENV, "0")
+    with pytest.raises(ConfigError, match="this host has no visible GPU; leave --gpus out to run on the CPU"):
+        plan_lanes("0", "cuda")
