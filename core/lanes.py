@@ -113,13 +113,13 @@ def plan_lanes(gpus: str | None, device_type: str, nproc: int | None = None) -> 
     ids = visible_gpu_ids()
     indices = parse_gpus(gpus, len(ids)) if gpus is not None else list(range(len(ids)))
     ranks = nproc or 1
+    if indices and ranks > len(indices) and (gpus is not None or device_type == "cuda"):
+        raise ConfigError(f"--nproc {ranks} needs {ranks} GPUs a run but --gpus gives {len(indices)} "
+                          f"({','.join(map(str, indices))}); give more GPUs or fewer ranks")
     if device_type != "cuda" or not indices:
         if gpus is not None and device_type != "cuda":
             raise ConfigError(f"--gpus {gpus} picks GPUs for CUDA runs; with --device {device_type} leave it out")
         return [CPU_LANE]
-    if ranks > len(indices):
-        raise ConfigError(f"--nproc {ranks} needs {ranks} GPUs a run but --gpus gives {len(indices)} "
-                          f"({','.join(map(str, indices))}); give more GPUs or fewer ranks")
     groups = [indices[i:i + ranks] for i in range(0, len(indices) - ranks + 1, ranks)]
     return [Lane(tuple(g), tuple(ids[i] for i in g)) for g in groups]
 

@@ -138,3 +138,48 @@ def test_no_gpu_here_says_so(monkeypatch):
     monkeypatch.setenv(FAKE_COUNT_ENV, "0")
     with pytest.raises(ConfigError, match="this host has no visible GPU; leave --gpus out to run on the CPU"):
         plan_lanes("0", "cuda")
+
+
+class _FakeNvml:
+    """pynvml's calls gpu_identity makes: GPU 3 has a serial number, GPU 2 (a consumer card) has none."""
+
+    class NVMLError_NotSupported(Exception):
+        pass
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetSerial(self, h):
+        if h == 2:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return b"1654922003177"
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}"
+
+
+def test_a_run_records_which_physical_gpus_it_used_and_a_missing_serial_is_blank():
+    from memlab.core.environment import gpu_identity
+
+    assert gpu_identity([3], _FakeNvml()) == {"gpu_index": "3", "gpu_serial": "1654922003177", "gpu_uuid": "GPU-3"}
+    assert gpu_identity([2], _FakeNvml()) == {"gpu_index": "2", "gpu_serial": None, "gpu_uuid": "GPU-2"}
+    assert gpu_identity([2, 3], _FakeNvml())["gpu_serial"] == "?,1654922003177"
+
+
+def test_without_nvml_a_run_records_the_index_alone():
+    from memlab.core.environment import gpu_identity
+
+    class NoDriver(_FakeNvml):
+        def nvmlInit(self):
+            raise OSError("NVML Shared Library Not Found")
+
+    assert gpu_identity([1], NoDriver()) == {"gpu_index": "1", "gpu_serial": None, "gpu_uuid": None}
+
+
+def test_summary_and_run_json_carry_the_gpu_columns():
+    from memlab.core.metrics import BY_NAME
+
+    assert {"gpu_index", "gpu_serial", "gpu_name"} <= set(BY_NAME)
