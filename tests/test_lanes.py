@@ -183,3 +183,47 @@ def test_summary_and_run_json_carry_the_gpu_columns():
     from memlab.core.metrics import BY_NAME
 
     assert {"gpu_index", "gpu_serial", "gpu_name"} <= set(BY_NAME)
+
+
+def test_a_study_stopped_on_two_lanes_resumes_on_the_gpu_it_is_given_now(tmp_path, monkeypatch):
+    """Two lanes, stopped while two runs train: the finished run is kept, the stopped ones are interrupted; the
+    resumed study, given GPU 3 alone, runs those two there and leaves the finished one alone."""
+    import time
+
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study.plan import Plan
+
+    names = ["baseline", "bf16", "gradcp"]
+    options = Options(profiles=names, experiment="tiny", device="cpu")
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, None)
+    state = StudyState(options, {})
+    for n in names:
+        state.item("max", n).status = "predicted"
+    (tmp_path / "runs").mkdir()
+    kinds = {"baseline": "reports_gpu", "bf16": "sleeps", "gradcp": "sleeps"}
+    monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec(kinds[item.profile], self.out / "runs", profile=item.profile))
+    lines: list[str] = []
+    first = Study(plan, state, tmp_path, lines.append, lanes=[GPU0, GPU1])
+    worker = threading.Thread(target=first._train_phase, args=("common",))
+    worker.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and not (state.item("common", "baseline").final and len(list((tmp_path / "runs").iterdir())) == 3):
+        time.sleep(0.05)
+    time.sleep(0.3)  # the sleeping runs have stepped
+    first.stop()
+    worker.join(timeout=60)
+    assert {n: state.item("common", n).status for n in names} == {"baseline": "finished", "bf16": "interrupted", "gradcp": "interrupted"}
+    kept = state.item("common", "baseline").run_dir
+
+    kinds.update(bf16="reports_gpu", gradcp="reports_gpu")
+    seen: dict[str, str] = {}
+    gpu3 = Lane((3,), ("3",))
+    second = Study(plan, state, tmp_path, lines.append, lanes=[gpu3])
+    monkeypatch.setattr(second, "_ended", lambda o, inner=second._ended: seen.update({o.key.profile: _seen(o)}) or inner(o))
+    second.queue = None
+    second._train_phase("common")
+    assert seen == {"bf16": "3", "gradcp": "3"}  # the finished run was not run again
+    assert {n: state.item("common", n).status for n in names} == {n: "finished" for n in names}
+    assert state.item("common", "baseline").run_dir == kept and state.item("common", "bf16").lane == "gpu 3"
+    assert any(ln.startswith("[common bf16] common batch None on gpu 3") for ln in lines)
