@@ -230,7 +230,7 @@ class LaneQueue:
 
     def _ended(self, lane: Lane, outcome: QueueOutcome) -> None:
         outcome.lane = lane
-        why = self.fault(lane, outcome.result) if outcome.status != SKIPPED else None
+        why = self._fault(lane, outcome.result) if outcome.status != SKIPPED else None
         if why:
             self._take_out(lane, outcome, why)
         with self._lock:
@@ -238,6 +238,12 @@ class LaneQueue:
             self._outcomes.append(outcome)
         if self.on_result is not None:
             self.on_result(outcome)  # a raise is noted on the outcome by the lane's ChildQueue
+
+    def _fault(self, lane: Lane, result: ChildResult) -> str | None:
+        try:
+            return self.fault(lane, result)
+        except Exception:  # noqa: BLE001 (asking NVML went wrong: the lane stays in, the outcome is kept)
+            return None
 
     def _take_out(self, lane: Lane, outcome: QueueOutcome, why: str) -> None:
         """The lane's GPU failed: its run is `crashed` (folder too), the lane runs nothing more."""

@@ -227,3 +227,15 @@ def test_a_study_stopped_on_two_lanes_resumes_on_the_gpu_it_is_given_now(tmp_pat
     assert {n: state.item("common", n).status for n in names} == {n: "finished" for n in names}
     assert state.item("common", "baseline").run_dir == kept and state.item("common", "bf16").lane == "gpu 3"
     assert any(ln.startswith("[common bf16] common batch None on gpu 3") for ln in lines)
+
+
+@pytest.mark.parametrize("gpus, expect", [("0,0", "--gpus 0,0: GPU 0 is listed twice"), ("9", "--gpus 9: GPU 9 is not visible")])
+def test_study_refuses_bad_gpus_before_the_study_folder_exists(monkeypatch, capsys, tmp_path, gpus, expect):
+    from memlab.cli import main
+
+    monkeypatch.setenv(FAKE_COUNT_ENV, "4")
+    with pytest.raises(SystemExit) as exit_:
+        main(["study", "--out", str(tmp_path / "study"), "--profiles", "baseline,bf16", "--experiment", "tiny", "--device", "cpu", "--gpus", gpus])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(err) == 1 and expect in err[0], err
+    assert not (tmp_path / "study").exists()

@@ -80,11 +80,15 @@ class Study:
     # ------------------------------------------------------------------------------------------ training runs
 
     def _train_phase(self, kind: str) -> None:
-        self.queue = LaneQueue(self.lanes, on_start=self._started, on_event=self.progress.event, on_result=self._ended)
+        self.queue = LaneQueue(self.lanes, on_start=self._started, on_event=self._event, on_result=self._ended)
         if self.stopping:  # a stop that came before this queue existed
             self.queue.stop()
         self.queue.run(self._train_specs(kind))
         self.queue = None
+
+    def _event(self, item: Item, ev: dict) -> None:
+        with self._lock:  # the lanes' children report at once; the progress is one
+            self.progress.event(item, ev)
 
     def _started(self, item: Item, spec: ChildSpec, lane: Lane) -> None:
         what = f"{'at its own max' if item.kind == 'at_max' else 'common batch'} {item.batch}"
