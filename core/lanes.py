@@ -138,10 +138,15 @@ def gpu_fault(lane: Lane, result: ChildResult) -> str | None:
     """Why `lane`'s GPU (not the run) failed, or None: the child's error names a GPU fault, or NVML says so."""
     if not lane.ids or result.status not in ("crashed", "error"):
         return None
-    for line in reversed(f"{result.stderr_tail}\n{result.message}".splitlines()):
+    return names_gpu_fault(f"{result.stderr_tail}\n{result.message}") or nvml_fault(lane)
+
+
+def names_gpu_fault(text: str) -> str | None:
+    """The last line of `text` that names a GPU fault (GPU_FAULT_SIGNS), or None."""
+    for line in reversed(text.splitlines()):
         if any(sign in line.lower() for sign in GPU_FAULT_SIGNS):
             return line.strip().removeprefix("memlab: error: ")
-    return nvml_fault(lane)
+    return None
 
 
 def nvml_fault(lane: Lane) -> str | None:
@@ -273,17 +278,19 @@ class LaneQueue:
 
 
 def map_on_lanes(work: Callable[[T, Lane], R], items: Sequence[T], lanes: Sequence[Lane],
-                 stopping: Callable[[], bool] = lambda: False) -> list[R | None]:
+                 stopping: Callable[[], bool] = lambda: False, out: set[Lane] | None = None) -> list[R | None]:
     """`work(item, lane)` for every item, one at a time on each lane, the next item to whichever lane is free; in
     the item's order. For work that starts its own children (a max-batch search: one child per probe): pass
-    `lane.env` to them. An item not started because `stopping()` became true gets None."""
+    `lane.env` to them. A lane `work` puts in `out` (its GPU failed) takes nothing more. An item not started
+    (`stopping()` became true, or every lane is out) gets None."""
+    out = set() if out is None else out
     results: list[R | None] = [None] * len(items)
     errors: list[BaseException] = []
     lock = threading.Lock()
     order = iter(range(len(items)))
 
     def drain(lane: Lane) -> None:
-        while not stopping() and not errors:
+        while not stopping() and not errors and lane not in out:
             with lock:
                 i = next(order, None)
             if i is None:

@@ -239,3 +239,29 @@ def test_study_refuses_bad_gpus_before_the_study_folder_exists(monkeypatch, caps
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert exit_.value.code == 2 and len(err) == 1 and expect in err[0], err
     assert not (tmp_path / "study").exists()
+
+
+def test_a_search_whose_gpu_fails_takes_its_lane_out_and_the_other_lane_searches_the_rest(tmp_path, monkeypatch):
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study import execute
+    from memlab.core.study.plan import Plan
+
+    names = ["bf16", "baseline", "gradcp", "gradcp_bf16"]
+    options = Options(profiles=names, experiment="tiny", device="cuda")
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
+
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None):
+        item.status, item.max_batch = "measured", 8
+        if item.profile == "bf16":
+            item.status, item.message = "error", "probe at micro-batch 8 ended with 'error': CUDA error: uncorrectable ECC error encountered"
+
+    monkeypatch.setattr(execute, "find_max", fake_find_max)
+    state = StudyState(options, {})
+    study = Study(plan, state, tmp_path, lambda line: None, lanes=[GPU0, GPU1])
+    study._max_phase()
+    bad = state.item("max", "bf16")
+    assert bad.status == "crashed" and "uncorrectable ECC" in bad.message and "the lane is taken out (1 lane(s) go on)" in bad.message
+    assert {lane.name for lane in study.out_lanes} == {bad.lane}
+    rest = [state.item("max", n) for n in names[1:]]
+    assert all(i.status == "measured" for i in rest) and {i.lane for i in rest} == {"gpu 0", "gpu 1"} - {bad.lane}

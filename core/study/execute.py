@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from memlab.core.batchfind import MEMORY_ENV
-from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, map_on_lanes
+from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, map_on_lanes, names_gpu_fault, nvml_fault
 from memlab.core.queue import QueueOutcome
 from memlab.core.study.maxbatch import LiveProbes, find_max
 from memlab.core.study.plan import Plan
@@ -34,6 +34,7 @@ class Study:
     def __init__(self, plan: Plan, state: StudyState, out: Path, say: Say, lanes: Sequence[Lane] = (CPU_LANE,)):
         self.plan, self.state, self.out, self.say = plan, state, out, say
         self.lanes = list(lanes)  # this invocation's GPUs (--gpus): a resumed study uses what it is given now
+        self.out_lanes: set[Lane] = set()  # lanes whose GPU failed: they take nothing more
         self.stopping = False
         self.queue: LaneQueue | None = None
         self.live = LiveProbes()  # the max-batch probes in flight: a stop cancels them
@@ -60,7 +61,7 @@ class Study:
         processes: memory only, no timing is taken from a search)."""
         names = self.plan.options.profiles
         slots = [lane for lane in self.lanes for _ in range(self.plan.lanes)]
-        map_on_lanes(self._max_item, names, slots, stopping=lambda: self.stopping)
+        map_on_lanes(self._max_item, names, slots, stopping=lambda: self.stopping, out=self.out_lanes)
 
     def _max_item(self, name: str, lane: Lane = CPU_LANE) -> None:
         item = self.state.item("max", name)
@@ -72,18 +73,36 @@ class Study:
             self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)") + where)
         t0 = time.monotonic()
         find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live, env=lane.env)
+        self._check_gpu(item, lane)
         item.seconds = time.monotonic() - t0
         with self._lock:
             self.progress.end(item, _max_line(item))
             self.state.save(self.out)
 
+    def _check_gpu(self, item: Item, lane: Lane) -> None:
+        """A search that failed because its GPU did: the item is `crashed` (tried again on a resume) and the lane
+        is taken out; the other lanes go on."""
+        if item.status != "error" or not lane.indices:
+            return
+        why = names_gpu_fault(item.message) or nvml_fault(lane)
+        if why:
+            with self._lock:
+                self.out_lanes.add(lane)
+                left = len(self.lanes) - len(self.out_lanes)
+            item.status, item.message = "crashed", f"{lane.name} failed: {why}; the lane is taken out ({left} lane(s) go on)"
+
     # ------------------------------------------------------------------------------------------ training runs
 
     def _train_phase(self, kind: str) -> None:
-        self.queue = LaneQueue(self.lanes, on_start=self._started, on_event=self._event, on_result=self._ended)
+        lanes = [lane for lane in self.lanes if lane not in self.out_lanes]
+        if not lanes:
+            self.say(f"every GPU lane failed ({', '.join(lane.name for lane in self.out_lanes)}): no {kind} run starts; resume with other --gpus")
+            return
+        self.queue = LaneQueue(lanes, on_start=self._started, on_event=self._event, on_result=self._ended)
         if self.stopping:  # a stop that came before this queue existed
             self.queue.stop()
         self.queue.run(self._train_specs(kind))
+        self.out_lanes |= set(self.queue.out)
         self.queue = None
 
     def _event(self, item: Item, ev: dict) -> None:
