@@ -121,6 +121,8 @@ class _Run:
             "status": status,
             "device": self.device.type,
             "gpu_name": info.get("gpu_name"),
+            "gpu_index": info.get("gpu_index"),
+            "gpu_serial": info.get("gpu_serial"),
             "n_gpus": info.get("world_size", 1) if self.device.type == "cuda" else 0,
             "params": info.get("params"),
             "trainable_params": info.get("trainable_params"),
@@ -358,7 +360,7 @@ def _build(run: _Run, prepared: Prepared) -> TrainStep:
     e, p = run.experiment, run.profile
     run.dist = dctx = distributed.setup(p, prepared.device)  # rank, world size; a one-process group for ddp/fsdp alone
     run.device = dctx.device
-    run.environment = environment(run.device)  # one read per run: it asks git and NVML
+    run.environment = environment(run.device, dctx.world_size)  # one read per run: it asks git and NVML
     run.info.update(world_size=dctx.world_size, rank=dctx.rank, micro_batch=prepared.micro_batch,
                     tokens_per_step=e.train.batch_size * e.model.seq_len, phase="model")
     torch.manual_seed(e.train.seed)
@@ -371,6 +373,8 @@ def _build(run: _Run, prepared: Prepared) -> TrainStep:
         architecture=step.model.architecture,
         flops_per_token=flops_per_token(step.model.flops_params(), m.n_layer, m.d_model, m.seq_len, step.kernel.window),
         gpu_name=run.environment["gpu_name"] if run.device.type == "cuda" else None,
+        gpu_index=run.environment["gpu_index"] if run.device.type == "cuda" else None,
+        gpu_serial=run.environment["gpu_serial"] if run.device.type == "cuda" else None,
         memlab_commit=run.environment["git_sha"],
         **step.applied,
     )

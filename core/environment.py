@@ -66,7 +66,43 @@ def resolve_device(name: str) -> torch.device:
     raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
 
 
-def environment(device: torch.device | None = None) -> dict[str, Any]:
+def gpu_identity(nvml_indices: list[int], nvml: Any = None) -> dict[str, Any]:
+    """Which physical GPUs a run used (lanes pin runs with CUDA_VISIBLE_DEVICES, so cuda:0 may be GPU 3): NVML's
+    indices, names, serial numbers (NVML has none for most consumer cards: then None) and UUIDs, comma-joined for a
+    run on several GPUs. Without NVML, the indices alone."""
+    out: dict[str, Any] = {"gpu_index": ",".join(map(str, nvml_indices)) or None, "gpu_serial": None, "gpu_uuid": None}
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in nvml_indices]
+    except Exception:  # noqa: BLE001 (no NVML: the indices are all there is)
+        return out
+    serials = [_nvml_text(nvml.nvmlDeviceGetSerial, h) for h in handles]
+    uuids = [_nvml_text(nvml.nvmlDeviceGetUUID, h) for h in handles]
+    out["gpu_serial"] = ",".join(s or "?" for s in serials) if any(serials) else None
+    out["gpu_uuid"] = ",".join(u or "?" for u in uuids) if any(uuids) else None
+    return out
+
+
+def _nvml_text(call: Any, handle: Any) -> str | None:
+    try:
+        value = call(handle)
+    except Exception:  # noqa: BLE001 (NVMLError_NotSupported: a card without a serial number)
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_indices(device: torch.device | None, world_size: int) -> list[int]:
+    """NVML's indices of the GPUs this run trains on: its own device, or every local rank's under torchrun."""
+    from memlab.core.meters import nvml_index
+
+    if world_size > 1:
+        return [nvml_index(torch.device("cuda", i)) for i in range(min(world_size, torch.cuda.device_count()))]
+    return [nvml_index(device if device is not None and device.type == "cuda" else torch.device("cuda", 0))]
+
+
+def environment(device: torch.device | None = None, world_size: int = 1) -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -84,6 +120,10 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
         "gpu_count": 0,
         "gpu_memory_bytes": None,
         "compute_capability": None,
+        "gpu_index": None,
+        "gpu_serial": None,
+        "gpu_uuid": None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     if torch.cuda.is_available():
         idx = device.index if device is not None and device.type == "cuda" and device.index is not None else 0
@@ -94,5 +134,6 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
             gpu_memory_bytes=props.total_memory,
             compute_capability=f"{props.major}.{props.minor}",
         )
+        info.update(gpu_identity(_nvml_indices(device, world_size)))
     info.update(nvml_info())
     return info

@@ -80,6 +80,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("status", STR, "text", "worst", "finished, or why not: oom, nan, interrupted, crashed, error; running, incomplete (no summary)", table=2, per_rank=True),
     Metric("device", STR, "text", "same", "cuda | cpu"),
     Metric("gpu_name", STR, "text", "same"),
+    Metric("gpu_index", STR, "text", "same", "the physical GPU(s) the run trained on, as NVML numbers them (lanes pin each run with CUDA_VISIBLE_DEVICES), e.g. 2 or 2,3"),
+    Metric("gpu_serial", STR, "text", "same", "their serial numbers (NVML); blank where the card has none"),
     Metric("n_gpus", INT, "count", "same", "GPUs the run trained on: its world size (ranks) on CUDA, 0 on CPU; memory figures are per GPU", "GPUs", 4, figure=True),
     Metric("params", INT, "count", "same"),
     Metric("trainable_params", INT, "count", "same", "parameters the optimizer updates (all of them but under LoRA, QLoRA, DoRA or freeze); shown where some run trains fewer than it has", "trainable", 4, twin="params"),

@@ -29,6 +29,7 @@ class QueueOutcome:
     result: ChildResult
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # callbacks that raised (the queue went on)
+    lane: Any = None  # the lane it ran on (memlab.core.lanes); None outside lanes
 
     @property
     def status(self) -> str:

@@ -157,3 +157,20 @@ def read_run(d: str | os.PathLike, *, steps: bool = True, gpu: bool = True) -> R
     run.steps = read_frame(d / schema.STEPS) if steps else None
     run.gpu = read_frame(d / schema.GPU) if gpu else None
     return run
+
+
+def finished_runs(runs_dir: str | os.PathLike) -> dict[tuple[str, str, int], Path]:
+    """The finished runs directly in `runs_dir`, by (profile name, experiment_id, world size): what a resumed sweep
+    need not run again. The latest folder of each key wins; unreadable folders are passed over."""
+    found: dict[tuple[str, str, int], Path] = {}
+    if not os.path.isdir(runs_dir):
+        return found
+    for d in sorted(Path(runs_dir).iterdir()):
+        try:
+            info = read_info(d) if d.is_dir() else None
+        except ValueError:
+            continue
+        profile = (info or {}).get("profile")
+        if info and info.get("status") == "finished" and isinstance(profile, dict) and isinstance(info.get("experiment_id"), str):
+            found[(str(profile.get("name")), info["experiment_id"], int(info.get("world_size") or 1))] = d
+    return found

@@ -20,7 +20,7 @@ import polars as pl
 from memlab.core import schema
 from memlab.core.errors import MemlabError
 from memlab.core.events import JsonLinesSink
-from memlab.core.runfolder import RunFolder, atomic_write_json, atomic_write_parquet, read_run
+from memlab.core.runfolder import RunFolder, atomic_write_json, atomic_write_parquet, read_frame, read_run
 
 
 def new_run_id(profile: str) -> str:
@@ -151,32 +151,36 @@ class RunStore:
         self._events.close()
 
 
-def mark_status(run_dir: Path, status: str, message: str) -> bool:
+def mark_status(run_dir: Path, status: str, message: str, replace: bool = False) -> bool:
     """For a child that died without saying how (SIGKILL, segfault): run.json and summary.parquet say so.
 
     The summary keeps what the folder proves (steps completed, from steps.parquet); every figure it cannot
-    know stays null. A folder that already reached an outcome is left as it is. Never raises: a folder that
+    know stays null. A folder that already reached an outcome is left as it is, unless `replace` (a lane whose GPU
+    failed: the run's own `error` becomes `crashed`, its summary's status too). Never raises: a folder that
     vanished (a child that refused deletes its own) or cannot be written gets nothing; returns whether it was marked.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return False
     try:
-        return _mark_status(run_dir, status, message)
+        return _mark_status(run_dir, status, message, replace)
     except Exception:  # noqa: BLE001 (removed or unwritable meanwhile: the supervisor's outcome stands without it)
         return False
 
 
-def _mark_status(run_dir: Path, status: str, message: str) -> bool:
+def _mark_status(run_dir: Path, status: str, message: str, replace: bool = False) -> bool:
     try:
         run = read_run(run_dir, gpu=False)
     except ValueError:  # no run.json yet, or a torn one: what the folder name says
         run = RunFolder(run_dir, {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name})
-    if run.info.get("status") not in (None, "running"):
+    if run.info.get("status") not in (None, "running") and not replace:
         return False
     run.info.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     atomic_write_json(run_dir / schema.RUN_JSON, run.info)
-    if not (run_dir / schema.SUMMARY).exists():
+    summary = read_frame(run_dir / schema.SUMMARY) if replace else None
+    if summary is not None and "status" in summary.columns:
+        atomic_write_parquet(run_dir / schema.SUMMARY, summary.with_columns(pl.lit(status).alias("status")))
+    elif not (run_dir / schema.SUMMARY).exists():
         atomic_write_parquet(run_dir / schema.SUMMARY, frame([_unfinished_summary(run, status)], schema.SUMMARY_SCHEMA))
     return True
 

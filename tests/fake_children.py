@@ -82,6 +82,28 @@ SCRIPTS = {
         emit("failed", reason="oom", message="CUDA out of memory. Tried to allocate 2.00 GiB", summary={"peak_alloc_bytes": 2048})
         sys.exit(1)
     """,
+    # finishes, its summary saying which GPUs it was pinned to (lanes)
+    "reports_gpu": """
+        make_run()
+        emit("step", step=0, loss=1.0)
+        emit("finished", summary={"steps": 1, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+    """,
+    # waits until the test creates <runs>/release-<profile> (at most 30 s), then finishes as reports_gpu
+    "waits_for_release": """
+        make_run()
+        emit("step", step=0, loss=1.0)
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(RUNS, "release-" + PROFILE)) and time.time() < deadline:
+            time.sleep(0.05)
+        emit("finished", summary={"steps": 1, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+    """,
+    # its GPU fails mid-run: the error CUDA raises for a double-bit ECC error
+    "gpu_fault": """
+        make_run()
+        emit("step", step=0, loss=1.0)
+        emit("failed", reason="error", message="CUDA error: uncorrectable ECC error encountered")
+        sys.exit(1)
+    """,
     # runs until stopped (SIGINT: KeyboardInterrupt, no outcome reported)
     "sleeps": """
         make_run()

@@ -568,3 +568,39 @@ def test_a_prediction_on_a_gpu_counts_its_own_driver_reserve_in_place_of_the_h10
     monkeypatch.setattr(bf, "_nvml_handle", lambda index: object())
     monkeypatch.setattr(bf, "driver_reserved", lambda handle: reserve or 0)
     assert bf.context_bytes_here() == expect_mib * 2**20
+
+
+def test_find_batch_profiles_searches_each_profile_on_a_gpu_lane(monkeypatch, capsys, tmp_path):
+    """--profiles a,b --gpus 0,1 on two faked GPUs: one search per profile, every probe of it pinned to its lane."""
+    from memlab.cli import batch as batch_cli
+    from memlab.cli import main
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MEMLAB_FAKE_GPU_COUNT", "2")
+    monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
+    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    envs = []
+    monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: envs.append(k.get("env", {})) or FakeKindProbe(lambda b: "finished" if b <= 3 else "oom", tmp_path / "probes"))
+    main(["find-batch", "--profiles", "baseline,bf16", "--experiment", "tiny", "--start", "1", "--max", "8", "--gpus", "0,1"])
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == ["baseline: max micro-batch 3", "bf16: max micro-batch 3"]
+    assert all(", gpu 0, " in ln or ", gpu 1, " in ln for ln in lines)
+    assert len(envs) == 4 and {e.get("CUDA_VISIBLE_DEVICES") for e in envs} <= {"0", "1"}  # each search and its flipped probe
+    assert "[gpu " in out.err
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--profiles", "baseline,baseline"], "--profiles 'baseline,baseline': give each profile once"),
+    (["--profiles", "baseline", "--gpus", "0,0"], "--gpus 0,0: GPU 0 is listed twice"),
+    (["--profiles", "baseline", "--gpus", "2"], "--gpus 2: GPU 2 is not visible (visible: 0,1)"),
+    (["--profile", "baseline", "--profiles", "bf16"], "give --profile NAME, or --profiles a,b,c"),
+])
+def test_find_batch_profiles_bad_input_is_one_line(monkeypatch, capsys, args, expect):
+    from memlab.cli import main
+
+    monkeypatch.setenv("MEMLAB_FAKE_GPU_COUNT", "2")
+    with pytest.raises(SystemExit) as exit_:
+        main(["find-batch", "--experiment", "tiny", *args])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(err) == 1 and expect in err[0], err

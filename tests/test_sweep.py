@@ -65,11 +65,12 @@ def test_the_reproduction_of_issue_16_ends_with_an_outcome_for_each_run_and_no_t
     assert "sweep: 0/2 finished" in r.stderr
 
 
-def fake_sweep(monkeypatch, capsys, tmp_path, kinds: dict[str, str]) -> tuple[int, list[str]]:
+def fake_sweep(monkeypatch, capsys, tmp_path, kinds: dict[str, str], args: list[str] = ()) -> tuple[int, list[str]]:
     """`memlab sweep` in process, each profile's child replaced by a fake one (tests/fake_children.py)."""
     monkeypatch.setattr(ChildSpec, "argv", lambda self: list(fake_spec(kinds[self.profile], self.runs_dir).command))
+    device = [] if "MEMLAB_FAKE_GPU_COUNT" in os.environ else ["--device", "cpu"]
     try:
-        main(["sweep", "--profiles", ",".join(kinds), "--device", "cpu", "--runs-dir", str(tmp_path)])
+        main(["sweep", "--profiles", ",".join(kinds), *device, "--runs-dir", str(tmp_path), *args])
         code = 0  # main returns on success
     except SystemExit as e:
         code = e.code
@@ -122,3 +123,55 @@ def test_progress_while_a_child_trains_in_place_on_a_terminal_plain_lines_otherw
     p.clear()
     text = tty.getvalue()
     assert "\n" not in text and text.count("\r\x1b[2K") == 21 and text.endswith("\r\x1b[2K")  # redrawn in place, then cleared
+
+
+def test_sweep_on_two_gpu_lanes_names_the_lane_in_its_lines(monkeypatch, capsys, tmp_path):
+    """Two faked GPUs: each run pinned to one (the fake child reports its CUDA_VISIBLE_DEVICES), each line names it."""
+    import torch
+
+    monkeypatch.setenv("MEMLAB_FAKE_GPU_COUNT", "2")
+    monkeypatch.setattr("memlab.core.environment.resolve_device", lambda name: torch.device("cuda"))
+    seen = {}  # item number -> the CUDA_VISIBLE_DEVICES its child saw
+    monkeypatch.setattr("memlab.cli.sweep._result_line", lambda o, steps: seen.update({o.key: o.result.summary["cuda_visible_devices"]}) or f"{o.spec.name}: {o.status}")
+    code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "reports_gpu", "gradcp": "reports_gpu", "bf16": "reports_gpu"}, ["--experiment", "tiny"])
+    assert code == 0, lines
+    ended = [ln for ln in lines if ln.startswith("[") and not ln.endswith("...")]
+    assert sorted(ended) == sorted(f"[{i}/3 gpu {seen[i]}] {n}: finished" for i, n in zip((1, 2, 3), ("baseline", "gradcp", "bf16")))
+    assert set(seen.values()) <= {"0", "1"}
+
+
+def _finished_run(runs, name: str, experiment_id: str) -> None:
+    d = runs / f"20260101-000000-{name}-abcd"
+    d.mkdir(parents=True)
+    d.joinpath("run.json").write_text(json.dumps({"schema_version": 1, "status": "finished", "profile": {"name": name},
+                                                  "experiment_id": experiment_id, "world_size": 1}))
+
+
+def test_sweep_resumes_past_finished_runs_and_redo_runs_them_again(monkeypatch, capsys, tmp_path):
+    from memlab.cli.options import resolve
+
+    exp, _ = resolve("tiny", "baseline", "cpu", [])
+    _finished_run(tmp_path, "baseline", exp.fingerprint())
+    _finished_run(tmp_path, "gradcp", "another-experiment")  # another experiment: not this sweep's
+    code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "finished", "gradcp": "finished"}, ["--experiment", "tiny"])
+    assert code == 0
+    assert lines[0].startswith("[1/2] baseline: already finished · ") and lines[0].endswith("(--redo runs it again)")
+    assert any(ln.startswith("[2/2] gradcp: finished") for ln in lines)
+    assert not any(ln.startswith("[1/2] baseline: finished") for ln in lines)
+    assert lines[-1].startswith("sweep: 2/2 finished")
+    code, lines = fake_sweep(monkeypatch, capsys, tmp_path, {"baseline": "finished", "gradcp": "finished"}, ["--experiment", "tiny", "--redo"])
+    assert code == 0 and any(ln.startswith("[1/2] baseline: finished") for ln in lines)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--gpus", "0,0"], "--gpus 0,0: GPU 0 is listed twice; give each GPU once"),
+    (["--gpus", "7"], "--gpus 7: GPU 7 is not visible (visible: 0,1,2,3)"),
+    (["--gpus", "0,1", "--nproc", "4"], "--nproc 4 needs 4 GPUs a run but --gpus gives 2 (0,1)"),
+])
+def test_sweep_refuses_bad_gpus_in_one_line_before_any_work(monkeypatch, capsys, tmp_path, args, expect):
+    monkeypatch.setenv("MEMLAB_FAKE_GPU_COUNT", "4")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "--profiles", "ddp_bf16", "--experiment", "tiny", "--runs-dir", str(tmp_path / "runs"), *args])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(err) == 1 and expect in err[0], err
+    assert not (tmp_path / "runs").exists()

@@ -2,7 +2,10 @@
 the common effective batch; with --at-max, a run of every profile at its own max (another optimisation: its
 perplexity is not comparable). One child process per run through the queue supervisor (memlab.core.queue), so a
 refused, failed or crashed profile is recorded and the study goes on. State is saved after every item; `stop()`
-(Ctrl-C) ends the running child (it keeps its folder), starts nothing more, and leaves the rest for a resume.
+(Ctrl-C) ends the running children (each keeps its folder), starts nothing more, and leaves the rest for a resume.
+
+Lanes (memlab.core.lanes, `--gpus`): the searches and the runs are spread over the GPUs given to this invocation,
+one at a time on each (with `--lanes N`, N searches on each GPU); a resumed study uses whatever GPUs it is given.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import shlex
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from memlab.core.batchfind import MEMORY_ENV
-from memlab.core.queue import ChildQueue, QueueOutcome
+from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, map_on_lanes, names_gpu_fault, nvml_fault
+from memlab.core.queue import QueueOutcome
 from memlab.core.study.maxbatch import LiveProbes, find_max
 from memlab.core.study.plan import Plan
 from memlab.core.study.state import Item, StudyState
@@ -27,13 +31,15 @@ TRAIN_KINDS = ("common", "at_max")
 
 
 class Study:
-    def __init__(self, plan: Plan, state: StudyState, out: Path, say: Say):
+    def __init__(self, plan: Plan, state: StudyState, out: Path, say: Say, lanes: Sequence[Lane] = (CPU_LANE,)):
         self.plan, self.state, self.out, self.say = plan, state, out, say
+        self.lanes = list(lanes)  # this invocation's GPUs (--gpus): a resumed study uses what it is given now
+        self.out_lanes: set[Lane] = set()  # lanes whose GPU failed: they take nothing more
         self.stopping = False
-        self.queue: ChildQueue | None = None
+        self.queue: LaneQueue | None = None
         self.live = LiveProbes()  # the max-batch probes in flight: a stop cancels them
-        self.progress = Progress(self._pending_counts, say, lanes=plan.lanes)
-        self._lock = threading.Lock()  # lanes: one state file, one progress line at a time
+        self.progress = Progress(self._pending_counts, say, lanes=plan.lanes * len(self.lanes), run_lanes=len(self.lanes))
+        self._lock = threading.RLock()  # lanes: one state file, one progress line at a time
 
     def stop(self) -> None:
         self.stopping = True
@@ -51,35 +57,63 @@ class Study:
     # ------------------------------------------------------------------------------------------ max batch
 
     def _max_phase(self) -> None:
-        """One search at a time, or with --lanes N, N at once (each in its own capped child processes: memory
-        only, no timing is taken from a search)."""
+        """One search at a time on each GPU lane, or with --lanes N, N at once on each (each in its own capped child
+        processes: memory only, no timing is taken from a search)."""
         names = self.plan.options.profiles
-        if self.plan.lanes == 1:
-            for name in names:
-                self._max_item(name)
-            return
-        with ThreadPoolExecutor(max_workers=self.plan.lanes, thread_name_prefix="lane") as pool:
-            list(pool.map(self._max_item, names))
+        slots = [lane for lane in self.lanes for _ in range(self.plan.lanes)]
+        map_on_lanes(self._max_item, names, slots, stopping=lambda: self.stopping, out=self.out_lanes)
 
-    def _max_item(self, name: str) -> None:
+    def _max_item(self, name: str, lane: Lane = CPU_LANE) -> None:
         item = self.state.item("max", name)
         if item.final or self.stopping:
             return
+        where = f" on {lane.name}" if lane.indices else ""
         with self._lock:
-            self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)"))
+            item.lane = lane.name if lane.indices else ""
+            self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)") + where)
         t0 = time.monotonic()
-        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live)
+        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live, env=lane.env)
+        self._check_gpu(item, lane)
         item.seconds = time.monotonic() - t0
         with self._lock:
             self.progress.end(item, _max_line(item))
             self.state.save(self.out)
 
+    def _check_gpu(self, item: Item, lane: Lane) -> None:
+        """A search that failed because its GPU did: the item is `crashed` (tried again on a resume) and the lane
+        is taken out; the other lanes go on."""
+        if item.status != "error" or not lane.indices:
+            return
+        why = names_gpu_fault(item.message) or nvml_fault(lane)
+        if why:
+            with self._lock:
+                self.out_lanes.add(lane)
+                left = len(self.lanes) - len(self.out_lanes)
+            item.status, item.message = "crashed", f"{lane.name} failed: {why}; the lane is taken out ({left} lane(s) go on)"
+
     # ------------------------------------------------------------------------------------------ training runs
 
     def _train_phase(self, kind: str) -> None:
-        self.queue = ChildQueue(on_start=lambda key, spec: None, on_event=self.progress.event, on_result=self._ended)
+        lanes = [lane for lane in self.lanes if lane not in self.out_lanes]
+        if not lanes:
+            self.say(f"every GPU lane failed ({', '.join(lane.name for lane in self.out_lanes)}): no {kind} run starts; resume with other --gpus")
+            return
+        self.queue = LaneQueue(lanes, on_start=self._started, on_event=self._event, on_result=self._ended)
+        if self.stopping:  # a stop that came before this queue existed
+            self.queue.stop()
         self.queue.run(self._train_specs(kind))
+        self.out_lanes |= set(self.queue.out)
         self.queue = None
+
+    def _event(self, item: Item, ev: dict) -> None:
+        with self._lock:  # the lanes' children report at once; the progress is one
+            self.progress.event(item, ev)
+
+    def _started(self, item: Item, spec: ChildSpec, lane: Lane) -> None:
+        what = f"{'at its own max' if item.kind == 'at_max' else 'common batch'} {item.batch}"
+        with self._lock:
+            item.lane = lane.name if lane.indices else ""
+            self.progress.start(item, what + (f" on {lane.name}" if lane.indices else ""))
 
     def _train_specs(self, kind: str) -> Iterator[tuple[Item, ChildSpec]]:
         """Items of `kind` to run, claimed one at a time (so a stop in between starts nothing more)."""
@@ -89,9 +123,9 @@ class Study:
                 continue
             spec = self._spec(item)
             if spec is None:
-                self.state.save(self.out)
+                with self._lock:
+                    self.state.save(self.out)
                 continue
-            self.progress.start(item, f"{'at its own max' if kind == 'at_max' else 'common batch'} {item.batch}")
             yield item, spec
 
     def _spec(self, item: Item) -> ChildSpec | None:
@@ -131,67 +165,79 @@ class Study:
     def _ended(self, outcome: QueueOutcome) -> None:
         item: Item = outcome.key
         result = outcome.result
-        item.status, item.message, item.seconds = result.status, result.message, outcome.seconds
-        item.run_dir = _relative(result.run_dir, self.out) if result.run_dir else None
-        self.progress.end(item, f"{result.status} in {outcome.seconds:.1f} s" + (f" · {result.message}" if result.message and result.status != "finished" else ""))
-        self.state.save(self.out)
+        if result.status == "skipped":  # not started (a stop, or every lane's GPU failed): left for a resume
+            return
+        with self._lock:
+            item.status, item.message, item.seconds = result.status, result.message, outcome.seconds
+            item.run_dir = _relative(result.run_dir, self.out) if result.run_dir else None
+            self.progress.end(item, f"{result.status} in {outcome.seconds:.1f} s" + (f" · {result.message}" if result.message and result.status != "finished" else ""))
+            self.state.save(self.out)
 
-    def _pending_counts(self) -> list[str]:
+    def _pending_counts(self) -> list[tuple[str, str]]:
+        """(item key, kind) of every item not final yet."""
         kinds = ("max", *TRAIN_KINDS) if self.plan.options.at_max else ("max", "common")
-        return [k for k in kinds for n in self.plan.options.profiles if not self.state.item(k, n).final]
+        return [(self.state.item(k, n).key, k) for k in kinds for n in self.plan.options.profiles if not self.state.item(k, n).final]
+
+
+@dataclass
+class _Running:
+    t_start: float
+    total: int | None = None  # the child's total steps (its started event)
+    left_s: float | None = None  # its remaining time at its own pace
+    last_print: float = 0.0
 
 
 class Progress:
     """One line when an item starts and ends, and a run's step count every few seconds, each with the study's ETA:
-    what is left, timed by what this study has measured (a run's own pace for its remaining steps)."""
+    what is left, timed by what this study has measured (a running item's own pace for its remaining steps), shared
+    by the lanes."""
 
     EVERY_S = 5.0
 
-    def __init__(self, pending: Callable[[], list[str]], say: Say, lanes: int = 1):
-        self.pending, self.say, self.lanes = pending, say, lanes
+    def __init__(self, pending: Callable[[], list[tuple[str, str]]], say: Say, lanes: int = 1, run_lanes: int = 1):
+        self.pending, self.say, self.lanes, self.run_lanes = pending, say, lanes, run_lanes
         self.done_s: dict[str, list[float]] = {}
-        self.current: Item | None = None
-        self.t_start = 0.0
-        self.last_print = 0.0
-        self.run_left_s: float | None = None
-        self.total: int | None = None  # the running child's total steps (its started event)
+        self.running: dict[str, _Running] = {}  # by item key; several at once on several lanes
 
     def start(self, item: Item, what: str) -> None:
-        self.current, self.t_start, self.run_left_s, self.total = item, time.monotonic(), None, None
-        self.last_print = 0.0  # each run's first step is shown
+        self.running[item.key] = _Running(time.monotonic())
         left = self.pending()
         self.say(f"[{item.kind} {item.profile}] {what} · {len(left)} item(s) left · study ETA {self._eta(left)}")
 
     def end(self, item: Item, line: str) -> None:
-        self.done_s.setdefault(item.kind, []).append(item.seconds if item.kind == "max" and item.seconds else time.monotonic() - self.t_start)
-        self.current = None
+        run = self.running.pop(item.key, None)
+        took = item.seconds if item.kind == "max" and item.seconds else time.monotonic() - (run.t_start if run else time.monotonic())
+        self.done_s.setdefault(item.kind, []).append(took)
         self.say(f"[{item.kind} {item.profile}] {line}")
 
     def event(self, key: Item, ev: dict) -> None:
+        run = self.running.get(key.key)
+        if run is None:
+            return
         if ev.get("event") == "started":
-            self.total = ev.get("total_steps")
+            run.total = ev.get("total_steps")
         if ev.get("event") != "step" or not isinstance(ev.get("step"), int):
             return
         now = time.monotonic()
-        total, step = self.total, ev["step"] + 1
+        total, step = run.total, ev["step"] + 1
         if isinstance(total, int) and total > 0 and step > 1:
-            self.run_left_s = (now - self.t_start) / step * (total - step)
-        if now - self.last_print >= self.EVERY_S:
-            self.last_print = now
+            run.left_s = (now - run.t_start) / step * (total - step)
+        if now - run.last_print >= self.EVERY_S:
+            run.last_print = now
             self.say(f"  {key.profile}: step {step}" + (f"/{total}" if isinstance(total, int) else "") + f" · study ETA {self._eta(self.pending())}")
 
-    def _eta(self, left: list[str]) -> str:
-        """Each item left at the mean of its class's (max-batch searches, runs) so far, searches shared by the
-        lanes; the current run at its pace."""
-        seconds = 0.0
-        for i, kind in enumerate(left):
-            if i == 0 and self.current is not None and self.run_left_s is not None:
-                seconds += self.run_left_s
+    def _eta(self, left: list[tuple[str, str]]) -> str:
+        """Each item left at the mean of its class's (max-batch searches, runs) so far, shared by the lanes; a
+        running item at its own pace (the longest of those running, as they run side by side)."""
+        known = [self.running[key].left_s for key, _ in left if key in self.running and self.running[key].left_s is not None]
+        seconds = max(known, default=0.0)
+        for key, kind in left:
+            if key in self.running and self.running[key].left_s is not None:
                 continue
             times = [s for k, v in self.done_s.items() if (k == "max") == (kind == "max") for s in v]
             if not times:
                 return "unknown until the first " + ("search" if kind == "max" else "run") + " ends"
-            seconds += sum(times) / len(times) / (self.lanes if kind == "max" else 1)
+            seconds += sum(times) / len(times) / (self.lanes if kind == "max" else self.run_lanes)
         return _duration(seconds)
 
 

@@ -56,11 +56,11 @@ def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = N
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
-             live: LiveProbes | None = None) -> None:
+             live: LiveProbes | None = None, env: dict[str, str] | None = None) -> None:
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status. A search
     resumed after a stop keeps the prediction it started from: on the seeds' shape leanest's replay took ~5 minutes
     of the H100 each time it was made again (--redo forgets it), and the bounds its probes found (study.json), as
-    long as it resumes on the same GPU model."""
+    long as it resumes on the same GPU model. `env`: the lane's (CUDA_VISIBLE_DEVICES), for every probe's child."""
     _forget_another_gpus(plan, item)
     if item.predicted_max_batch is None or not plan.on_cuda:
         try:
@@ -75,7 +75,7 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
     item.command = _find_batch_command(plan, item.profile)
     _note_memlab(item)
     try:
-        result = _search(plan, item, on_probe, stopping, live or LiveProbes())
+        result = _search(plan, item, on_probe, stopping, live or LiveProbes(), env or {})
     except Stopped:
         item.status, item.message = "interrupted", "stopped before the search ended"
     except bf.ProbeRejected as e:
@@ -109,7 +109,7 @@ def _note_memlab(item: Item) -> None:
 
 
 def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
-            live: LiveProbes) -> bf.SearchResult:
+            live: LiveProbes, lane_env: dict[str, str]) -> bf.SearchResult:
     name = item.profile
     prof = plan.profiles[name]
     gpu = plan.gpu_name or "unknown GPU"
@@ -117,7 +117,7 @@ def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: C
     fit, oom, _ = bf.cached_bounds(key)
     fit, oom = bf.merged_bounds((fit, oom), [item.known_fit or 0], [item.known_oom] if item.known_oom else [])
     start = bf.start_below(item.predicted_max_batch)
-    env = {bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {}  # lanes share the card: no device-wide figure
+    env = lane_env | ({bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {})  # N searches share a card: no device-wide figure
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes, env=env)
 

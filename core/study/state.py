@@ -73,6 +73,7 @@ class Item:
     searched_on: str | None = None  # max: the GPU model the prediction and bounds above are for
     searched_with: list[str] = field(default_factory=list)  # max: the memlab commits its probes ran (a resumed search may span several)
     command: str = ""
+    lane: str = ""  # the GPU lane it last ran on (memlab.core.lanes), e.g. "gpu 2"; "" on the CPU
 
     @property
     def final(self) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from memlab.cli.options import SetOpt
+from memlab.cli.options import GpusOpt, SetOpt
 from memlab.core.units import gib, gib_number, parse_size
 
 if TYPE_CHECKING:
@@ -280,7 +280,7 @@ def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, on_gpu: bo
 
 
 def find_batch(
-    profile: ProfileOpt,
+    profile: Annotated[Optional[str], typer.Option("--profile", "-p", help="Built-in profile name (memlab profiles) or a TOML file.")] = None,
     experiment: ExperimentOpt = "auto",
     gpu_memory: GpuMemoryOpt = None,
     steps: Annotated[int, typer.Option("--steps", "-k", help="Full training steps per probe (forward, backward, optimizer).")] = 3,
@@ -290,50 +290,143 @@ def find_batch(
     allow_retries: Annotated[bool, typer.Option("--allow-retries", help="Count a probe that finished only after allocator retries (cache flushed: it fits only just, and slowly) as a fit.")] = False,
     as_json: JsonOpt = False,
     set_: SetOpt = None,
+    profiles: Annotated[Optional[str], typer.Option("--profiles", help="Several profiles, comma-separated: one search each, one at a time on each GPU (--gpus); instead of --profile.")] = None,
+    gpus: GpusOpt = None,
 ) -> None:
-    """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe."""
+    """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe.
+    With --profiles a,b,c the searches are spread over the GPUs (--gpus), one at a time on each."""
+    from memlab.core.errors import ConfigError
+
+    if (profile is None) == (profiles is None):
+        raise ConfigError("give --profile NAME, or --profiles a,b,c for several searches over the GPUs")
+    if profiles is not None:
+        _find_batches(profiles, experiment, gpu_memory, steps, start, max_, refresh, allow_retries, as_json, list(set_ or []), gpus)
+        return
+    from memlab.core.batchfind import ProbeError
+    from memlab.core.lanes import plan_lanes
+
+    lane = plan_lanes(gpus, "cuda")[0] if gpus is not None else None  # --gpus 2: this one search on GPU 2
+    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
+    args = _FindArgs(experiment, gpu_memory, steps, start, max_, refresh, allow_retries, list(set_ or []))
+    err = _err_console()
+    try:
+        found = _search_one(profile, exp, prof, args, lane, err.print)
+    except ProbeError as e:  # one line, with what the probes before it measured
+        _probe_failed(e, getattr(e, "seen", []))
+    if as_json:
+        typer.echo(json.dumps(found.json()))
+        return
+    _print_found(found.result, found.report, found.memory_view, found.flipped, found.flip)
+
+
+@dataclasses.dataclass
+class _FindArgs:
+    """What every search of one find-batch invocation shares."""
+
+    experiment: str
+    gpu_memory: str | None
+    steps: int
+    start: int | None
+    max_: int | None
+    refresh: bool
+    allow_retries: bool
+    overrides: list[str]
+
+
+@dataclasses.dataclass
+class _Found:
+    """One search's answer, and what find-batch prints or writes as JSON about it."""
+
+    result: Any
+    report: dict[str, Any]
+    memory_view: dict[str, Any]
+    flipped: Any
+    flip: bool
+    profile: str
+    experiment: str
+    args: _FindArgs
+
+    def json(self) -> dict:
+        return _found_json(self.result, self.report, self.memory_view, self.flipped, self.flip, self.profile, self.experiment,
+                           self.args.steps, self.args.allow_retries)
+
+
+def _search_one(profile: str, exp: Experiment, prof: Profile, a: _FindArgs, lane: Any, say) -> _Found:
+    """One profile's search (its probes pinned to `lane`'s GPU, if any), then the probe with the allocator setting
+    flipped. A ProbeError is raised with `.seen`: the probes measured before it."""
     from memlab.core import batchfind as bf
 
-    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
-    gpu = bf.gpu_info()
-    cap = _cap_for(gpu_memory, gpu)
+    gpu = bf.gpu_info(lane.indices[0] if lane is not None and lane.indices else 0)
+    cap = _cap_for(a.gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"
     memory = cap or (gpu.total_bytes if gpu else 0)
-    key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
-    fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
+    key = bf.cache_key(exp, prof, gpu_name, cap, steps=a.steps, allow_retries=a.allow_retries)
+    fit, oom = (0, None) if a.refresh else bf.cached_bounds(key)[:2]
     hint, predicted = _start_from_estimate(exp, prof, memory, bf.cuda_here(), cap is not None) if memory else (1, None)
-    start = start or hint
-    err = _err_console()
-    exp_ref = "gpt2s" if experiment == "auto" else experiment
-    err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {gib(cap)}" if cap else "") + f" · {steps} steps a probe"
-              + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
-    probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
-                          allow_retries=allow_retries)
+    env = lane.env if lane is not None else {}
+    exp_ref = "gpt2s" if a.experiment == "auto" else a.experiment
+    where = f" · {lane.name}" if lane is not None and lane.indices else ""
+    say(f"find-batch: {prof.name} on {exp.name} · {gpu_name}{where}" + (f" capped at {gib(cap)}" if cap else "") + f" · {a.steps} steps a probe"
+        + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
+    probe = bf.ChildProbe(profile, exp_ref, a.overrides, seq_len=exp.model.seq_len, steps=a.steps, cap_bytes=cap,
+                          allow_retries=a.allow_retries, env=env)
     seen: list[ProbeResult] = []
 
     def on_probe(r: ProbeResult) -> None:
         seen.append(r)
-        err.print(_probe_line(len(seen), r))
+        say(_probe_line(len(seen), r))
 
-    meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": steps}
+    meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": a.steps}
     t0 = time.monotonic()
     try:
-        result = bf.search_recorded(probe, key, meta, known=(fit, oom),
-                                    on_probe=on_probe, start=start, limit=max_)
+        result = bf.search_recorded(probe, key, meta, known=(fit, oom), on_probe=on_probe, start=a.start or hint, limit=a.max_)
     except bf.ProbeError as e:
-        _probe_failed(e, seen)
+        e.seen = seen
+        raise
     finally:
         probe.close()
     flip = not prof.allocator.expandable_segments
-    flipped = _flipped_allocator_probe(profile, exp_ref, exp, list(set_ or []), steps, cap, flip, result.max_batch, allow_retries)
-    err.print(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{flip}: {_flip_summary(result.probes, flipped)}")
+    flipped = _flipped_allocator_probe(profile, exp_ref, exp, a.overrides, a.steps, cap, flip, result.max_batch, a.allow_retries, env)
+    say(f"probe {len(seen) + 1}: micro-batch {result.max_batch} with expandable_segments:{flip}: {_flip_summary(result.probes, flipped)}")
     memory_view = {"device_total_bytes": memory or None, "allocator_budget_bytes": _budget(result.probes)}
     report = {"seconds": time.monotonic() - t0, "predicted": predicted, "cap": cap, "gpu_name": gpu_name,
-              "advice": _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments), "max": max_}
+              "advice": _allocator_advice(result.probes, result.max_batch, prof.allocator.expandable_segments), "max": a.max_,
+              "lane": lane.name if lane is not None and lane.indices else None}
+    return _Found(result, report, memory_view, flipped, flip, prof.name, exp.name, a)
+
+
+def _find_batches(profiles: str, experiment: str, gpu_memory: str | None, steps: int, start: int | None, max_: int | None,
+                  refresh: bool, allow_retries: bool, as_json: bool, overrides: list[str], gpus: str | None) -> None:
+    """find-batch --profiles a,b,c: every profile checked first, then one search at a time on each GPU lane; a
+    search that fails is reported and the others go on. Exit 1 when any failed."""
+    from memlab.core.batchfind import ProbeError
+    from memlab.core.errors import ConfigError
+    from memlab.core.lanes import map_on_lanes, plan_lanes
+    from rich.markup import escape
+
+    names = [p.strip() for p in profiles.split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        raise ConfigError(f"--profiles {profiles!r}: give each profile once, comma-separated, e.g. baseline,bf16,gradcp_bf16")
+    lanes = plan_lanes(gpus, "cuda")
+    loaded = {n: _checked_find_args(experiment, n, gpu_memory, steps, start, max_, overrides) for n in names}
+    args = _FindArgs(experiment, gpu_memory, steps, start, max_, refresh, allow_retries, overrides)
+    err = _err_console()
+
+    def search(name: str, lane: Any) -> _Found | str:
+        try:
+            return _search_one(name, *loaded[name], args, lane, lambda line: err.print(escape(f"[{lane.name} {name}] ") + line))
+        except ProbeError as e:
+            return f"{e}"
+
+    found = map_on_lanes(search, names, lanes)
     if as_json:
-        typer.echo(json.dumps(_found_json(result, report, memory_view, flipped, flip, prof.name, exp.name, steps, allow_retries)))
-        return
-    _print_found(result, report, memory_view, flipped, flip)
+        typer.echo(json.dumps([f.json() if isinstance(f, _Found) else {"profile": n, "error": f} for n, f in zip(names, found)]))
+    else:
+        for n, f in zip(names, found):
+            typer.echo(f"{n}: max micro-batch {f.result.max_batch} ({f.report['gpu_name']}, {f.report['lane'] or 'cpu'}, "
+                       f"{len(f.result.probes)} probes, {f.report['seconds']:.1f} s)" if isinstance(f, _Found) else f"{n}: failed: {f}")
+    if not all(isinstance(f, _Found) for f in found):
+        raise typer.Exit(1)
 
 
 def _found_json(result, report: dict, memory_view: dict, flipped, flip: bool, profile: str, experiment: str, steps: int, allow_retries: bool) -> dict:
@@ -376,13 +469,14 @@ def _budget(probes: list[ProbeResult]) -> int | None:
 
 
 def _flipped_allocator_probe(profile_ref: str, exp_ref: str, exp: Experiment, overrides: list[str], steps: int,
-                             cap: int | None, expandable: bool, batch: int, allow_retries: bool = False) -> ProbeResult:
+                             cap: int | None, expandable: bool, batch: int, allow_retries: bool = False,
+                             lane_env: dict[str, str] | None = None) -> ProbeResult:
     """One more probe at the found batch, with allocator.expandable_segments the other way (in the child's env):
     what that setting would change. A probe that fails is reported in its message, never raised."""
     from memlab.core import batchfind as bf
 
     probe = bf.ChildProbe(profile_ref, exp_ref, overrides, seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
-                          env=bf.expandable_probe_env(expandable), allow_retries=allow_retries)
+                          env=(lane_env or {}) | bf.expandable_probe_env(expandable), allow_retries=allow_retries)
     try:
         return probe(batch)
     except bf.ProbeError as e:

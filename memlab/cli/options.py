@@ -25,6 +25,7 @@ def _nonempty_folder(value: str) -> str:
     return value
 
 
+GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="GPUs to run on, one lane each, e.g. 0,1,2,3 (default: every visible GPU; 0 for one); each run is pinned with CUDA_VISIBLE_DEVICES; --nproc N takes N GPUs a run.")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (overrides train.steps).", callback=_positive_steps)]
 RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.", callback=_nonempty_folder)]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, SetOpt, StepsOpt, data_overrides
+from memlab.cli.options import DeviceOpt, GpusOpt, SetOpt, StepsOpt, data_overrides
 
 if TYPE_CHECKING:
     from memlab.core.study import Options, StudyState
@@ -31,16 +31,20 @@ def study(
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Replace the tokenizer: bpe:N | tokenizer.json | hf:NAME.")] = None,
     redo: Annotated[Optional[str], typer.Option("--redo", help="Comma-separated profiles of this study (or all) to measure again (after a fix): their max batch and runs are forgotten, their run folders moved to superseded/.")] = None,
     redo_max: Annotated[Optional[str], typer.Option("--redo-max", help="Comma-separated profiles of this study (or all) whose max batch to measure again (after a fix to find-batch); the runs at a batch taken from it are redone too, the rest kept.")] = None,
-    lanes: Annotated[int, typer.Option("--lanes", help="Search the max batch of N profiles at once on one GPU, each capped at --gpu-memory (N caps must fit the card); training runs stay one at a time, so no timing is shared.")] = 1,
+    lanes: Annotated[int, typer.Option("--lanes", help="Search the max batch of N profiles at once on each GPU, each capped at --gpu-memory (N caps must fit the card); training runs stay one at a time on a GPU, so no timing is shared.")] = 1,
+    gpus: GpusOpt = None,
 ) -> None:
     """The whole comparison in one resumable command: max batch per profile, training at a common batch, the report.
 
     On CUDA the max micro-batch is measured (find-batch's probes, under --gpu-memory).
     On the CPU it is not measured: the estimator's prediction is shown, labelled as such.
+    Several GPUs (--gpus, default every visible one): searches and runs go one at a time on each, the next to
+    whichever GPU is free; each run records the GPU it ran on. A resumed study uses the GPUs it is given now.
     Ctrl-C (or SIGTERM) keeps what is done; the same command, or just --out, resumes.
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
     """
     from memlab.core import study as st
+    from memlab.core.lanes import plan_lanes
 
     out_path = Path(out)
     st.check_out(out_path)
@@ -48,6 +52,7 @@ def study(
     options = _options(stored, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, list(set_ or []) + data_overrides(data, None, tokenizer, None, None, None, None), device)
     plan = st.make_plan(options)
     plan.lanes = st.check_lanes(lanes, plan)
+    gpu_lanes = plan_lanes(gpus, options.device)  # this invocation's GPUs: not part of the study's identity
     identity = options.identity(plan.experiment.fingerprint())
     if stored is not None:
         st.check_same_study(stored, identity, out_path)
@@ -58,12 +63,12 @@ def study(
     state.options = options
     state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
                                       + (f" --redo-max {','.join(redone_max)}" if redone_max else "")
-                                      + (f" --lanes {lanes}" if lanes > 1 else "")))
+                                      + (f" --lanes {lanes}" if lanes > 1 else "") + (f" --gpus {gpus}" if gpus is not None else "")))
     out_path.mkdir(parents=True, exist_ok=True)
     for folder in state.redo(redone, out_path) + state.redo(redone_max, out_path, max_only=True):
         typer.echo(f"redo: {folder} (kept, out of the report)", err=True)
     state.save(out_path)
-    runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True))
+    runner = st.Study(plan, state, out_path, lambda line: typer.echo(line, err=True), gpu_lanes)
     _run_stoppable(runner)
     st.write_report(state, out_path, plan.baseline)
     _finish(state, out_path, runner.stopping)

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, model_overrides
+from memlab.cli.options import DeviceOpt, ExperimentOpt, GpusOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, model_overrides
 from memlab.core.units import gib
 
 if TYPE_CHECKING:
-    from memlab.core.queue import ChildQueue, QueueOutcome
+    from memlab.core.lanes import Lane, LaneQueue
+    from memlab.core.queue import QueueOutcome
     from memlab.core.supervisor import ChildSpec
 
 
@@ -27,20 +28,26 @@ def sweep(
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run each profile on N ranks through torchrun (memlab run --nproc); profiles must be ddp or fsdp.")] = None,
     vary: Annotated[Optional[str], typer.Option("--vary", help="One knob over several values, section.key=v1,v2,...: one run per profile and value, named e.g. compile_budget@budget=0.5.")] = None,
+    gpus: GpusOpt = None,
+    redo: Annotated[bool, typer.Option("--redo", help="Run every item again, also those already finished in --runs-dir.")] = False,
 ) -> None:
-    """Train several profiles one after another, each in a fresh process; a failed run is recorded and the sweep goes on.
+    """Train several profiles, each in a fresh process, one at a time on each GPU; a failed run is recorded and the sweep goes on.
 
     How each run ends:
     finished: it completed · oom: out of memory · nan: the loss diverged
     interrupted: Ctrl-C or SIGTERM; its folder is kept with what it had
     rejected: the child refused its input (e.g. a technique this device lacks)
-    crashed: it ended without saying how (SIGKILL from the OOM killer, a segfault)
+    crashed: it ended without saying how (SIGKILL from the OOM killer, a segfault), or its GPU failed (that GPU's lane is taken out)
     error: another failure the run reported
     skipped: not started (the sweep was stopped first)
+
+    Resumes: a run already finished in --runs-dir (same experiment, profile or --vary value, and ranks) is not run
+    again; --redo runs it again. Several GPUs (--gpus): one lane each, the next run to whichever lane is free.
 
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped by Ctrl-C.
     """
     from memlab.core.environment import resolve_device
+    from memlab.core.lanes import idle_gpus, plan_lanes
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
@@ -50,15 +57,18 @@ def sweep(
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
     # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
     # the first hour of runs (exit 2) and before the runs folder is made
-    for name, _, item_overrides in items:
-        _resolve_one(name, experiment, dev.type, item_overrides, vary)
+    keys = [_resolve_one(name, label, experiment, dev.type, item_overrides, vary, nproc) for name, label, item_overrides in items]
+    lanes = plan_lanes(gpus, dev.type, nproc)  # a GPU not visible, listed twice, fewer GPUs than ranks: exit 2 here
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
     specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
                        extra_args=extra, label=label) for name, label, item_overrides in items]
-    queue = _make_queue(len(specs))
-    outcomes, stopped = _run_stoppable(queue, specs)
-    done = sum(o.status == "finished" for o in outcomes)
+    for gpu in idle_gpus(lanes, gpus) if lanes[0].indices else []:
+        typer.echo(f"note: GPU {gpu} stays idle: --nproc {nproc} takes {nproc} GPUs a run", err=True)
+    todo = _not_finished_yet(list(enumerate(specs, 1)), keys, runs_dir, redo)
+    queue = _make_queue(len(specs), lanes)
+    outcomes, stopped = _run_stoppable(queue, todo)
+    done = len(specs) - len(todo) + sum(o.status == "finished" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     tail = f" (stopped early; {skipped} not run)" if stopped else ""
     typer.echo(f"sweep: {done}/{len(specs)} finished{tail}; compare with: memlab table {runs_dir}", err=True)
@@ -66,6 +76,22 @@ def sweep(
         raise typer.Exit(130)
     if done < len(specs):
         raise typer.Exit(1)
+
+
+def _not_finished_yet(numbered: list[tuple[int, ChildSpec]], keys: list[tuple[str, str, int]], runs_dir: str,
+                      redo: bool) -> list[tuple[int, ChildSpec]]:
+    """The items to run: without --redo, those whose run (same profile name, experiment id and ranks) has not
+    finished in the runs folder yet; each one passed over says so, with its folder."""
+    from memlab.core.runfolder import finished_runs
+
+    done = {} if redo else finished_runs(runs_dir)
+    todo = []
+    for (i, spec), key in zip(numbered, keys):
+        if key in done:
+            typer.echo(f"[{i}/{len(numbered)}] {spec.name}: already finished · {done[key]} (--redo runs it again)", err=True)
+        else:
+            todo.append((i, spec))
+    return todo
 
 
 def _profile_names(profiles: str) -> list[str]:
@@ -92,48 +118,62 @@ def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
     return [(f"{name}@{parts[1]}={v}", [f"{lhs.strip()}={v}"]) for v in values]
 
 
-def _resolve_one(name: str, experiment: str, device_type: str, overrides: list[str], vary: str | None) -> None:
+def _resolve_one(name: str, label: str, experiment: str, device_type: str, overrides: list[str], vary: str | None,
+                 nproc: int | None) -> tuple[str, str, int]:
+    """Resolve one run (a bad input fails here); its identity in the runs folder: (profile name as the run records
+    it, experiment id, ranks)."""
     from memlab.cli.options import resolve
     from memlab.core.errors import MemlabError
 
     try:
-        resolve(experiment, name, device_type, overrides)
+        exp, prof = resolve(experiment, name, device_type, overrides)
     except MemlabError as e:
         raise MemlabError(f"--vary {vary}: {e}" if vary else str(e)) from None
+    return label or prof.name, exp.fingerprint(), nproc or 1
 
 
-def _make_queue(total: int) -> ChildQueue:
-    """The queue with sweep's progress: a line when a run starts, its progress while it trains (in place on a
-    terminal, a plain line every 10% otherwise), a line when it ends."""
+def _make_queue(total: int, lanes: list[Lane]) -> LaneQueue:
+    """The lanes' queue with sweep's progress: a line when a run starts, its progress while it trains (in place on
+    a terminal with one lane; plain lines every 10% otherwise), a line when it ends; a GPU lane named in each."""
     import sys
 
-    from memlab.core.queue import ChildQueue
+    from memlab.core.lanes import LaneQueue
 
     last_steps: dict[int, int] = {}
-    progress = RunProgress(sys.stderr)
+    lane_of: dict[int, Lane] = {}
+    plain = len(lanes) > 1  # several runs at once: no line drawn in place
+    progress = {lane: RunProgress(sys.stderr, interactive=False if plain else None, label=_tag(lane)) for lane in lanes}
 
-    def on_start(i: int, spec: ChildSpec) -> None:
-        progress.reset()
-        typer.echo(f"[{i}/{total}] {spec.name} ...", err=True)
+    def on_start(i: int, spec: ChildSpec, lane: Lane) -> None:
+        lane_of[i] = lane
+        progress[lane].reset()
+        typer.echo(f"[{i}/{total}{_tag(lane)}] {spec.name} ...", err=True)
 
     def on_event(i: int, ev: dict) -> None:
-        if ev.get("event") == "step" and isinstance(ev.get("step"), int):
+        if ev.get("event") == "step" and isinstance(ev.get("step"), int) and i in lane_of:
             last_steps[i] = ev["step"] + 1
-            progress.step(ev)
+            progress[lane_of[i]].step(ev)
 
     def on_result(outcome: QueueOutcome) -> None:
-        progress.clear()
+        lane = lane_of.get(outcome.key)
+        if lane is not None:
+            progress[lane].clear()
         if outcome.status != "skipped":
-            typer.echo(f"[{outcome.key}/{total}] {_result_line(outcome, last_steps.get(outcome.key, 0))}", err=True)
+            typer.echo(f"[{outcome.key}/{total}{_tag(lane)}] {_result_line(outcome, last_steps.get(outcome.key, 0))}", err=True)
 
-    return ChildQueue(on_start=on_start, on_event=on_event, on_result=on_result)
+    return LaneQueue(lanes, on_start=on_start, on_event=on_event, on_result=on_result)
+
+
+def _tag(lane: Lane | None) -> str:
+    """' gpu 1' for a GPU lane (what the progress lines name), '' for the CPU's one."""
+    return f" {lane.name}" if lane is not None and lane.indices else ""
 
 
 class RunProgress:
     """A child's training progress from its step events: `step 120/300 · 51,000 tok/s · ETA 0:42`."""
 
-    def __init__(self, stream, interactive: bool | None = None, clock=time.monotonic):
-        self.stream, self.clock = stream, clock
+    def __init__(self, stream, interactive: bool | None = None, clock=time.monotonic, label: str = ""):
+        self.stream, self.clock, self.label = stream, clock, label  # label: the lane, e.g. " gpu 1"
         self.interactive = stream.isatty() if interactive is None else interactive
         self.reset()
 
@@ -163,7 +203,8 @@ class RunProgress:
                 self.stream.flush()
 
     def line(self, done: int, total: int, tokens_per_s: float | None, now: float) -> str:
-        text = f"  step {done}/{total}" if total else f"  step {done}"
+        lane = f"[{self.label.strip()}] " if self.label else ""
+        text = f"  {lane}step {done}/{total}" if total else f"  {lane}step {done}"
         if isinstance(tokens_per_s, (int, float)) and tokens_per_s:
             text += f" · {tokens_per_s:,.0f} tok/s"
         steps_timed = done - self._first
@@ -179,17 +220,17 @@ class RunProgress:
         self._drawn = False
 
 
-def _run_stoppable(queue: ChildQueue, specs: list[ChildSpec]) -> tuple[list[QueueOutcome], bool]:
-    """Run the queue; the first Ctrl-C stops it (the current run keeps what it has, the rest is skipped)."""
+def _run_stoppable(queue: LaneQueue, items: list[tuple[int, ChildSpec]]) -> tuple[list[QueueOutcome], bool]:
+    """Run the queue; the first Ctrl-C stops every lane (each running run keeps what it has, the rest is skipped)."""
     def on_sigint(signum, frame):  # noqa: ARG001
         if queue.stopping:
             return
-        typer.echo("\nstopping: the current run is asked to stop and keeps what it has; finished runs are kept", err=True)
+        typer.echo("\nstopping: the running runs are asked to stop and keep what they have; finished runs are kept", err=True)
         queue.stop()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        outcomes = queue.run((i, spec) for i, spec in enumerate(specs, 1))
+        outcomes = queue.run(items)
     finally:
         signal.signal(signal.SIGINT, previous)
     return outcomes, queue.stopping

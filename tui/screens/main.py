@@ -10,6 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from memlab.tui.widgets.event_log import EventLog
+from memlab.tui.widgets.lanes_view import LanesView
 from memlab.tui.widgets.live_panel import LivePanel
 from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList
 from memlab.tui.widgets.queue_view import QueueView
@@ -51,6 +52,7 @@ class MainScreen(Screen):
             live = LivePanel(id="live")
             live.border_title = "Live"
             yield live
+            yield LanesView(id="lanes")  # one row per busy GPU lane; hidden unless two or more runs are live
             with TabbedContent(id="tabs", initial="results"):
                 with TabPane("Results", id="results"):
                     yield ResultsTable(id="results-table")

@@ -1,0 +1,273 @@
+"""Lanes on a 4-GPU host (issue 49): figures stay the run's own, and a study goes faster.
+
+(a) side: the same profiles (bf16, gradcp_bf16, sac_ops on the GPU default experiment, 30 steps) each run on one GPU
+    while the three other GPUs train without pause ("beside"), then alone on that same GPU with the host otherwise
+    idle. Each pair: median step time within 3%, peak allocated memory exactly equal. Both rounds go through
+    memlab.core.lanes.LaneQueue, what `memlab sweep --gpus` drives; the three neighbours are stopped as Ctrl-C
+    stops a sweep once the measured runs have finished (they end `interrupted`, every finished run is kept).
+(b) study: `memlab study --gpus 0,1,2,3` of a small study, then the same study with `--gpus 0`, each in its own
+    study folder and token/max-batch cache (so neither reuses the other's searches). The 4-lane wall time must be
+    at most 0.3x the 1-lane one; the 1-lane study is stopped once it has run `4-lane time / 0.3` (enough to prove
+    the bound: its full time can only be longer), so the part costs at most ~4.5x the 4-lane study.
+
+Rows land in OUT/lanes.jsonl as they come; OUT/lanes.parquet and OUT/lanes.md are rewritten after each.
+Needs only the GPU image's packages plus polars (carried: bench/README.md), as any memlab run there does:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-wheels/pl/*.whl
+    source bench/gpu_env.sh && python3 bench/lanes.py --out $OUT/lanes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SIDE_PROFILES = "bf16,gradcp_bf16,sac_ops"
+STUDY_PROFILES = "bf16,gradcp_bf16,sac_ops,chunked_ce,baseline,selective,gradcp,fused_adamw"
+# A small study: gpt2s cut to 4 layers of 256 tokens under an 8 GiB card, so each search's probes take seconds.
+STUDY_SETS = ["model.n_layer=4", "model.seq_len=256"]
+STEP_TOLERANCE = 0.03
+STUDY_BOUND = 0.3
+
+
+class Results:
+    """Rows appended as they land: lanes.jsonl (one JSON object a line), lanes.parquet and lanes.md rewritten."""
+
+    def __init__(self, out: Path):
+        self.out, self.rows = out, []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.out / "lanes.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        pq.write_table(pa.Table.from_pylist([{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()}
+                                             for r in self.rows]), self.out / "lanes.parquet")
+        (self.out / "lanes.md").write_text(self.markdown())
+        print(json.dumps(row), flush=True)
+
+    def markdown(self) -> str:
+        side = [r for r in self.rows if r["part"] == "side"]
+        study = [r for r in self.rows if r["part"] == "study"]
+        lines = ["# Lanes on a 4-GPU host (bench/lanes.py)", ""]
+        if side:
+            lines += ["## (a) alone vs beside three busy GPUs", "",
+                      "| profile | GPU | step ms alone | step ms beside | diff | within 3% | peak alloc alone | peak alloc beside | equal |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for r in side:
+                if "error" in r:
+                    lines.append(f"| {r['profile']} | not measured: {r['error']} | | | | | | | |")
+                    continue
+                lines.append(f"| {r['profile']} | {r['gpu_index']} ({r['gpu_name']}) | {_f(r['step_ms_alone'])} | {_f(r['step_ms_beside'])} | "
+                             f"{_pct(r['step_diff'])} | {_yes(r['step_ok'])} | {r['peak_alloc_alone']} | {r['peak_alloc_beside']} | {_yes(r['peak_equal'])} |")
+        if study:
+            lines += ["", "## (b) a whole study on 4 lanes vs 1", "",
+                      "| lanes | GPUs | wall s | finished | runs | note |", "|---|---|---|---|---|---|"]
+            for r in study:
+                lines.append(f"| {r['lanes']} | {r['gpus']} | {r['wall_s']:.1f} | {r['finished']} | {r['runs']} | {r.get('note', '')} |")
+            ratio = next((r for r in study if r.get("ratio") is not None), None)
+            if ratio:
+                lines.append(f"\n4-lane / 1-lane wall time: {ratio['ratio']:.3f} ({'at most' if ratio['bound'] else 'exactly'}), "
+                             f"needs <= {STUDY_BOUND}: {_yes(ratio['ratio'] <= STUDY_BOUND)}")
+                if ratio.get("ratio_estimate") is not None:
+                    lines.append(f"(the 1-lane study stopped with {ratio['items_done']}/{ratio['items_total']} items done; "
+                                 f"its full time at that pace gives {ratio['ratio_estimate']:.3f}, an estimate)")
+        cmd = " ".join(sys.argv)
+        return "\n".join(lines + ["", f"Command: `python3 {cmd}`", ""])
+
+
+def _f(v) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{v:+.2%}"
+
+
+def _yes(v) -> str:
+    return "yes" if v else "NO"
+
+
+def memlab(*args: str) -> list[str]:
+    return [sys.executable, "-m", "memlab", *args]
+
+
+def summary(run_dir: str | None) -> dict:
+    if not run_dir or not Path(run_dir, "summary.parquet").exists():
+        return {}
+    return pq.read_table(Path(run_dir, "summary.parquet")).to_pylist()[0]
+
+
+# ---------------------------------------------------------------------------------------------- (a) side by side
+
+
+def side_by_side(args, results: Results) -> None:
+    from memlab.core.lanes import LaneQueue, plan_lanes
+    from memlab.core.supervisor import ChildSpec
+
+    lanes = plan_lanes(None, "cuda")
+    if len(lanes) < 4:
+        print(f"side: {len(lanes)} GPU(s) visible; this part needs 4", flush=True)
+        return
+    lanes = lanes[:4]
+    runs = Path(args.runs) / "side"
+    profiles = args.side_profiles.split(",")
+    sets = [f"train.steps={args.steps}", "train.eval_every=0"]
+
+    def spec(profile: str, where: str, steps: list[str]) -> ChildSpec:
+        return ChildSpec(profile=profile, experiment=args.experiment, device=args.device, runs_dir=str(runs / where), overrides=steps)
+
+    for where in ("beside", "alone"):
+        (runs / where).mkdir(parents=True, exist_ok=True)
+    # beside: three neighbours first (long: they are stopped once the measured runs end), then the measured runs,
+    # claimed one after another by the fourth lane while the other three train
+    noise = [(f"noise{i}", spec("bf16", "beside", ["train.steps=100000", "train.eval_every=0"])) for i in range(3)]
+    measured = [(p, spec(p, "beside", sets)) for p in profiles]
+    beside: dict[str, object] = {}
+
+    def on_result(outcome) -> None:
+        if outcome.key in profiles:
+            beside[outcome.key] = outcome
+            if len(beside) == len(profiles):
+                queue.stop(grace_s=10)  # as Ctrl-C: the neighbours end interrupted, the finished runs stay
+
+    queue = LaneQueue(lanes, on_result=on_result)
+    t0 = time.monotonic()
+    outcomes = queue.run(noise + measured)
+    print(f"side: beside round {time.monotonic() - t0:.0f} s; " + ", ".join(f"{o.key}={o.status}" for o in outcomes), flush=True)
+    for p in profiles:
+        o = beside.get(p)
+        if o is None or o.status != "finished":
+            results.add({"part": "side", "profile": p, "error": f"beside: {o.status if o else 'not run'} {o.result.message if o else ''}"})
+            continue
+        alone = LaneQueue([o.lane]).run([(p, spec(p, "alone", sets))])[0]  # the same GPU, nothing else running
+        results.add(_side_row(p, o, alone))
+
+
+def _side_row(profile: str, beside, alone) -> dict:
+    b, a = summary(beside.result.run_dir), summary(alone.result.run_dir)
+    sb, sa = b.get("step_ms_median"), a.get("step_ms_median")
+    diff = (sb - sa) / sa if sa and sb else None
+    return {
+        "part": "side", "profile": profile, "lane": beside.lane.name, "gpu_index": b.get("gpu_index"), "gpu_name": b.get("gpu_name"),
+        "gpu_serial": b.get("gpu_serial"), "gpu_index_alone": a.get("gpu_index"), "status_alone": alone.status,
+        "step_ms_beside": sb, "step_ms_alone": sa, "step_diff": diff, "step_ok": diff is not None and abs(diff) <= STEP_TOLERANCE,
+        "peak_alloc_beside": b.get("peak_alloc_bytes"), "peak_alloc_alone": a.get("peak_alloc_bytes"),
+        "peak_equal": b.get("peak_alloc_bytes") is not None and b.get("peak_alloc_bytes") == a.get("peak_alloc_bytes"),
+        "peak_reserved_beside": b.get("peak_reserved_bytes"), "peak_reserved_alone": a.get("peak_reserved_bytes"),
+        "run_beside": beside.result.run_dir, "run_alone": alone.result.run_dir,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- (b) a study
+
+
+def study_wall(args, results: Results, cache: Path, left_s: float) -> None:
+    """The 4-lane study, then the 1-lane one for at most 4-lane / 0.3 (or what the budget leaves). A 1-lane study
+    stopped at t proves 4-lane / 1-lane <= T4 / t; its full time is also estimated from the share of items done."""
+    four = _study(args, "0,1,2,3", cache, limit_s=min(args.study_limit_s, left_s / 4.5))
+    results.add(four)
+    if four.get("stopped"):
+        return
+    limit = min(four["wall_s"] / STUDY_BOUND * 1.02, left_s - four["wall_s"] - 30)
+    one = _study(args, "0", cache, limit_s=limit)
+    one["ratio"] = four["wall_s"] / one["wall_s"]
+    one["bound"] = bool(one.get("stopped"))  # stopped: its full time is longer, so the ratio is an upper bound
+    if one["bound"] and one["items_done"]:
+        one["ratio_estimate"] = four["wall_s"] / (one["wall_s"] * one["items_total"] / one["items_done"])
+    results.add(one)
+
+
+def _study(args, gpus: str, base_cache: Path, limit_s: float) -> dict:
+    """One `memlab study` with its own folder and its own copy of the token cache (no max-batch answers)."""
+    tag = "4lanes" if "," in gpus else "1lane"
+    out, cache = Path(args.runs) / f"study-{tag}", Path(args.runs) / f"cache-{tag}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.copytree(base_cache, cache, ignore=shutil.ignore_patterns("max_batch.json", "*.lock"))
+    cmd = memlab("study", "--out", str(out), "--profiles", args.study_profiles, "--experiment", args.experiment,
+                 "--gpu-memory", args.study_gpu_memory, "--steps", str(args.study_steps), "--gpus", gpus,
+                 *[a for s in args.study_set for a in ("--set", s)])
+    wall, stopped, rc = _timed(cmd, {**os.environ, "MEMLAB_CACHE": str(cache)}, limit_s, Path(args.out) / f"study-{tag}.log")
+    state = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {"items": {}}
+    runs = [i for i in state["items"].values() if i["kind"] != "max"]
+    final = ("finished", "rejected", "oom", "nan", "measured", "predicted", "does not fit")  # core.study.state.FINAL
+    lanes_used = sorted({i.get("lane", "") for i in state["items"].values()} - {""})
+    return {"part": "study", "lanes": 4 if "," in gpus else 1, "gpus": gpus, "wall_s": wall, "stopped": stopped,
+            "finished": sum(i["status"] == "finished" for i in runs), "runs": len(runs), "rc": rc,
+            "lanes_used": lanes_used, "command": " ".join(cmd[2:]),
+            "items_done": sum(i["status"] in final for i in state["items"].values()), "items_total": len(state["items"]),
+            "note": f"stopped at {wall:.0f} s (its full time is longer)" if stopped else ""}
+
+
+def _timed(cmd: list[str], env: dict, limit_s: float, log_path: Path) -> tuple[float, bool, int]:
+    """(wall seconds, stopped, exit status) of `cmd`, stopped by SIGINT (as Ctrl-C) at `limit_s`: the wall time is
+    taken at the stop, so a stopped command's full time is known to be longer."""
+    with open(log_path, "w") as log:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=limit_s)
+            return time.monotonic() - t0, False, proc.returncode
+        except subprocess.TimeoutExpired:
+            wall = time.monotonic() - t0
+            proc.send_signal(signal.SIGINT)  # the study stops and keeps what it finished
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)  # a second one quits at once
+                proc.wait(timeout=30)
+            return wall, True, proc.returncode
+
+
+def prepare_cache(args) -> Path:
+    """The token cache the runs share, tokenized once before any timing."""
+    cache = Path(args.runs) / "cache"
+    env = {**os.environ, "MEMLAB_CACHE": str(cache)}
+    subprocess.run(memlab("data", "prepare", "--experiment", args.experiment, "--device", args.device), env=env, check=True)
+    os.environ["MEMLAB_CACHE"] = str(cache)
+    return cache
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="where lanes.jsonl, lanes.parquet, lanes.md and the study logs go")
+    ap.add_argument("--runs", default="/tmp/lanes-runs", help="run folders, studies and caches (not copied back)")
+    ap.add_argument("--part", default="side,study", help="side, study or both (comma-separated)")
+    ap.add_argument("--experiment", default="gpt2s")
+    ap.add_argument("--device", default="cuda", help="the children's; cpu (with MEMLAB_FAKE_GPU_COUNT=4) only to try part side on a laptop")
+    ap.add_argument("--steps", type=int, default=30, help="steps of each measured run in part side")
+    ap.add_argument("--side-profiles", default=SIDE_PROFILES)
+    ap.add_argument("--study-profiles", default=STUDY_PROFILES)
+    ap.add_argument("--study-set", action="append", default=None, help=f"--set items of the study (default: {' '.join(STUDY_SETS)})")
+    ap.add_argument("--study-gpu-memory", default="8GiB")
+    ap.add_argument("--study-steps", type=int, default=20)
+    ap.add_argument("--study-limit-s", type=float, default=150, help="the 4-lane study is stopped after this (the 1-lane one after 4-lane / 0.3)")
+    ap.add_argument("--budget-s", type=float, default=480, help="the whole script's time: part study gets what part side left")
+    args = ap.parse_args()
+    args.study_set = args.study_set if args.study_set is not None else STUDY_SETS
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = Results(out)
+    t0 = time.monotonic()
+    cache = prepare_cache(args)
+    print(f"token cache ready in {time.monotonic() - t0:.0f} s", flush=True)
+    parts = args.part.split(",")
+    if "side" in parts:
+        side_by_side(args, results)
+    if "study" in parts:
+        study_wall(args, results, cache, args.budget_s - (time.monotonic() - t0))
+    print(f"done in {time.monotonic() - t0:.0f} s: {out / 'lanes.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
