@@ -541,9 +541,9 @@ class MemlabApp(App[None]):
         s = self.live_state
         if not self.busy:
             return "the run has ended meanwhile: quitting stops nothing"
-        progress = f" (now at step {s.step}/{s.total_steps})" if s.total_steps and s.status == "running" else ""
+        progress = f", now at step {s.step}/{s.total_steps}" if s.total_steps and s.status == "running" else ""
         waiting = self.queue.pending()
-        detail = f"{s.profile or 'the current run'}{progress} is stopped (its folder kept, marked interrupted)"
+        detail = f"Quitting stops {s.profile or 'the current run'}{progress} (its folder is kept, marked interrupted)"
         if waiting:
             detail += f"; {waiting} waiting run{'s' if waiting != 1 else ''} will not start"
         return detail

@@ -89,6 +89,14 @@ def page_columns(columns: list, widths: dict[str, int], room: int) -> list[list]
     return pages
 
 
+REASON_CHARS = 80  # of a run's reason in the notes: two lines of the panel at 80 columns; enter on its row shows it whole
+
+
+def _short(reason: str) -> str:
+    line = " ".join(reason.split())
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1].rstrip() + "…"
+
+
 class ResultsTable(DataTable):
     BINDINGS = [
         Binding("s", "sort", "Sort", tooltip="Sort by the column under the cursor (again: descending), within each experiment"),
@@ -240,7 +248,7 @@ class ResultsTable(DataTable):
         notes = []  # why a run did not finish first: the most telling, and never the line cut off
         for r in table.filter(table["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
             if r["reason"]:
-                notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:120]}")
+                notes.append(f"{r['profile']} ({r['status']}): {_short(r['reason'])}")
         for label, g in compare.groups(table):
             base = g["baseline"][0]
             notes.append(f"{label}: " + (f"relative to {base}" if base else "no baseline, relative columns blank"))
