@@ -53,7 +53,7 @@ class SettingsPanel(Vertical):
     naming the field and what it takes) while a field holds a value that does not parse, else None. Escape, or
     enter in a field, posts `SettingsPanel.Done`: the screen gives focus back to the panel the user came from."""
 
-    BINDINGS = [Binding("escape", "done", "Done", key_display="esc", tooltip="Leave the Knobs (enter in a field too), back to the panel you came from")]
+    BINDINGS = [Binding("escape", "done", "Done", key_display="esc", tooltip="Leave the Knobs, back to the panel you came from")]
 
     @dataclass
     class Changed(Message):
