@@ -19,7 +19,7 @@ from memlab.tui.widgets.results_table import ResultsTable
 from memlab.tui.widgets.settings_panel import Settings, SettingsPanel
 
 
-LEFT_MIN, LEFT_SHARE = 30, 0.35  # the left column: 30 cells at 80 columns, up to a third of a wide terminal
+LEFT_MIN, LEFT_SHARE = 30, 0.35  # the left column: 30 cells at 80 columns, up to about a third of a wide terminal
 LEFT_CHROME = 7  # the profile list's border, padding and scrollbar
 
 
