@@ -15,3 +15,15 @@ class DataError(MemlabError):
 
 class DeviceError(MemlabError):
     """A knob or command that needs hardware this machine does not have (e.g. CUDA)."""
+
+
+class MissingExtra(ConfigError):
+    """A knob needs an optional package that is not installed; `extra` is memlab's extra that installs it."""
+
+    def __init__(self, message: str, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+    @property
+    def install(self) -> str:
+        return f"pip install 'memlab[{self.extra}]'"

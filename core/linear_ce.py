@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from memlab.core.errors import ConfigError
+from memlab.core.errors import ConfigError, MissingExtra
 
 IGNORE_INDEX = -100  # memlab's targets have no ignored positions; named so both libraries get the same value
 
@@ -55,7 +55,7 @@ def require(name: str) -> None:
     try:
         importlib.import_module(lib.module)
     except ImportError:
-        raise ConfigError(f"loss.fused = {name} needs {lib.distribution}: pip install 'memlab[{lib.extra}]' (or loss.chunked = true, which needs nothing)") from None
+        raise MissingExtra(f"loss.fused = {name} needs {lib.distribution}: pip install 'memlab[{lib.extra}]' (or loss.chunked = true, which needs nothing)", lib.extra) from None
 
 
 def kernel_function(name: str) -> Callable[..., torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from memlab.core.config import OptimizerConfig, TrainConfig
-from memlab.core.errors import ConfigError
+from memlab.core.errors import ConfigError, MissingExtra
 
 # optimizer.name -> (import name, distribution, extra)
 PACKAGES = {
@@ -43,7 +43,7 @@ def require_package(name: str) -> None:
     try:
         import_module(module)
     except ImportError as e:
-        raise ConfigError(f"optimizer.name = {name} needs {dist} ({e.name or module} is missing): pip install 'memlab[{extra}]', or use adamw") from None
+        raise MissingExtra(f"optimizer.name = {name} needs {dist} ({e.name or module} is missing): pip install 'memlab[{extra}]', or use adamw", extra) from None
 
 
 def library_version(name: str) -> str:

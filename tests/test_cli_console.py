@@ -66,14 +66,46 @@ def test_flags_do_not_show_a_value_type_in_help():
 
 
 @pytest.mark.xdist_group("memlab-profiles")
-def test_profiles_marks_those_that_need_cuda_from_the_checks_themselves(profiles_listing):
+def test_profiles_marks_those_that_need_cuda_or_a_missing_extra_from_the_checks_themselves(profiles_listing):
+    from memlab.cli.info import needs_label
     from memlab.core.config import builtin_names, load_profile
-    from memlab.core.requirements import cuda_only
+    from memlab.core.requirements import cuda_only, needs
 
     r = profiles_listing
     # a row's first line starts with its name; a long description wraps onto indented lines
-    rows = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith((" ", "needs"))}
+    lines = [ln for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith((" ", "needs"))]
+    start = r.stdout.splitlines()[0].index("needs")
+    rows = {ln.split()[0]: ln[start:].split()[0] if ln[start] != " " else "" for ln in lines}
+    missing = set()
     for name in builtin_names("profile"):
-        assert (rows[name] == "CUDA") == (cuda_only(load_profile(name)) is not None), name
-    assert rows["tf32"] == "CUDA" and rows["baseline"] != "CUDA"
+        n = needs(load_profile(name))
+        assert rows[name] == needs_label(n), name
+        assert ("CUDA" in rows[name]) == (cuda_only(load_profile(name)) is not None), name
+        if n.extra:
+            missing.add(n.extra)
+            assert f"pip install 'memlab[{n.extra}]'" in n.extra_why, name
+    assert rows["tf32"] == "CUDA" and rows["baseline"] == ""
     assert "needs CUDA" in cuda_only(load_profile("tf32"))
+    for extra in missing:  # one line each under the table, with the command that installs it
+        assert f"needs memlab[{extra}]: not installed here" in r.stdout and f"pip install 'memlab[{extra}]'" in r.stdout
+
+
+def test_a_profile_whose_package_is_missing_needs_its_extra_not_cuda(monkeypatch):
+    """bf16_sr and galore run on the CPU once installed: a missing package is marked as the extra, not as CUDA."""
+    import memlab.core.optim_library as optim_library
+    from memlab.core.config import load_profile
+    from memlab.core.requirements import needs
+
+    real = optim_library.import_module
+
+    def without(module):
+        if module.split(".")[0] in ("torchao", "galore_torch"):
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module.split(".")[0])
+        return real(module)
+
+    monkeypatch.setattr(optim_library, "import_module", without)
+    for name, extra in (("bf16_sr", "torchao"), ("galore", "galore")):
+        n = needs(load_profile(name))
+        assert n.cuda is None and n.extra == extra, name
+        assert n.install == f"pip install 'memlab[{extra}]'" and n.install in n.extra_why
+    assert needs(load_profile("adamw8bit")).cuda  # CUDA-only: the CPU refuses it before its package is asked for

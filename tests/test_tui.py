@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tui_helpers import GIB, fixed_runs, wait_for
+from test_tui_helpers import GIB, fixed_runs, started_event, step_event, wait_for
 from typer.testing import CliRunner
 
 from memlab.core import schema
@@ -140,20 +140,6 @@ async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------- synthetic events
-
-
-def step_event(i: int, total: int, t: float) -> dict:
-    peak = int((1 + i / total) * GIB)
-    return {
-        "event": "step", "t": t, "step": i, "total_steps": total, "loss": 10 - i / 100, "step_ms": 100.0 + i % 7,
-        "tokens_per_s": 80_000.0, "peak_alloc_fwd_bytes": peak // 2, "peak_alloc_bwd_bytes": peak, "peak_alloc_opt_bytes": peak // 3,
-        "peak_reserved_bytes": peak + GIB // 4, "host_rss_bytes": 2 * GIB,
-    }
-
-
-def started_event(profile: str, total: int) -> dict:
-    return {"event": "started", "t": time.time(), "run_id": f"r-{profile}", "run_dir": f"/nowhere/{profile}", "device": "cuda",
-            "profile": {"name": profile}, "experiment": {"name": "gpt2s"}, "total_steps": total, "params": 124_000_000}
 
 
 async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_path):
@@ -309,7 +295,7 @@ async def test_help_lists_the_key_bindings_and_theme_toggles(tmp_path):
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         text = "\n".join(f"{key} {desc}" for _, rows in app.screen.sections for key, desc in rows)
-        for words in ("c Cancel the running profile", "p Pause the queue", "o Open a past run", "⇧↑ Move up", "del Remove", "s Sort by the column", "t Light/dark", "q Quit", "? This help"):
+        for words in ("c Cancel the running profile", "p Pause the queue", "o Open a past run", "⇧↑↓ Move the highlighted item up or down", "del Remove", "w Results: cycle the column sets", "esc Leave the Knobs", "s Sort by the column", "t Light/dark", "q Quit", "? This help"):
             assert words in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

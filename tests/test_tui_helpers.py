@@ -1,4 +1,4 @@
-"""Shared by test_tui.py and test_tui_snapshots.py (no tests here): fixed run folders and a polling helper."""
+"""Shared by the TUI tests (no tests here): fixed run folders, synthetic child events and a polling helper."""
 
 from __future__ import annotations
 
@@ -79,3 +79,17 @@ async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "conditi
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         await pilot.pause(0.1)
     await asyncio.sleep(0)
+
+
+def step_event(i: int, total: int, t: float) -> dict:
+    peak = int((1 + i / total) * GIB)
+    return {
+        "event": "step", "t": t, "step": i, "total_steps": total, "loss": 10 - i / 100, "step_ms": 100.0 + i % 7,
+        "tokens_per_s": 80_000.0, "peak_alloc_fwd_bytes": peak // 2, "peak_alloc_bwd_bytes": peak, "peak_alloc_opt_bytes": peak // 3,
+        "peak_reserved_bytes": peak + GIB // 4, "host_rss_bytes": 2 * GIB,
+    }
+
+
+def started_event(profile: str, total: int) -> dict:
+    return {"event": "started", "t": time.time(), "run_id": f"r-{profile}", "run_dir": f"/nowhere/{profile}", "device": "cuda",
+            "profile": {"name": profile}, "experiment": {"name": "gpt2s"}, "total_steps": total, "params": 124_000_000}

@@ -11,7 +11,7 @@ from test_tui_helpers import fixed_runs, wait_for
 
 from memlab.core.supervisor import ChildResult
 from memlab.tui.app import MemlabApp
-from memlab.tui.widgets.profile_list import ProfileInfo, ProfileList, discover_profiles
+from memlab.tui.widgets.profile_list import ProfileInfo, discover_profiles
 from memlab.tui.widgets.results_table import ResultsTable, fit_columns, spread_words
 from memlab.tui.widgets.settings_panel import SettingsPanel
 
@@ -35,18 +35,16 @@ async def test_a_knob_takes_no_stray_key_and_a_bad_value_refuses_the_run(tmp_pat
     app = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("e", "tab")  # the steps field
-        await pilot.press("z", "x")  # z is also the zoom key: neither is typed in, nor zooms
         steps = app.main.query_one("#knob-steps")
-        assert steps.value == "" and app.main.maximized is None
+        await pilot.press("z", "x")  # not digits: neither is typed in (nor zooms: the Knobs do not zoom)
+        assert steps.value == "" and app.main.maximized is None and app.focused is steps
         await pilot.press("0")  # digits go in, but 0 is no step count
         await pilot.pause()
         assert app.knob_problem == "knob steps = '0' is not a positive integer"
-        await pilot.press("tab", "m", "a", "q")  # batch: `ma` may become max; q is not typed in
+        await pilot.press("tab", "m", "a", "k")  # batch: `ma` may become max; k is not typed in
         assert app.main.query_one("#knob-batch").value == "ma"
         app.queue.add("baseline")
-        await pilot.press("escape")
-        app.main.query_one(ProfileList).focus()
-        await pilot.press("r")
+        await pilot.press("r")  # from the field itself: r runs the queue, which refuses
         await pilot.pause()
         assert "✗ no run started: knob steps = '0' is not a positive integer; knob batch = 'ma' is not a positive integer or max" in log(app)
         assert app.mode == "idle" and not app.busy and [i.status for i in app.queue.items()] == ["queued"]
@@ -57,6 +55,25 @@ async def test_a_knob_takes_no_stray_key_and_a_bad_value_refuses_the_run(tmp_pat
         await pilot.press("end", "x")
         await pilot.pause()
         assert app.knob_problem is None and app.settings.steps is None and app.settings.batch == "max"
+
+
+async def test_escape_or_enter_leave_a_knob_for_the_panel_one_came_from_and_q_quits_from_it(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        queue = app.main.query_one("#queue")
+        queue.focus()
+        await pilot.press("e", "tab", "4")
+        assert app.focused.id == "knob-steps"
+        await pilot.press("escape")
+        assert app.focused is queue and app.settings.steps == 4
+        await pilot.press("e", "tab", "tab", "m", "a", "x", "enter")  # enter in the batch field: done, not the next field
+        assert app.focused is queue and app.settings.batch == "max"
+        await pilot.press("e")
+        assert app.focused.id == "knob-experiment"
+        await pilot.press("escape")  # the experiment list, closed: escape leaves it too
+        assert app.focused is queue
+        await pilot.press("e", "tab", "q")  # idle: q quits at once, from the field too
+        await wait_for(pilot, lambda: not app.is_running, timeout=5, what="the app to exit")
 
 
 async def test_a_gpu_sized_experiment_picked_on_cpu_is_warned_about(tmp_path):
@@ -180,6 +197,9 @@ def test_columns_are_given_room_most_telling_first():
     widths = {c.name: len(c.header) for c in DISPLAY_COLUMNS}
     chosen = fit_columns(list(DISPLAY_COLUMNS), widths, ("profile", "mem_saved_pct", "speedup_x", "total_s"), room=32)
     assert [c.name for c in chosen] == ["profile", "mem_saved_pct", "speedup_x"]
+    # The sorted column keeps its room (its mark must not push it off), in its own place.
+    kept = fit_columns(list(DISPLAY_COLUMNS), widths, ("profile", "mem_saved_pct", "speedup_x", "total_s"), room=32, keep="total_s")
+    assert [c.name for c in kept][0] == "profile" and [c.name for c in kept][-1] == "total_s" and len(kept) < 4
     assert len(fit_columns(list(DISPLAY_COLUMNS), widths, None, room=10)) == len(DISPLAY_COLUMNS)
 
 
@@ -191,6 +211,8 @@ def test_a_group_name_is_laid_over_the_cells_by_whole_words():
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 35)])
 async def test_results_show_the_relative_columns_that_fit_and_w_cycles_sets(tmp_path, size):
+    from memlab.core import compare
+
     fixed_runs(tmp_path / "runs")
     app = make_app(tmp_path)
     async with app.run_test(size=size) as pilot:
@@ -200,11 +222,24 @@ async def test_results_show_the_relative_columns_that_fit_and_w_cycles_sets(tmp_
         names = [c.name for c in table._columns]
         assert names[:3] == ["profile", "mem_saved_pct", "speedup_x"]
         assert sum(c.get_render_width(table) for c in table.columns.values()) <= table.size.width
-        assert "w cycles" in str(app.main.query_one("#results-notes").render())
-        await pilot.press("1", "w")
+        tabs = app.main.query_one("#tabs")
+        assert tabs.border_subtitle.startswith("columns: key figures · ") and tabs.border_subtitle.endswith(" more · w cycles")
+        await pilot.press("w")  # from the profile list: w acts on the results from any panel
         assert table.column_set_name == "memory" and "peak_alloc_bytes" in [c.name for c in table._columns]
-        await pilot.press("w", "w")
-        assert table.column_set_name == "all" and len(table._columns) > len(names)
+        assert tabs.border_subtitle.startswith("columns: memory")
+        await pilot.press("2", "w")  # from the Log tab: the results come back into view
+        assert app.main.query_one("#tabs").active == "results" and table.column_set_name == "speed"
+        await pilot.press("w")
+        # all: every column, in pages that fit the width, the profile leading each; w pages on, then back to the start
+        seen, pages = set(), 0
+        while table.column_set_name.startswith("all"):
+            names = [c.name for c in table._columns]
+            assert names[0] == "profile" and sum(c.get_render_width(table) for c in table.columns.values()) <= table.size.width
+            seen.update(names)
+            pages += 1
+            await pilot.press("w")
+        assert table.column_set_name == "key figures"
+        assert seen == {c.name for c in compare.visible_columns(table.table)[0]} and pages > 1
 
 
 def test_profiles_that_need_cuda_are_marked_in_the_list():
@@ -215,3 +250,17 @@ def test_profiles_that_need_cuda_are_marked_in_the_list():
     assert "needs CUDA" in infos["tf32"].needs_cuda or "CUDA" in infos["tf32"].needs_cuda
     assert str(_label(infos["tf32"])) == "tf32 · CUDA"
     assert not infos["bf16"].needs_cuda and str(_label(infos["bf16"])) == "bf16"
+
+
+def test_a_profile_whose_extra_is_missing_is_marked_with_it_in_the_list(monkeypatch):
+    import memlab.core.optim_library as optim_library
+    from memlab.core.config import load_profile
+    from memlab.tui.widgets.profile_list import _info, _label
+
+    def without_torchao(module):
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module.split(".")[0])
+
+    monkeypatch.setattr(optim_library, "import_module", without_torchao)
+    info = _info("bf16_sr", "bf16_sr", load_profile("bf16_sr"), lambda p: "")
+    assert info.needs_extra == "torchao" and not info.needs_cuda and "pip install 'memlab[torchao]'" in info.extra_why
+    assert str(_label(info)) == "bf16_sr · memlab[torchao]" and info.refusal("cuda").startswith("needs memlab[torchao]")

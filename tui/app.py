@@ -159,8 +159,12 @@ class MemlabApp(App[None]):
         self._mark_placeholder_device()
 
     def _mark_placeholder_device(self) -> None:
-        """Before any run: the live panel's rows for the device runs will use (host RSS on CPU, no GPU rows)."""
-        if self.main is None or self.live_state.status or self.view_state is not None:
+        """Before any run: the live panel's rows for the device runs will use (host RSS on CPU, no GPU rows); the
+        profile list greys out what cannot run there."""
+        if self.main is None:
+            return
+        self.main.query_one(ProfileList).set_device(self._expected_device())
+        if self.live_state.status or self.view_state is not None:
             return
         expected = self._expected_device()
         if expected is not None:
@@ -265,6 +269,7 @@ class MemlabApp(App[None]):
             elif kind == "run_started":
                 self.live_state = LiveState(profile=display_name(payload), expected_device=self._expected_device() or "")
                 self.view_state = None
+                self.live.say(None)
                 self.log_line(f"▶ {display_name(payload)}: starting a child process", "start")
                 live_dirty = queue_dirty = True
             elif kind == "run_ended":
@@ -353,18 +358,23 @@ class MemlabApp(App[None]):
             pass  # the app closed meanwhile
 
     def _show_results(self, frame) -> None:
-        from textual.widgets import Static
-
         try:
             table = self.results
         except NoMatches:
             return  # the app is closing: its widgets are already gone
         table.load(frame)
-        self.main.query_one("#results-notes", Static).update(" · ".join(table.notes))
+        self._show_notes(table.notes, table.columns_hint if table.table is not None else "")
 
     # ------------------------------------------------------------------------------------------ widget messages
 
+    def on_profile_list_refused(self, message: ProfileList.Refused) -> None:
+        """A profile that cannot run here is not queued: why, in the Live panel (where the user looks) and the Log."""
+        line = f"✗ {message.info.label} not queued: {message.reason}"
+        self.live.say(line)
+        self.log_line(line, "error")
+
     def on_profile_list_picked(self, message: ProfileList.Picked) -> None:
+        self.live.say(None)
         item = self.queue.add(message.profile)
         self._refresh_queue()
         self.main.query_one(QueueView).show(self.queue.items(), keep=item.id)
@@ -416,10 +426,15 @@ class MemlabApp(App[None]):
             self.log_line(f"⚠ {message}", "warning")
 
     def on_results_table_rendered(self, message: ResultsTable.Rendered) -> None:
-        from textual.widgets import Static
+        self._show_notes(message.notes, message.columns)
+
+    def _show_notes(self, notes: list[str], columns: str) -> None:
+        """The results' notes under the table; which columns are shown on the panel's border."""
+        from textual.widgets import Static, TabbedContent
 
         try:
-            self.main.query_one("#results-notes", Static).update(" · ".join(message.notes))
+            self.main.query_one("#results-notes", Static).update(" · ".join(notes))
+            self.main.query_one(TabbedContent).border_subtitle = f"columns: {columns}" if columns else ""
         except NoMatches:
             pass  # the app is closing
 
@@ -515,18 +530,23 @@ class MemlabApp(App[None]):
         if not self.busy:
             await self.quit_now()
             return
-        s = self.live_state
-        progress = f" at step {s.step}/{s.total_steps}" if s.total_steps else ""
-        waiting = self.queue.pending()
-        detail = f"{s.profile or 'the current run'}{progress} is stopped (its folder kept, marked interrupted)"
-        if waiting:
-            detail += f"; {waiting} waiting run{'s' if waiting != 1 else ''} will not start"
-
         async def answered(yes: bool | None) -> None:
             if yes:
                 await self.quit_now()
 
-        self.push_screen(ConfirmScreen("A run is in progress. Quit?", detail), answered)
+        self.push_screen(ConfirmScreen("A run is in progress. Quit?", self._quit_detail), answered)
+
+    def _quit_detail(self) -> str:
+        """What quitting now stops, read again while the question is open: the step goes on with the run."""
+        s = self.live_state
+        if not self.busy:
+            return "the run has ended meanwhile: quitting stops nothing"
+        progress = f", now at step {s.step}/{s.total_steps}" if s.total_steps and s.status == "running" else ""
+        waiting = self.queue.pending()
+        detail = f"Quitting stops {s.profile or 'the current run'}{progress} (its folder is kept, marked interrupted)"
+        if waiting:
+            detail += f"; {waiting} waiting run{'s' if waiting != 1 else ''} will not start"
+        return detail
 
     async def quit_now(self) -> None:
         """Stop cleanly: no new run starts; the running child gets SIGINT and writes `interrupted`; wait for it

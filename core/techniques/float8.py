@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError, DeviceError, MissingExtra
 
 from memlab.core.models.family import require_family
 
@@ -45,7 +45,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
-        raise ConfigError("kernels.float8 needs torchao: pip install 'memlab[torchao]', or kernels.float8 = false") from None
+        raise MissingExtra("kernels.float8 needs torchao: pip install 'memlab[torchao]', or kernels.float8 = false", "torchao") from None
 
 
 def check_plan(experiment: Experiment, profile: Profile) -> None:

@@ -9,23 +9,34 @@ import typer
 
 
 def profiles() -> None:
-    """The built-in profiles, one line each, with what they change and whether they need CUDA."""
+    """The built-in profiles, one line each, with what they change and what they need: CUDA, or an extra to install."""
     from memlab.cli.console import make_console
     from rich.table import Table
     from rich.text import Text
 
     from memlab.core.config import builtin_names, describe_changes, load_profile
-    from memlab.core.requirements import cuda_only
+    from memlab.core.requirements import needs
 
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("profile", "needs", "description", "changes"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col == "needs")
+    missing: dict[str, list[str]] = {}  # extra -> the profiles that need it
     for name in builtin_names("profile"):
         p = load_profile(name)
-        table.add_row(name, "CUDA" if cuda_only(p) else "", Text(p.description), describe_changes(p))  # Text: "memlab[liger]" is not markup
+        n = needs(p)
+        if n.extra:
+            missing.setdefault(n.extra, []).append(name)
+        table.add_row(name, Text(needs_label(n)), Text(p.description), describe_changes(p))  # Text: "memlab[liger]" is not markup
     console = make_console()
     console.print(table)
     console.print("[dim]needs CUDA: refused on the CPU backend (its technique needs a GPU); every other profile runs on both[/]")
+    for extra, names in missing.items():
+        console.print(Text(f"needs memlab[{extra}]: not installed here, so {', '.join(names)} would be refused: pip install 'memlab[{extra}]'", style="dim"))
+
+
+def needs_label(n) -> str:
+    """The `needs` cell: CUDA, a missing extra (memlab[torchao]), or both."""
+    return ", ".join(x for x in ("CUDA" if n.cuda else "", f"memlab[{n.extra}]" if n.extra else "") if x)
 
 
 def experiments() -> None:

@@ -13,9 +13,9 @@ from textual.widgets import Static
 PANELS = (
     ("Profiles", "built-in profiles and *.toml files of the current folder (or --profiles-dir)"),
     ("Queue", "r runs what waits, top to bottom, one child process each; a crash or an OOM ends only that run; once it runs dry, what you add waits for r again"),
-    ("Knobs", "experiment, steps and batch (a number or max) for the runs that start next; a value that does not parse starts no run"),
+    ("Knobs", "experiment, steps and batch (a number or max) for the runs that start next; a value that does not parse starts no run; a field takes only its own characters, so r, q and the other keys still act"),
     ("Live", "the running profile: memory (device NVML, torch allocated and reserved; host RSS on CPU), step time, loss"),
-    ("Results", "the same comparison as `memlab table`, filled in as runs finish: the columns that fit, relative ones first (w cycles the sets)"),
+    ("Results", "the same comparison as `memlab table`, filled in as runs finish: the columns that fit, relative ones first (w cycles the sets, from any panel; the border names the one shown)"),
     ("Log", "runs started, evaluations, and how each ended (finished, oom, crashed, interrupted...)"),
 )
 
@@ -32,6 +32,7 @@ def binding_sections(app) -> list[tuple[str, list[tuple[str, str]]]]:
     from memlab.tui.widgets.profile_list import ProfileList
     from memlab.tui.widgets.queue_view import QueueView
     from memlab.tui.widgets.results_table import ResultsTable
+    from memlab.tui.widgets.settings_panel import SettingsPanel
 
     def rows(bindings) -> list[tuple[str, str]]:
         out = []
@@ -46,9 +47,10 @@ def binding_sections(app) -> list[tuple[str, list[tuple[str, str]]]]:
             ("ctrl+q", "Quit, also from a text field"),
             ("ctrl+p", "Command palette (themes, keys)"),
         ]),
-        ("Profiles", [("enter", "Add to queue")] + rows(ProfileList.BINDINGS)),
+        ("Profiles", [("enter", "Add to queue (a greyed-out profile cannot run here: the Live panel says why)")] + rows(ProfileList.BINDINGS)),
         ("Queue", rows(QueueView.BINDINGS)),
-        ("Results", rows(ResultsTable.BINDINGS)),
+        ("Knobs (e)", rows(SettingsPanel.BINDINGS) + [("enter", "In a text field: leave the Knobs too (on the experiment: open its list)")]),
+        ("Results (1)", rows(ResultsTable.BINDINGS)),
     ]
 
 

@@ -12,8 +12,6 @@ from memlab.core.units import gib, gib_number
 from memlab.tui.model import LiveState, duration
 from memlab.tui.widgets.metric_row import MetricRow
 
-
-
 MESSAGE_CHARS = 600  # of a run's closing message in the title: a few wrapped lines, never a screenful
 
 
@@ -40,6 +38,9 @@ class LivePanel(Vertical):
         self._shown: dict[str, object] = {}
 
     def compose(self) -> ComposeResult:
+        notice = Static("", id="live-notice", markup=False)
+        notice.display = False
+        yield notice
         yield Static("no run yet: add profiles to the queue (enter) and press r to run them", id="live-title")
         bar = ProgressBar(total=None, show_eta=False, id="live-progress")
         bar.display = False  # no pulsing placeholder before a run: nothing moves on an idle screen
@@ -48,6 +49,18 @@ class LivePanel(Vertical):
         for key, label, floor in self.ROWS:
             yield MetricRow(label, floor, id=f"metric-{key}")
         yield Static("", id="live-peaks")
+
+    def say(self, text: str | Text | None) -> None:
+        """A line over the run, for what the user just did that did not happen (a profile refused at enqueue);
+        None clears it."""
+        notice = self.query_one("#live-notice", Static)
+        notice.update(text or "")
+        notice.display = bool(text)
+
+    @property
+    def notice(self) -> str:
+        notice = self.query_one("#live-notice", Static)
+        return str(notice.render()) if notice.display else ""
 
     def show(self, s: LiveState) -> None:
         self.renders += 1

@@ -2,7 +2,11 @@
 
 A file meant as a profile that does not load (bad TOML, an unknown key, a missing `extends`) stays in the list,
 marked, with its error shown when highlighted; it cannot be queued. Files that are not profiles at all
-(pyproject.toml, an experiment) are left out."""
+(pyproject.toml, an experiment) are left out.
+
+A profile that cannot run here is greyed out and refused when picked, with the reason (`ProfileList.Refused`, which
+the app shows in the Live panel): one whose extra is not installed (`· memlab[torchao]`), and on the CPU backend one
+that needs CUDA (`· CUDA`, marked wherever it is listed)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,34 @@ class ProfileInfo:
     changes: str = ""
     error: str = ""  # why a profile file does not load: shown, and the profile cannot be queued
     needs_cuda: str = ""  # why it cannot run on the CPU backend (its technique check's message), marked in the list
+    needs_extra: str = ""  # memlab's extra whose package is not installed here ("torchao"), marked in the list
+    extra_why: str = ""  # the check's message for it, with the pip install command
+
+    def refusal(self, device: str | None) -> str:
+        """Why this profile cannot be queued where runs go to `device` (cpu, cuda; None: not known yet), else ""."""
+        if self.error:
+            return f"does not load: {self.error}"
+        if self.needs_extra:
+            return f"needs memlab[{self.needs_extra}], not installed here: {self.extra_why}"
+        if self.needs_cuda and device == "cpu":
+            return f"needs CUDA, and runs go to the CPU here: {self.needs_cuda}"
+        return ""
+
+    def short_refusal(self, device: str | None) -> str:
+        """The same in a few words, for the line under the list."""
+        if self.needs_extra:
+            return f"not installed here: pip install 'memlab[{self.needs_extra}]'"
+        if self.needs_cuda and device == "cpu":
+            return "needs CUDA: runs go to the CPU here"
+        return self.refusal(device)
+
+
+def _info(ref: str, label: str, profile, describe_changes) -> ProfileInfo:
+    from memlab.core.requirements import needs
+
+    n = needs(profile)
+    return ProfileInfo(ref, label, profile.description, _changes(describe_changes, profile), needs_cuda=n.cuda or "",
+                       needs_extra=n.extra or "", extra_why=n.extra_why)
 
 
 def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInfo]:
@@ -31,7 +63,6 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
     those that do not load carry their error. Files that are not profiles (pyproject.toml, an experiment) are left out."""
     from memlab.core.config import builtin_names, describe_changes, load_profile
     from memlab.core.errors import MemlabError
-    from memlab.core.requirements import cuda_only
 
     found = []
     for name in builtin_names("profile"):
@@ -39,7 +70,7 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
             p = load_profile(name)
         except MemlabError:
             continue
-        found.append(ProfileInfo(name, name, p.description, _changes(describe_changes, p), needs_cuda=cuda_only(p) or ""))
+        found.append(_info(name, name, p, describe_changes))
     folder = Path(profiles_dir) if profiles_dir is not None else Path.cwd()
     builtin = {f.ref for f in found}
     for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
@@ -51,7 +82,7 @@ def discover_profiles(profiles_dir: str | Path | None = None) -> list[ProfileInf
             if _meant_as_profile(path):
                 found.append(ProfileInfo(ref, f"{label} (file)", error=str(e)))
             continue
-        found.append(ProfileInfo(ref, f"{label} (file)", p.description, _changes(describe_changes, p), needs_cuda=cuda_only(p) or ""))
+        found.append(_info(ref, f"{label} (file)", p, describe_changes))
     return found
 
 
@@ -76,16 +107,29 @@ def _changes(describe, profile) -> str:
         return ""
 
 
-def _label(p: ProfileInfo) -> Text:
+def _mark(p: ProfileInfo) -> str:
     if p.error:
-        return Text.assemble((p.label, "dim strike"), (" ✗ broken", "red"))
-    if p.needs_cuda:
-        return Text.assemble(p.label, (" · CUDA", "dim"))
-    return Text(p.label)
+        return " ✗ broken"
+    if p.needs_extra:
+        return f" · memlab[{p.needs_extra}]"
+    return " · CUDA" if p.needs_cuda else ""
+
+
+def label_text(p: ProfileInfo) -> str:
+    """The label as plain text, mark included (for the left column's width)."""
+    return p.label + _mark(p)
+
+
+def _label(p: ProfileInfo, device: str | None = None) -> Text:
+    if p.error:
+        return Text.assemble((p.label, "dim strike"), (_mark(p), "red"))
+    if p.refusal(device):  # greyed out: it cannot run here
+        return Text.assemble((p.label, "dim"), (_mark(p), "dim italic"))
+    return Text.assemble(p.label, (_mark(p), "dim"))
 
 
 class ProfileList(OptionList):
-    """Enter (or a) puts the highlighted profile at the end of the queue."""
+    """Enter (or a) puts the highlighted profile at the end of the queue, unless it cannot run here."""
 
     BINDINGS = [Binding("a", "pick", "Add to queue", show=False)]
 
@@ -94,12 +138,29 @@ class ProfileList(OptionList):
         profile: str
 
     @dataclass
+    class Refused(Message):
+        info: ProfileInfo
+        reason: str
+
+    @dataclass
     class Highlighted(Message):
         info: ProfileInfo | None
+        device: str | None = None
 
     def __init__(self, profiles: list[ProfileInfo], **kwargs) -> None:
         self.profiles = {p.ref: p for p in profiles}
+        self.device: str | None = None  # where runs go (cpu, cuda), once known: greys out what needs CUDA on a CPU
         super().__init__(*[Option(_label(p), id=p.ref) for p in profiles], **kwargs)
+
+    def set_device(self, device: str | None) -> None:
+        if device == self.device:
+            return
+        self.device = device
+        for ref, info in self.profiles.items():
+            self.replace_option_prompt(ref, _label(info, device))
+        option = self.highlighted_option
+        if option is not None:  # the help line under the list says it too
+            self.post_message(self.Highlighted(self.profiles.get(option.id or ""), device))
 
     def action_pick(self) -> None:
         option = self.highlighted_option
@@ -113,11 +174,12 @@ class ProfileList(OptionList):
 
     def _pick(self, ref: str) -> None:
         info = self.profiles.get(ref)
-        if info is not None and info.error:
-            self.app.notify(f"{info.label} does not load: {info.error}", severity="error", timeout=6)
+        reason = info.refusal(self.device) if info is not None else ""
+        if reason:
+            self.post_message(self.Refused(info, reason))
             return
         self.post_message(self.Picked(ref))
 
     def _on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
-        self.post_message(self.Highlighted(self.profiles.get(event.option.id or "")))
+        self.post_message(self.Highlighted(self.profiles.get(event.option.id or ""), self.device))

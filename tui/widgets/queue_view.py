@@ -28,9 +28,9 @@ def item_text(item: QueueItem, position: int) -> Text:
 class QueueView(OptionList):
     """Waiting profiles run top to bottom; shift+up/down moves the highlighted one, delete removes it."""
 
-    BINDINGS = [
-        Binding("shift+up,K", "move(-1)", "Move up", key_display="⇧↑"),
-        Binding("shift+down,J", "move(1)", "Move down", key_display="⇧↓"),
+    BINDINGS = [  # one footer entry for both moves: `q Quit` keeps its place at 80 columns
+        Binding("shift+up,K", "move(-1)", "Move", key_display="⇧↑↓", tooltip="Move the highlighted item up or down (K, J too)"),
+        Binding("shift+down,J", "move(1)", show=False),
         Binding("delete,backspace,x", "remove", "Remove", key_display="del", tooltip="Remove a waiting (or finished) item; c cancels the running one"),
     ]
 

@@ -4,8 +4,9 @@
 Enter opens the row's run folder in the live panel.
 
 The panel shows the columns that fit its width, most telling first (the relative columns right after the profile);
-`w` cycles the column sets: key figures, memory, speed, all (the last scrolls sideways). A group's name is a row
-of its own, its words laid over the row's cells rather than widening the profile column.
+`w` (from any panel) cycles the column sets: key figures, memory, speed, then all of them in pages that fit, the
+profile first on each: a column is shown whole or not at all. A group's name is a row of its own, its words laid
+over the row's cells rather than widening the profile column.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ STATUS_STYLE = {"finished": "green", "interrupted": "yellow", "incomplete": "yel
 CELL_PAD = 2  # DataTable's cell padding, both sides
 BASE_MARK = " (base)"
 
-# Column sets `w` cycles through: (name, columns in the order they are given room; None: every column, scrolling).
+# Column sets `w` cycles through: (name, columns in the order they are given room; None: every column, in pages).
 COLUMN_SETS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("key figures", ("profile", "mem_saved_pct", "speedup_x", "ppl_change_pct", "status", "peak_alloc_bytes", "peak_host_rss_bytes",
                      "tokens_per_s", "val_ppl", "step_ms_median", "max_batch", "peak_nvml_bytes", "mfu")),
@@ -49,29 +50,56 @@ def spread_words(text: str, widths: list[int]) -> list[str]:
     return cells
 
 
-def fit_columns(columns: list, widths: dict[str, int], order: tuple[str, ...] | None, room: int) -> list:
+def fit_columns(columns: list, widths: dict[str, int], order: tuple[str, ...] | None, room: int, keep: str | None = None) -> list:
     """The columns of `order` (by name, most wanted first) that fit `room` cells side by side, in that order; the
-    first always. `order` None: all of `columns`, as they are."""
+    first always, and `keep` (the sorted column: its mark must not push it off) before any other. `order` None:
+    all of `columns`, as they are."""
     if order is None:
         return list(columns)
     by_name = {c.name: c for c in columns}
-    chosen, used = [], 0
-    for name in order:
-        c = by_name.get(name)
-        if c is None:
-            continue
-        need = widths.get(name, len(c.header)) + CELL_PAD
-        if chosen and used + need > room:
+    need = {name: widths.get(name, len(by_name[name].header)) + CELL_PAD for name in order if name in by_name}
+    wanted = [n for n in order if n in need]
+    if keep in need and keep != wanted[0]:
+        wanted.remove(keep)
+        wanted.insert(1, keep)
+    chosen, used = set(), 0
+    for name in wanted:
+        if chosen and used + need[name] > room:
             continue  # a narrower one further down may still fit
-        chosen.append(c)
+        chosen.add(name)
+        used += need[name]
+    return [by_name[n] for n in order if n in chosen]
+
+
+def page_columns(columns: list, widths: dict[str, int], room: int) -> list[list]:
+    """All of `columns` in pages that fit `room` cells, in order; the first column (the profile) leads every page.
+    A column too wide for a page of its own still gets one."""
+    if not columns:
+        return [[]]
+    first, pages = columns[0], []
+    page, used = [first], widths.get(first.name, len(first.header)) + CELL_PAD
+    for c in columns[1:]:
+        need = widths.get(c.name, len(c.header)) + CELL_PAD
+        if len(page) > 1 and used + need > room:
+            pages.append(page)
+            page, used = [first], widths.get(first.name, len(first.header)) + CELL_PAD
+        page.append(c)
         used += need
-    return chosen
+    pages.append(page)
+    return pages
+
+
+REASON_CHARS = 80  # of a run's reason in the notes: two lines of the panel at 80 columns; enter on its row shows it whole
+
+
+def _short(reason: str) -> str:
+    line = " ".join(reason.split())
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1].rstrip() + "…"
 
 
 class ResultsTable(DataTable):
     BINDINGS = [
         Binding("s", "sort", "Sort", tooltip="Sort by the column under the cursor (again: descending), within each experiment"),
-        Binding("w", "next_columns", "Columns", tooltip="Cycle the column sets: key figures, memory, speed, all (those that fit the width)"),
         Binding("enter", "open", "Open run", show=False, tooltip="Open the row's run folder in the live panel"),
     ]
 
@@ -82,6 +110,7 @@ class ResultsTable(DataTable):
     @dataclass
     class Rendered(Message):
         notes: list[str]
+        columns: str = ""  # which columns are shown and how to see the others, for the panel's border
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="cell", zebra_stripes=True, **kwargs)
@@ -93,6 +122,9 @@ class ResultsTable(DataTable):
         self._paths: dict[str, str] = {}
         self._columns: list = []
         self.column_set = 0  # index into COLUMN_SETS
+        self.page = 0  # of the "all" set: which page of columns
+        self._pages = 1
+        self.columns_hint = ""
         self._rendered_width = 0
 
     # --------------------------------------------------------------------------------------------- data
@@ -115,7 +147,8 @@ class ResultsTable(DataTable):
 
     @property
     def column_set_name(self) -> str:
-        return COLUMN_SETS[self.column_set][0]
+        name = COLUMN_SETS[self.column_set][0]
+        return f"{name} {self.page + 1}/{self._pages}" if self._pages > 1 else name
 
     def _render(self) -> None:
         from memlab.core import compare
@@ -137,7 +170,7 @@ class ResultsTable(DataTable):
         order = COLUMN_SETS[self.column_set][1]
         if order is not None and (table["status"] == "finished").all():  # nothing to tell: status gets room last
             order = tuple(n for n in order if n != "status") + ("status",)
-        shown = fit_columns(visible, widths, order, room) if room > 0 else visible
+        shown = self._choose(visible, widths, order, room)
         self._rendered_width = self.size.width
         cursor_col = self._columns[self.cursor_column].name if self._columns and self.cursor_column < len(self._columns) else None
         cursor_row = self.cursor_row
@@ -155,9 +188,19 @@ class ResultsTable(DataTable):
             self.move_cursor(row=min(cursor_row, self.row_count - 1), column=[c.name for c in shown].index(cursor_col), animate=False)
         self.notes = self._notes(table, shown)
         hidden = len(visible) - len(shown)
-        if hidden:
-            self.notes.insert(0, f"columns: {self.column_set_name}, {hidden} more off (w cycles)")
-        self.post_message(self.Rendered(list(self.notes)))
+        self.columns_hint = f"{self.column_set_name} · {hidden} more · w cycles" if hidden else f"{self.column_set_name} · w cycles"
+        self.post_message(self.Rendered(list(self.notes), self.columns_hint))
+
+    def _choose(self, visible: list, widths: dict[str, int], order: tuple[str, ...] | None, room: int) -> list:
+        """The columns of the current set that fit `room` (a page of them for "all")."""
+        self._pages = 1
+        if room <= 0:
+            return visible
+        if order is not None:
+            return fit_columns(visible, widths, order, room, keep=self.sort_column)
+        pages = page_columns(visible, widths, room)
+        self._pages, self.page = len(pages), min(self.page, len(pages) - 1)
+        return pages[self.page]
 
     def _widths(self, table, columns) -> dict[str, int]:
         """Each column's width in cells: its header (with room for a sort mark) or its widest value."""
@@ -202,15 +245,15 @@ class ResultsTable(DataTable):
     def _notes(self, table, shown) -> list[str]:
         from memlab.core import compare
 
-        notes = []
+        notes = []  # why a run did not finish first: the most telling, and never the line cut off
+        for r in table.filter(table["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
+            if r["reason"]:
+                notes.append(f"{r['profile']} ({r['status']}): {_short(r['reason'])}")
         for label, g in compare.groups(table):
             base = g["baseline"][0]
             notes.append(f"{label}: " + (f"relative to {base}" if base else "no baseline, relative columns blank"))
         if compare.host_memory_only(table):
             notes.append("memory is host RSS (CPU: no device memory)")
-        for r in table.filter(table["status"] != "finished").select("profile", "status", "reason").iter_rows(named=True):
-            if r["reason"]:
-                notes.append(f"{r['profile']} ({r['status']}): {r['reason'][:120]}")
         return notes
 
     # --------------------------------------------------------------------------------------------- keys
@@ -223,9 +266,12 @@ class ResultsTable(DataTable):
         self.sort_by(column, descending)
 
     def action_next_columns(self) -> None:
-        self.column_set = (self.column_set + 1) % len(COLUMN_SETS)
+        """The next page of "all", else the next set (the panel's border names it: no toast over the rows)."""
+        if COLUMN_SETS[self.column_set][1] is None and self.page + 1 < self._pages:
+            self.page += 1
+        else:
+            self.column_set, self.page = (self.column_set + 1) % len(COLUMN_SETS), 0
         self._render()
-        self.app.notify(f"results columns: {self.column_set_name}", timeout=2)
 
     def action_open(self) -> None:
         if not self.row_count:

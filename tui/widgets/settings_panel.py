@@ -1,7 +1,7 @@
 """A few common knobs for the runs that start from now on: experiment, steps, batch size (a number or `max`).
 
-A field takes only the characters its value can hold (digits; digits or `max`): a stray `z`, the zoom key, is not
-typed in. A value that is still not right (`0`, `ma`) is the panel's `problem`, and the app starts no run until it
+A field takes only the characters its value can hold (digits; digits or `max`); any other key acts as it does
+anywhere (r runs, q quits, z zooms), and escape or enter leave the Knobs for the panel the user came from. A value that is still not right (`0`, `ma`) is the panel's `problem`, and the app starts no run until it
 is fixed or cleared: the runs never quietly fall back to the defaults."""
 
 from __future__ import annotations
@@ -9,10 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.validation import Function, Integer
 from textual.widgets import Input, Label, Select
+
+from memlab.tui.widgets.knob_input import KnobInput
 
 
 @dataclass(frozen=True)
@@ -42,16 +45,23 @@ def _batch_ok(value: str) -> bool:
 
 STEPS_CHARS = r"[0-9]*"
 BATCH_CHARS = r"[0-9]*|m|ma|max"
+DIGITS = "0123456789"
 
 
 class SettingsPanel(Vertical):
     """Each change is posted as `SettingsPanel.Changed`: the settings as they last parsed, and the problem (a line
-    naming the field and what it takes) while a field holds a value that does not parse, else None."""
+    naming the field and what it takes) while a field holds a value that does not parse, else None. Escape, or
+    enter in a field, posts `SettingsPanel.Done`: the screen gives focus back to the panel the user came from."""
+
+    BINDINGS = [Binding("escape", "done", "Done", key_display="esc", tooltip="Leave the Knobs, back to the panel you came from")]
 
     @dataclass
     class Changed(Message):
         settings: Settings
         problem: str | None = None
+
+    class Done(Message):
+        pass
 
     def __init__(self, settings: Settings, experiments: list[str], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -73,14 +83,14 @@ class SettingsPanel(Vertical):
             yield Select([(n, n) for n in self._experiments], value=s.experiment, allow_blank=False, compact=True, id="knob-experiment")
         with Horizontal(classes="knob"):
             yield Label("steps", classes="knob-label")
-            yield Input(
-                "" if s.steps is None else str(s.steps), placeholder="default", compact=True, id="knob-steps", restrict=STEPS_CHARS,
+            yield KnobInput(
+                "" if s.steps is None else str(s.steps), takes=DIGITS, placeholder="default", compact=True, id="knob-steps", restrict=STEPS_CHARS,
                 validators=[Integer(minimum=1, failure_description="a positive integer")], valid_empty=True,
             )
         with Horizontal(classes="knob"):
             yield Label("batch", classes="knob-label")
-            yield Input(
-                s.batch or "", placeholder="default or max", compact=True, id="knob-batch", restrict=BATCH_CHARS,
+            yield KnobInput(
+                s.batch or "", takes=DIGITS + "max", placeholder="default or max", compact=True, id="knob-batch", restrict=BATCH_CHARS,
                 validators=[Function(_batch_ok, "a positive integer or max")], valid_empty=True,
             )
 
@@ -108,7 +118,10 @@ class SettingsPanel(Vertical):
 
     def _on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.screen.focus_next()
+        self.post_message(self.Done())
+
+    def action_done(self) -> None:
+        self.post_message(self.Done())
 
     def _set(self, **fields) -> None:
         new = Settings(**{**self.settings.__dict__, **fields})
