@@ -323,8 +323,9 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
     allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
     find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
-    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41; without, 39 and 42, and three of the sixteen H100
-    searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
+    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41;
+    without, 39 and 42, and three of the sixteen H100 searches of bench/allocator_replay.py
+    move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
     `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace."""
     expandable = profile.allocator.expandable_segments
     if float8_untraced(profile):

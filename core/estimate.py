@@ -37,9 +37,9 @@ MIB = 1024**2
 # ---------------------------------------------------------------------------------------------- measured constants
 
 # Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
-# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11,
-# every built-in profile's measured peak against its prediction without a workspace (docs/estimator.md): the median over the profiles
-# of one kernel of measured - predicted-without-workspace, gpt2s at micro-batch 16): sdpa 74.6 MB (15 profiles),
+# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11, every built-in
+# profile on gpt2s at micro-batch 16: the median over the profiles of one kernel of measured less predicted without
+# a workspace, docs/estimator.md): sdpa 74.6 MB (15 profiles),
 # flash (FA4) 73.2 MB (4), flex 74.5 MB (1). One figure serves them all.
 WORKSPACE_BYTES: dict[str, int] = {
     "default": 71 * MIB,
@@ -49,7 +49,8 @@ WORKSPACE_BYTES: dict[str, int] = {
 # kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every built-in profile on
 # gpt2s: 1231 .. 1263 MiB, median 1247.
 CUDA_CONTEXT_BYTES = 1247 * MIB
-# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card); a GPU with another reserve (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
+# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card); a GPU with another reserve
+# (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
 H100_DRIVER_RESERVE_BYTES = 480 * MIB
 
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
@@ -847,10 +848,10 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
 
 
 def _float8_compiled_saved(plain: dict[str, int]) -> dict[str, int]:
-    """A plain block under compiled float8, as listed on the H100 (bench/saved_tensors.py, gpt2s with 2 layers): the partitioner recomputes both LayerNorm outputs (the qkv and
-    fc Linears' inputs: backward casts them to float8 again anyway) from the saved fp32 residual, and GELU from the
-    fc output, so neither norm output nor the GELU output is kept; q, k, v, the attention output and the fc output
-    are."""
+    """A plain block under compiled float8, as listed on the H100 (bench/saved_tensors.py, gpt2s with 2 layers): the
+    partitioner recomputes both LayerNorm outputs (the qkv and fc Linears' inputs: backward casts them to float8
+    again anyway) from the saved fp32 residual, and GELU from the fc output, so neither norm output nor the GELU
+    output is kept; q, k, v, the attention output and the fc output are."""
     out = {k: v for k, v in plain.items() if k not in ("attn_in", "mlp_in")}
     out["mlp_hidden"] = plain["mlp_hidden"] // 2
     return out
