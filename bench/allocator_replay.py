@@ -20,12 +20,12 @@ beside the committed H100 run of the same profile, experiment and micro-batch, t
 under the allocator budget the H100's find-batch searched under; tests/test_allocator_model.py checks some of them).
 Nothing in the model was fitted to these: its constants are the allocator's. What the fake trace adds to a CPU's
 fake step, each found by setting a real H100 trace beside it (bench/replay_check.sh,
-bench/results/replay-check-h100/) or in PyTorch's source, none a fitted size: SDPA and dropout as CUDA's fused
+tests/data/gpu/replay-check-h100/) or in PyTorch's source, none a fitted size: SDPA and dropout as CUDA's fused
 kernels save them (no T x T; a bool mask), the two cuBLAS workspaces (32 MiB each on Hopper, kept for the process:
 the backward's landed in the first step's freed logits segment on the seed shape, which is what made it fragment
 31%), the fp32 temporary of CUDA's softmax backward (gpt2s gradcp), and the blocks kernels allocate and free inside
 one call (memlab.core.cuda_temporaries: a bias gradient's reduce staging buffer, cuDNN's and flash's backward
-workspaces; bench/results/replay-check-h100/transients/). Before them the seed shape's SDPA-with-dropout profiles
+workspaces; tests/data/gpu/replay-check-h100/transients/). Before them the seed shape's SDPA-with-dropout profiles
 replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 
 | experiment, profile, micro-batch | allocated: replay / H100 GiB | reserved: replay / H100 GiB | H100 run |
@@ -80,7 +80,7 @@ dropout's mask before its output, as CUDA's kernel does; and a search's replay s
 own measurement allocates before the model (a matrix, its square, the main thread's cuBLAS workspace:
 allocation_trace._memory_cap_measurement), as find-batch's probes run under --gpu-memory (the gpt2s searches under
 12 GiB above predate that measurement and replay without it). All three were found on complete H100 traces of
-find-batch-like runs (bench/replay_check.sh probe:..., `../results/replay-check-h100/`): the fat held-out shape's
+find-batch-like runs (bench/replay_check.sh probe:..., `tests/data/gpu/replay-check-h100/`): the fat held-out shape's
 gradcp_every2 reserves 1.78 GiB more at 101 than at 100, and the mid shape's reserved 20.42 GiB at 27 under the cap
 and 22.18 without it; the fake traces now give both to the hundredth (tests/test_allocator_model.py). Every reserved
 figure above is within 0.1% of the H100's; of the max batches, seed baseline moved to 101 (was 102), seed gradcp to
@@ -92,7 +92,7 @@ before), and no other row.
 The replayed max micro-batch is a fit without an allocator retry, as find-batch counts one (batchfind.clean_fit).
 On the sixteen H100 searches, on which the trace's missing allocations were found (not held out), it is never above
 find-batch's and within 5.5% (14 within 1%; gpt2s chunked_ce 29 for 30 since the kernels' temporaries, seed chunked_ce 1854 for 1961). Held out
-from the allocator model: the six searches with expandable segments (bench/results/expandable-check-h200/, an
+from the allocator model: the six searches with expandable segments (tests/data/gpu/expandable-check-h200/, an
 H200; the expandable mode was written from the allocator's source without them) and the four on the deep and long shapes (estimate-heldout-h100/frontier/find-batch/): within 1%,
 one of them one batch above find-batch's at the budget the GPU measured (seed-so-posts baseline with expandable
 segments, 102 for 101: the GPU's 102 needed one retry, the replay's none; deep chunked_ce was 42 for 41 until best
@@ -151,7 +151,7 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
                      gpu_kernels=gpu_kernels)
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu"  # the GPU runs and logs these checks read
 SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the seed study's corpus and tokenizer
 AGAINST_H100 = [("gpt2s", p, 16, []) for p in ("bf16", "gradcp_bf16", "chunked_ce", "selective")] + \
     [("bigvocab", p, 24, []) for p in ("bf16", "chunked_ce")] + \
@@ -170,7 +170,7 @@ RUN_CHOICE = {("gpt2s", "act_offload_overlap", 16): "frontier-h100/c/runs/202611
 
 
 def h100_run(experiment: str, profile: str, micro_batch: int) -> dict | None:
-    """The summary of the first finished committed run (bench/results/) of this profile, experiment and micro-batch
+    """The summary of the first finished committed run (tests/data/gpu/) of this profile, experiment and micro-batch
     (RUN_CHOICE's where it names one); an experiment file is named by its stem, as run.json names it."""
     name = Path(experiment).stem if experiment.endswith(".toml") else experiment
     chosen = RUN_CHOICE.get((name, profile, micro_batch))
@@ -181,7 +181,7 @@ def h100_run(experiment: str, profile: str, micro_batch: int) -> dict | None:
 
 @functools.cache
 def _finished_runs(under: str = "") -> dict[tuple[str, str, int], dict]:
-    """Every finished committed run's summary (under one folder of bench/results/, else all) by (experiment, profile,
+    """Every finished committed run's summary (under one folder of tests/data/gpu/, else all) by (experiment, profile,
     micro-batch), the first in path order: read once, not once a case."""
     import json
 

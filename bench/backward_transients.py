@@ -1,5 +1,5 @@
 """What the CUDA kernels of one backward allocate beyond their outputs (issue 17: the allocator replay's fake step
-lacks them). The H100's traces of liger_ce and cce on the T 8192 shape (bench/results/replay-check-h100/) held, in
+lacks them). The H100's traces of liger_ce and cce on the T 8192 shape (tests/data/gpu/replay-check-h100/) held, in
 every block's backward, transient blocks the fake step never makes (132 MiB twice, 64 MiB, 32.5 MiB); on a shape
 without a logits segment to land in, they fragment the reserve. This runs each suspect op alone, records the
 allocator's history with C++ stacks, and prints every block its backward allocates: size, freed within it or not,

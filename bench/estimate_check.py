@@ -1,4 +1,4 @@
-"""Issue 5 on a CPU: the estimator of this checkout against what the H100 measured (bench/results/estimate-h100/).
+"""Issue 5 on a CPU: the estimator of this checkout against what the H100 measured (tests/data/gpu/estimate-h100/).
 
 The GPU figures are read back from the files `bench/estimate_vs_measured.py` wrote there; only the predictions are
 computed here, so a change to memlab/core/estimate.py is checked against the same measurements without a GPU:
@@ -8,7 +8,7 @@ computed here, so a change to memlab/core/estimate.py is checked against the sam
   max batch  per search: the largest batch that fitted and the smallest that did not (exact when they are one
              apart; a search stopped by its time budget leaves a bracket), against predict_max_batch at that cap
 
-    python bench/estimate_check.py                       # prints the tables, writes results/estimate-h100/check.md
+    python bench/estimate_check.py                       # prints the tables, writes bench/results/estimate-h100/check.md
     python bench/estimate_check.py --results DIR --out -  # another folder; print only
 """
 
@@ -101,7 +101,9 @@ def pct(pred: float, meas: float) -> float:
     return 100.0 * (pred - meas) / meas
 
 
-RESULTS = Path(__file__).parent / "results" / "estimate-h100"
+# The H100's measurements live with the tests that read them; the table this writes is the evidence the docs cite.
+RESULTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu" / "estimate-h100"
+CHECK = Path(__file__).resolve().parent / "results" / "estimate-h100" / "check.md"
 
 
 def compare(folder: Path = RESULTS) -> dict[str, list[dict]]:
@@ -130,7 +132,7 @@ def compare(folder: Path = RESULTS) -> dict[str, list[dict]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS))
-    ap.add_argument("--out", default=None, help="markdown file to write (default: <results>/check.md; - for none)")
+    ap.add_argument("--out", default=None, help="markdown file to write (default: bench/results/estimate-h100/check.md; - for none)")
     args = ap.parse_args()
     folder = Path(args.results)
     total, max_batch = _estimator()
@@ -176,7 +178,7 @@ def main() -> int:
               f"max batches within 10%: {sum(e <= 10 for e in batch_errors)}/{n_batch} (worst {max(batch_errors, default=0):.1f}%)"]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = args.out or str(folder / "check.md")
+    out = args.out or str(CHECK)
     if out != "-":
         Path(out).write_text(text)
     return 0

@@ -1,11 +1,11 @@
-"""Issue 19 on a CPU: the estimator of this checkout against the H100 runs of bench/results/frontier-h100/.
+"""Issue 19 on a CPU: the estimator of this checkout against the H100 runs of tests/data/gpu/frontier-h100/.
 
 Every finished run there (or one stopped after all its training steps, in its final evaluation: its peak is the
 training's) is re-estimated from its own run.json (profile and experiment as they ran, its micro-batch)
 and set beside its measured peak allocated memory. Runs whose technique's code changed after they ran are listed
 as superseded and not checked (the run made after the change is).
 
-    python bench/frontier_check.py              # prints the table, writes results/frontier-h100/check.md
+    python bench/frontier_check.py              # prints the table, writes bench/results/frontier-h100/check.md
     python bench/frontier_check.py --out -      # print only
     python bench/frontier_check.py --part f3    # the part's runs as NOTE.md lists them
 """
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "frontier-h100"
+RESULTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu" / "frontier-h100"  # the runs, which tests read too
 # (part, profile): run before a change to that technique's code; the part named in the reason ran after it
 SUPERSEDED = {
     ("a", "act_offload_overlap"): "ran with record_stream (part c runs the current offload)",
@@ -100,7 +100,7 @@ def part_table(part: str, results: Path = RESULTS) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS / "check.md"), help="where to write the table; - prints only")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "frontier-h100" / "check.md"), help="where to write the table; - prints only")
     ap.add_argument("--part", help="print this part's runs instead (NOTE.md's tables)")
     a = ap.parse_args()
     if a.part:

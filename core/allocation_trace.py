@@ -10,7 +10,7 @@ storages are created and freed, in order, and how large.
   (memlab.core.compile_budget_model.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
-  replayed 398 and 430 (bench/results/study-so-posts-h100/). These figures were seen while writing this: not held out.
+  replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
 - `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
   peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
@@ -141,7 +141,7 @@ def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
     before its model (batchfind._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
     which the forward's matmuls then share, and a scalar; all but the workspace freed. The workspace then sits in a
     segment of its own, not in a freed logits segment: on the mid held-out shape the H100 reserved 20.42 GiB at
-    micro-batch 27 with the cap and 22.18 without it (bench/results/replay-check-h100/)."""
+    micro-batch 27 with the cap and 22.18 without it (bench/replay_check.sh traces it)."""
     from memlab.core.batchfind import MEASURE_SIDE
 
     where = "the memory cap's measurement (batchfind._used_outside_allocator)"
@@ -314,8 +314,7 @@ def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
     that does not fit). Fits are not monotone near the edge, so this can settle below a batch that fits (heldout-6's
     gradcp_every2 before the tie rule: 59 where 64 fitted). Going down from `best` instead finds such batches, and
     they are lucky ones: on the fat shape it gave act_offload_overlap 163 and sac_ops 89 where the H100 found 148
-    and 86 (each had needed an allocator retry a batch above), so the bisection stays
-    (bench/results/prediction-check/heldout-7/NOTE.md)."""
+    and 86 (each had needed an allocator retry a batch above), so the bisection stays."""
     return best if fits(best) else _bisected(fits, floor, best - 1)
 
 
@@ -324,9 +323,9 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
     allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
     find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
-    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41
-    (bench/results/estimate-heldout-h100/frontier/find-batch/); without, 39 and 42, and three of the sixteen H100
-    searches of bench/allocator_replay.py move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
+    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41;
+    without, 39 and 42, and three of the sixteen H100 searches of bench/allocator_replay.py
+    move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
     `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace."""
     expandable = profile.allocator.expandable_segments
     if float8_untraced(profile):
@@ -360,11 +359,11 @@ def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, m
     cannot be traced (no torchao installed here: float8_untraced): its tensors at their peak from the analytic estimate,
     counted FLOAT8_TENSOR_MARGIN high, plus the share of the reserve no tensor holds (reserved less allocated) in the
     replay of the same step without float8 at the same batch. The waste follows the step's large transient blocks
-    (logits and their gradients), which float8 leaves as they are. Set beside the H100 on the logits shape
-    (bench/results/prediction-check/heldout-7/), where the analytic figure alone had predicted 292 for find-batch's
+    (logits and their gradients), which float8 leaves as they are. Set beside the H100 on the logits shape,
+    where the analytic figure alone had predicted 292 for find-batch's
     217, the sum without the margin gave 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76. The
     margin came after the fat shape, where the analytic tensors were 3.6% under the GPU's peak (20.00 for 20.74 GiB
-    at 103) and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
+    at 103) and the max batch came out 109 for 103-104."""
     from memlab.core import estimate as est
     from memlab.core.replay_standins import float8_standin
 
@@ -641,8 +640,8 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     weight's gradient (Embedding.cu, EmbeddingBackwardKernel.cu), all freed before it returns: the sorted indices
     and their order, a range for the sort; then segment offsets, a count, the per-segment partial counts and
     offsets, and the partial sums, fp32 rows for up to indices / 10 + min(indices, vocabulary) partial segments
-    (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). Every committed H100
-    trace has them at these sizes (bench/results/replay-check-h100/); adding them changed none of the replayed peaks
+    (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). Every H100
+    trace checked has them at these sizes; adding them changed none of the replayed peaks
     checked there. cub's own temporaries (under 1 MiB there) are left out."""
     import torch
 

@@ -1,7 +1,7 @@
 """A model of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11), at its default
 settings or with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, for replaying an allocation trace: how much memory
 the allocator *reserves* for a given sequence of tensor allocations and frees, which is what bounds the batch that
-fits (issue 17: fragmentation reached 20-31% of reserved memory on logits-heavy shapes, where the estimator assumes 5%).
+fits (fragmentation reached 20-31% of reserved memory on logits-heavy shapes, where the estimator assumes 5%).
 
 Both modes, as the allocator's source describes them:
 - sizes round up to kMinBlockSize (512 bytes); requests up to kSmallSize (1 MiB) come from the small pool, larger

@@ -676,7 +676,7 @@ def _read_cache() -> dict:
 
 # The share of the allocator budget the replayed max batch leaves free (allocation_trace.replayed_max_batch's
 # margin). At the batches find-batch found, the replay reserved up to 1.9% less than the H100 (act_offload on the
-# wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right: bench/results/prediction-check/heldout-3/),
+# wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right),
 # enough to put its figure one to three above.
 REPLAY_MARGIN = 0.03
 
@@ -726,7 +726,7 @@ def context_bytes_here() -> int:
     """What a run holds outside the allocator on this machine's GPU, for a prediction made before any probe: the
     H100's measured context, libraries and driver reserve (estimate.CUDA_CONTEXT_BYTES) with this GPU's own driver
     reserve in place of the H100's. On an H200 (a 0.60 GiB reserve) the H100's figure left liger_ce on the T 8192
-    shape predicted one above the batch found (bench/results/prediction-check/). No GPU or no NVML v2: the H100's."""
+    shape predicted one above the batch found. No GPU or no NVML v2: the H100's."""
     import torch
 
     from memlab.core import estimate as est

@@ -429,7 +429,7 @@ def _autocast_as_on_cuda():
     input to `torch.get_autocast_gpu_dtype()` where `torch.is_autocast_enabled()` (CUDA's) holds, as it does on the
     GPU; without this it saw no autocast and cast the fp32 LayerNorm outputs to float8 directly (two bf16 casts a
     block fewer than the GPU's graph). It did not close the seq-8192 shape's gap, which is the torch release's
-    (bench/results/prediction-check/float8-traced/NOTE.md)."""
+    (docs/estimator.md)."""
     import torch
 
     asked = torch.is_autocast_enabled

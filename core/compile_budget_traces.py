@@ -1,5 +1,5 @@
 """Traces of memlab.core.compile_budget_model made ahead, for the shapes this repository's own checks estimate (the H100
-runs of bench/results/frontier-h100/ and study-so-posts-h100/, the bigvocab run, tests/test_ckpt_frontier.py), so that
+runs the docs cite: the frontier on gpt2s and bigvocab, the seeds' study, tests/test_ckpt_frontier.py), so that
 those checks do not trace for minutes on every fresh machine. Each value is exactly what
 `python -m memlab.core.compile_budget_model KEY_WITHOUT_TORCH` prints under the torch release its key names; entries of
 another release are not used (the estimator traces). tests/test_compile_budget_model.py traces the first one again.

@@ -4,7 +4,7 @@ allocated peak, but each needs a free block of its size at that moment; on a sha
 to land in (no logits segment: liger_ce, cce, leanest) they fragment the reserve.
 
 Each rule is read from the kernel's source and checked against the H100's allocator history of the op alone
-(bench/backward_transients.py, bench/results/replay-check-h100/transients/), not fitted to a run's peak:
+(bench/backward_transients.py records it), not fitted to a run's peak:
 
 - the staging buffer of a reduction split across thread blocks (ATen's Reduce.cuh, setReduceConfig and
   ReduceConfig::global_memory_size): a Linear's bias gradient, `grad.sum(0)` over every token, takes 132 MiB at

@@ -257,7 +257,7 @@ def prepare(experiment: Experiment, profile: Profile, device: torch.device | str
 def _load_tokens(e: Experiment) -> data_mod.TokenData:
     """The experiment's tokens. A cold cache is filled by a child process first: training the tokenizer and
     tokenizing would leave modules and heap in this process, and its host memory would then depend on whether the
-    cache was warm (issue 20). Should the child fail, loading here raises the error as one line."""
+    cache was warm. Should the child fail, loading here raises the error as one line."""
     import dataclasses
     import json
     import subprocess

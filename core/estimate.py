@@ -37,25 +37,25 @@ MIB = 1024**2
 # ---------------------------------------------------------------------------------------------- measured constants
 
 # Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
-# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11,
-# bench/results/estimate-h100/estimate_vs_measured.json "workspace_bytes_by_family": the median over the profiles
-# of one kernel of measured - predicted-without-workspace, gpt2s at micro-batch 16): sdpa 74.6 MB (15 profiles),
+# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11, every built-in
+# profile on gpt2s at micro-batch 16: the median over the profiles of one kernel of measured less predicted without
+# a workspace, docs/estimator.md): sdpa 74.6 MB (15 profiles),
 # flash (FA4) 73.2 MB (4), flex 74.5 MB (1). One figure serves them all.
 WORKSPACE_BYTES: dict[str, int] = {
     "default": 71 * MIB,
 }
 
 # Device memory outside the allocator on a card used whole (the CUDA context, cuDNN / cuBLAS handles, loaded
-# kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every run of
-# bench/results/techniques-h100: 1231 .. 1263 MiB, median 1247.
+# kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every built-in profile on
+# gpt2s: 1231 .. 1263 MiB, median 1247.
 CUDA_CONTEXT_BYTES = 1247 * MIB
-# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card: bench/results/cap-check-h100/
-# NOTE.md); a GPU with another reserve (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
+# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card); a GPU with another reserve
+# (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
 H100_DRIVER_RESERVE_BYTES = 480 * MIB
 
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
 # the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the
-# step allocates. Measured on the H100 (bench/results/estimate-h100/, the probes that fitted at the searches'
+# step allocates. Measured on the H100 (find-batch's probes that fitted at the searches'
 # largest batch): plain steps 0.03 .. 0.07 (bf16, baseline, chunked_ce, selective, adamw8bit, accum, adafactor);
 # a checkpointed block recomputed in backward leaves holes the size of its activations, 0.10 .. 0.15 (gradcp,
 # gradcp_bf16, gradcp_every2, leanest, fsdp_gradcp_bf16); activations offloaded to the host and copied back,
@@ -314,7 +314,7 @@ def _precision(profile: Profile) -> _Precision:
     if profile.kernels.float8:
         # torchao's Float8Linear (memlab.core.techniques.float8) saves the fp32 weight parameter itself, not
         # autocast's bf16 copy; its float8 casts are temporaries, remade in backward. Compiled too: the H100 list of
-        # saved tensors (bench/results/frontier-h100/saved_tensors.txt) holds the fp32 masters and no float8 tensor.
+        # saved tensors (bench/saved_tensors.py) holds the fp32 masters and no float8 tensor.
         return _Precision(amp, e, block_weight=0, float8=True)
     return _Precision(amp, e)
 
@@ -712,7 +712,7 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
             copy of the gradients, allocated when the model is wrapped, so alive from the first forward on. With
             gradient_as_bucket_view=True (as memlab wraps) the .grad tensors are views of the buckets: the bucket
             term replaces the gradients as they are made, and the optimizer step sees 4N, not 8N. Measured on
-            2 x H200, gpt2s micro 16 bf16 (bench/results/distributed-h200x2/distributed.txt): DDP per-GPU peak
+            2 x H200, gpt2s micro 16 bf16 (docs/multi-gpu.md): DDP per-GPU peak
             8.26 GiB vs 7.91 on one GPU, +0.35 GiB = 92.1M params x 4 B; the optimizer phase unchanged (1.79).
       fsdp  weights, gradients and optimizer state divided by world_size (FSDP2 shards every tensor on dim 0),
             plus the unsharded parameters in the compute dtype of one block (all-gathered for its forward and
@@ -830,7 +830,7 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
         notes.append("compile: the loss is fused (bf16 logits kept, no fp32 copy); less certain than eager figures")
     if p.kernels.fused:
         # Its norms keep their fp32 input where the stock graph keeps the normalized output: the same bytes.
-        # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock (bench/results/fused-h100/).
+        # Measured on the H100, gpt2s micro-batch 128: 47.72 GB fused, 47.71 GB stock.
         notes.append("kernels.fused: counted as the stock graph (each norm keeps its input instead of its output: same bytes)")
     if p.kernels.float8:
         notes.append("kernels.float8: block weights saved as the fp32 masters (no bf16 copies), float8 casts are "
@@ -848,11 +848,10 @@ def _saved_activations(st: _Step, notes: list[str]) -> _Saved:
 
 
 def _float8_compiled_saved(plain: dict[str, int]) -> dict[str, int]:
-    """A plain block under compiled float8, as listed on the H100 (bench/saved_tensors.py, gpt2s with 2 layers,
-    bench/results/frontier-h100/saved_tensors.txt): the partitioner recomputes both LayerNorm outputs (the qkv and
-    fc Linears' inputs: backward casts them to float8 again anyway) from the saved fp32 residual, and GELU from the
-    fc output, so neither norm output nor the GELU output is kept; q, k, v, the attention output and the fc output
-    are."""
+    """A plain block under compiled float8, as listed on the H100 (bench/saved_tensors.py, gpt2s with 2 layers): the
+    partitioner recomputes both LayerNorm outputs (the qkv and fc Linears' inputs: backward casts them to float8
+    again anyway) from the saved fp32 residual, and GELU from the fc output, so neither norm output nor the GELU
+    output is kept; q, k, v, the attention output and the fc output are."""
     out = {k: v for k, v in plain.items() if k not in ("attn_in", "mlp_in")}
     out["mlp_hidden"] = plain["mlp_hidden"] // 2
     return out
@@ -934,7 +933,7 @@ def _loss_moments(st: _Step, static: _Static, saved: _Saved, model: _ModelSaved)
         # Inductor fuses upcast, log-softmax and NLL: it keeps the logits in the matmul's dtype with the row max and
         # log-sum-exp, and writes the logits' gradient in that dtype in one kernel, into the saved logits' own
         # buffer (it is their last use): one logit-sized buffer in backward, not two. Held out, not fitted: the
-        # seed-shaped experiment (bench/results/seed-shape-h100, 4 x 256, V 50304, B 64) measured compile 2.46 GiB
+        # seed-shaped experiment (4 x 256, V 50304, B 64) measured compile 2.46 GiB
         # where two buffers predicted 3.94.
         return {
             "loss forward": static.moment(grads, acts, pr.e * s.BT * s.V, model.h_fp32),

@@ -34,7 +34,7 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "othe
 # GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without
 # this, one trace restored the functions under another still running, whose prediction then came out wrong (tiny
 # under 2 GiB, three threads: sac_ops 1060 for 864, gradcp_bf16 1447 for 1279) and left the patches in place after
-# both (bench/lane_race_check.py, bench/results/lane-race-cpu/).
+# both (bench/lane_race_check.py reproduces it).
 FAKE_STEP_LOCK = threading.RLock()
 
 
@@ -268,7 +268,7 @@ def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: A
         comps["workspace"] = WORKSPACE_BYTES.get(profile.attention.kernel, WORKSPACE_BYTES["default"])
         notes.append("workspace: the analytic constant, added (fake tensors have none)")
     if profile.attention.kernel == "eager" and profile.precision.dtype in ("fp32", "tf32"):
-        # bench/results/estimate-h100: gradcp's allocator history on the H100 held one more fp32 T x T gradient at
+        # gradcp's allocator history on the H100 held one more fp32 T x T gradient at
         # the attention backward's peak than the fake (meta) kernels allocate; the analytic figure counts it
         notes.append("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do not allocate; expect a real peak above this one")
     F = m_.d_ff or 4 * m_.d_model

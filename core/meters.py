@@ -81,7 +81,7 @@ def allocator_peaks() -> tuple[int, int]:
 
     torch.cuda.max_memory_allocated() and max_memory_reserved() each flatten the allocator's whole stats tree into a
     sorted dict: 6 such calls a step took 3.3 ms of the host's step under cProfile on the H100
-    (bench/results/fastest-h100-runs/6-host-profile-before/). The nested dict holds the same figures."""
+    (bench/host_profile.py). The nested dict holds the same figures."""
     stats = torch.cuda.memory_stats_as_nested_dict()
     return stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
 

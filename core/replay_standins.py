@@ -70,7 +70,7 @@ def compiled_standin(profile: Profile) -> Profile:
     """What a compiled step's trace (memlab.core.compile_budget_model) traces for `profile`: with kernels.fused, the
     stock compiled model. memlab's fused kernels allocate their outputs only and save what the ops they replace
     save, in the same bytes (each norm's input instead of its output: memlab.core.estimate); on the seed shape the
-    H100 found the same max batch for both, 400 (bench/results/study-so-posts-h100/)."""
+    H100 found the same max batch for both, 400, in the seeds' study."""
     if not profile.kernels.fused:
         return profile
     p = copy.deepcopy(profile)

@@ -94,8 +94,8 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 def open_events(d: Path) -> IO[str]:
-    """A run's events.jsonl for reading, or the gzipped copy an archived run folder keeps (bench/results/ gzips
-    them to fit a device call's carry); OSError when it has neither."""
+    """A run's events.jsonl for reading, or the gzipped copy an archived run folder keeps (committed run
+    folders are gzipped to stay small); OSError when it has neither."""
     plain = Path(d) / schema.EVENTS
     packed = plain.with_name(schema.EVENTS + ".gz")
     if not plain.exists() and packed.exists():

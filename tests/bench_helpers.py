@@ -1,5 +1,5 @@
-"""Helpers for the tests that check memlab against committed GPU measurements (bench/results/): loading a bench/
-script as a module, and the profiles issue 19 added (measured in bench/results/frontier-h100/, not in the older sets)."""
+"""Helpers for the tests that check memlab against committed GPU measurements (tests/data/gpu/): loading a bench/
+script as a module, and the profiles issue 19 added (measured in tests/data/gpu/frontier-h100/, not in the older sets)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """memlab.core.allocator_model: the CUDA caching allocator's policy on hand-made traces, and fake-tensor traces of
-real profiles replayed through it against the H100's own reserved memory and max batch (bench/results/)."""
+real profiles replayed through it against the H100's own reserved memory and max batch (tests/data/gpu/)."""
 
 from __future__ import annotations
 
@@ -246,7 +246,7 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
 
 @pytest.mark.parametrize("profile, found", [("bf16", 24), ("gradcp_bf16", 68), ("baseline", 8)])
 def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, found):
-    """bench/results/estimate-h100/find_batch_12gib: the H100's largest micro-batch under a 12 GiB allocator cap;
+    """tests/data/gpu/estimate-h100/find_batch_12gib: the H100's largest micro-batch under a 12 GiB allocator cap;
     the fake trace replayed under the same budget fits there and not one above (no constant of the model was
     fitted to these; `bench/allocator_replay.py --against-h100` has the rest)."""
     from memlab.cli.options import resolve
@@ -357,7 +357,7 @@ def test_per_op_checkpointing_keeps_the_fused_attentions_outputs_in_the_fake_tra
     assert replay(events).peak_allocated == pytest.approx(analytic, rel=0.01)  # the estimate held on the H100 there
 
 
-REPLAY_CHECK = Path(__file__).resolve().parents[1] / "bench/results/replay-check-h100"
+REPLAY_CHECK = Path(__file__).resolve().parent / "data/gpu/replay-check-h100"
 HELD_OUT = Path(__file__).resolve().parents[1] / "bench/experiments"
 
 
@@ -371,7 +371,7 @@ def test_the_h100s_own_trace_replayed_reserves_what_its_allocator_reserved_to_th
 
     dump = REPLAY_CHECK / f"{case}.real.jsonl.gz"
     if not dump.is_file():
-        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+        pytest.skip("tests/data/gpu is not beside this test (an installed copy)")
     with gzip.open(dump, "rt") as lines:
         events = [(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]
     summary = pl.read_parquet(next((REPLAY_CHECK / "runs" / case).glob("*/summary.parquet"))).row(0, named=True)
@@ -531,7 +531,7 @@ def _probe_trace(experiment: str, profile: str, micro_batch: int, capped: bool) 
 
     dump = REPLAY_CHECK / f"{experiment}_{profile}_{micro_batch}{'_capped' if capped else ''}.real.jsonl.gz"
     if not dump.is_file():
-        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+        pytest.skip("tests/data/gpu is not beside this test (an installed copy)")
     with gzip.open(dump, "rt") as lines:
         return [(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]
 
@@ -643,7 +643,7 @@ def test_the_fake_trace_holds_cudas_embedding_backward_buffers_sized_as_on_the_h
 
     dump = REPLAY_CHECK / "heldout_square_selective_48_capped.real.jsonl.gz"
     if not dump.is_file():
-        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+        pytest.skip("tests/data/gpu is not beside this test (an installed copy)")
     with gzip.open(dump, "rt") as lines:
         real = [(e["action"], e["id"], e["bytes"]) for e in map(json.loads, lines)]
     row = 1024 * 4

@@ -3,7 +3,7 @@ capture (which steps run launched, the static inputs, the copied outputs, the ca
 
 A CUDA graph cannot be captured on the CPU: here a stand-in graph replays by running the captured step again and
 writing its outputs into the captured ones in place, as a replay does. That the real capture trains as the launched
-step does, and holds what it holds, is measured on the GPU (bench/graph_step_probe.py, bench/results/graph-step-h100/).
+step does, and holds what it holds, is measured on the GPU (bench/graph_step_probe.py, bench/results/graph-step-h100/NOTE.md).
 """
 
 from __future__ import annotations

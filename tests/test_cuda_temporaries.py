@@ -1,6 +1,6 @@
 """memlab.core.cuda_temporaries: the blocks CUDA kernels allocate and free within one call, against the H100's
 allocator history of each op alone (bench/backward_transients.py, committed under
-bench/results/replay-check-h100/transients/), and what they change in the allocator replay."""
+tests/data/gpu/replay-check-h100/transients/), and what they change in the allocator replay."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from memlab.core.cuda_temporaries import (
     sum_staging_bytes,
 )
 
-PROBE = Path(__file__).resolve().parents[1] / "bench/results/replay-check-h100/transients/backward_transients.jsonl"
+PROBE = Path(__file__).resolve().parent / "data/gpu/replay-check-h100/transients/backward_transients.jsonl"
 
 
 def _probe() -> list[dict]:
     if not PROBE.is_file():
-        pytest.skip("bench/results is not beside tests/ (an installed copy)")
+        pytest.skip("tests/data/gpu is not beside this test (an installed copy)")
     return [json.loads(line) for line in PROBE.read_text().splitlines()]
 
 

@@ -1,7 +1,7 @@
 """The estimator on shapes its constants were NOT fitted to (issue 17's held-out set), apart from the calibration
-set (tests/test_estimate_vs_h100.py, bench/results/estimate-h100/, gpt2s).
+set (tests/test_estimate_vs_h100.py, tests/data/gpu/estimate-h100/, gpt2s).
 
-Every run here is a real H100 measurement committed with its command (bench/results/seed-shape-h100/NOTE.md,
+Every run here is a real H100 measurement committed with its command (the runs in tests/data/gpu/; the commands in
 bench/results/estimate-heldout-h100/NOTE.md); only the predictions are computed, from each run's own experiment and
 profile (run.json), with this checkout's estimator. The bar: predicted peak within 5% of the measured allocator peak.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS = Path(__file__).resolve().parent / "data" / "gpu"
 HELD_OUT_H100 = RESULTS / "estimate-heldout-h100"
 # each shape's runs: the 25 profiles of issue 16/17 (H100), then the 12 issue 19 added (frontier/, an H200: see NOTE.md)
 HELD_OUT = {

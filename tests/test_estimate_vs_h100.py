@@ -1,4 +1,4 @@
-"""The estimator against what an H100 measured (bench/results/estimate-h100/, committed with its commands).
+"""The estimator against what an H100 measured (tests/data/gpu/estimate-h100/, committed with its commands).
 
 The figures are real measurements kept in the repository; only the predictions are computed here, so a change to
 memlab.core.estimate that drifts from the hardware fails on a CPU. Issue 5's bar: every peak and every max batch
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from bench_helpers import FINETUNE_PROFILES, ISSUE_19_PROFILES, bench_module
 
-# The profiles issue 19 added: their peaks are checked against the H100 runs of bench/results/frontier-h100/
+# The profiles issue 19 added: their peaks are checked against the H100 runs of tests/data/gpu/frontier-h100/
 # (tests/test_frontier_vs_h100.py); this file's sets (micro-batch 16 runs and find-batch searches under 12 and
 # 16 GiB) do not hold them yet. Each leaves this set when bench/estimate_vs_measured.py has measured it.
 AWAITING_H100 = ISSUE_19_PROFILES | FINETUNE_PROFILES

@@ -1,6 +1,6 @@
 """The allocator replay of a step captured as a CUDA graph (cuda_graph.enabled): the graph's private pool beside
 the general one (memlab.core.allocator_model.GraphedAllocator), the traced step (two launched steps, then the
-captured one), and a graphed step replayed against the H100 (bench/results/graph-step-h100/3-seed/)."""
+captured one), and a graphed step replayed against the H100 (bench/results/graph-step-h100/NOTE.md, its 3-seed part)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_the_traced_graphed_step_is_two_launched_steps_then_a_capture_with_its_o
 
 def test_a_graphed_bf16_step_replays_what_the_h100_reserved():
     """gpt2s bf16 with cuda_graph at micro-batch 21 under a 12 GiB card: the H100 reserved 10.67 GiB (find-batch's
-    probe 4, bench/results/graph-step-h100/3-seed/find-batch-true.log). Seen while the model was written (its
+    probe 4, bench/results/graph-step-h100/NOTE.md, its 3-seed part). Seen while the model was written (its
     workspaces on the capture's stream were added to close a 0.05 GiB gap): not held out."""
     from memlab.core.allocation_trace import step_trace
     from memlab.core.config import load_experiment, load_profile

@@ -170,7 +170,7 @@ def _h100_run(experiment: str, profile: str, micro_batch: int) -> dict:
 @pytest.mark.parametrize("profile", ["act_offload", "act_offload_overlap", "optim_offload", "leanest", "adamw8bit",
                                      "adamw4bit", "paged_adamw8bit", "bf16_sr"])
 def test_a_stand_in_profiles_fake_trace_reserves_what_the_h100_reserved(profile):
-    """The seed shape at micro-batch 64 (bench/results/study-so-posts-h100/), within 1.5% (measured while the
+    """The seed shape at micro-batch 64 (tests/data/gpu/study-so-posts-h100/), within 1.5% (measured while the
     stand-ins were written: not held out). act_offload reserved 22% less before the trace left out the model's
     construction temporaries (allocation_trace._built_on_host)."""
     from memlab.core.allocator_model import replay
@@ -186,7 +186,7 @@ HELD_OUT = Path(__file__).resolve().parents[1] / "bench/experiments"
 
 @pytest.mark.parametrize("shape,profile,micro_batch", [("long", "liger_ce", 2), ("long", "leanest", 2)])
 def test_without_a_logits_segment_the_kernels_own_temporaries_fragment_what_the_h100_did(shape, profile, micro_batch):
-    """The held-out shapes' runs (bench/results/estimate-heldout-h100/), where the fused losses leave no logits
+    """The held-out shapes' runs (tests/data/gpu/estimate-heldout-h100/), where the fused losses leave no logits
     segment for the bias gradients' reduce staging and the attention backward's workspace to land in: reserved
     within 2% (9.7% and 12.9% low before memlab.core.cuda_temporaries; cce and the deep shape's leanest, 9.8% and
     4.5% low then, are in `bench/allocator_replay.py --against-h100 --standins`: the suite's time is short)."""

@@ -1,7 +1,7 @@
 
 
 def test_an_archived_run_folder_reads_its_gzipped_events(tmp_path):
-    """bench/results/ keeps events.jsonl gzipped: the study's frame reads the `started` event from either."""
+    """Committed run folders keep events.jsonl gzipped: the study's frame reads the `started` event from either."""
     import gzip
     import json
 

@@ -333,13 +333,13 @@ def test_a_stop_cuts_the_replayed_prediction_short_between_traces(tmp_path, monk
 
 
 def test_findings_from_the_h100_seed_shape_runs(tmp_path):
-    """The report over real H100 runs (bench/results/seed-shape-h100, committed): findings computed from them."""
+    """The report over real H100 runs (tests/data/gpu/seed-shape-h100, committed): findings computed from them."""
     import shutil
 
     from memlab.core.runfolder import read_info
     from memlab.core.study import Options, StudyState, write_report
 
-    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs"
+    src = Path(__file__).resolve().parent / "data" / "gpu" / "seed-shape-h100" / "runs"
     state = StudyState(Options(profiles=[], experiment="seed_shape", device="cuda", gpu_memory="24GiB"), {})
     for d in sorted(p for p in src.iterdir() if (p / "summary.parquet").exists()):
         name = read_info(d)["profile"]["name"]
@@ -525,7 +525,7 @@ def test_a_partial_study_says_what_is_left_and_mixed_versions_are_named(tmp_path
     from memlab.core.runfolder import read_info
     from memlab.core.study import Options, StudyState, write_report
 
-    src = Path(__file__).resolve().parent.parent / "bench" / "results" / "seed-shape-h100" / "runs"
+    src = Path(__file__).resolve().parent / "data" / "gpu" / "seed-shape-h100" / "runs"
     state = StudyState(Options(profiles=["baseline", "bf16", "chunked_ce"], experiment="seed_shape", device="cuda", gpu_memory="24GiB"), {})
     for name in ("baseline", "bf16"):
         d = next(d for d in sorted(src.iterdir()) if (d / "summary.parquet").exists() and read_info(d)["profile"]["name"] == name)

@@ -4,7 +4,7 @@ Two things FA4's own autograd function costs a compiled step: torch.compile cann
 each layer broke the graph in two, and its backward returns dq, dk and dv as three tensors that autograd then
 concatenates into the projection's gradient, one more pass over 3 x B x T x C. As a custom op compile keeps it
 whole, a CUDA graph captures it, and its backward writes dq, dk and dv straight into views of one (B, T, 3C)
-gradient (`bench/results/fa4-packed-h100/`: 0.330 against cuDNN's 0.426 ms a gpt2s layer at batch 16).
+gradient (measured on an H100: 0.330 against cuDNN's 0.426 ms a gpt2s layer at batch 16).
 
 On CUDA the op calls FA4; elsewhere (the CPU backend, the tests) a PyTorch reference with the same contract runs,
 and a fake implementation gives compile and the estimator the shapes. FA4 has no dropout: the kernel's builder

@@ -8,7 +8,7 @@
 
 Every matmul's algorithm is chosen once per shape by timing: cuBLASLt's heuristic offers up to 8 candidates for a
 workspace of 8 MiB and for one of 32 MiB, and its first choice was up to a third slower than the best of them on
-gpt2s's matmuls at 200 x 1024 rows (bench/results/gemm-tune-h100/). Each candidate (and, for a plain matmul, torch's
+gpt2s's matmuls at 200 x 1024 rows on an H100. Each candidate (and, for a plain matmul, torch's
 own call) runs on the real operands at the plan's first use, the fastest is kept and remembered on this machine
 (memlab.core.fused.algo_choices: a later process takes it untimed); a first use inside a CUDA graph's capture takes
 the heuristic's first choice untimed. The GELU epilogues are the fusion NVIDIA's Transformer Engine
@@ -42,7 +42,7 @@ _TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD, _AUX_DATA_TYP
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREFERRED_WORKSPACES = (8 << 20, 32 << 20)  # the heuristic is asked under each: its candidates differ
 _WORKSPACE_BYTES = max(_PREFERRED_WORKSPACES)  # one buffer a device, made at the first matmul; the estimator's
-# fitted workspace figure covers it (the measured peaks did not grow with it: bench/results/gemm-tune-h100/)
+# fitted workspace figure covers it (the peaks measured on an H100 did not grow with it)
 _CANDIDATES = 8  # per preference: as many as cuBLASLt 13's heuristic returns for these shapes
 
 
@@ -306,7 +306,7 @@ def mm_dgelu(g: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor) -> torch.
     if usable(g, weight, pre):
         d = torch.empty_like(pre)
         # cuBLASLt's DGELU_BGRAD would add the bias gradient (d's column sums) but ran 2-3x slower, and BGRADB in
-        # the weight gradient's matmul lost more than the sum costs (results/fused-mlp-h100/): the caller sums d
+        # the weight gradient's matmul lost more than the sum costs (measured on an H100): the caller sums d
         if _run(_EPILOGUE_DGELU, g, weight, False, False, d, aux=pre):
             return d
     return reference.mm_dgelu(g, weight, pre)

@@ -13,7 +13,7 @@ fp32 tensor.
 The loss (fused_head_loss) makes the logits in one matmul and turns them into their gradient in the same
 forward, one pass per row, in their own buffer: the backward is the head's two matmuls. The head's weight is
 padded with zero rows to a row length of 128 bytes, as Inductor pads the stock logits' rows (same bytes), since
-cuBLAS runs several times slower on an odd row length such as GPT-2's 50257 (bench/results/fused-head-h100/).
+cuBLAS runs several times slower on an odd row length such as GPT-2's 50257 (measured on an H100).
 
 Without dropout, the qkv projection's bias goes in only for q: k's bias adds q.b_k to every score of a row, which
 the softmax takes out again (no effect, a gradient of 0), and v's adds b_v to every output row, since a row of
@@ -23,8 +23,8 @@ gradient for q's third only.
 Where a norm's output feeds a linear layer (qkv, the MLP's input layer), add_layer_norm writes a column of ones
 after it (then zeros, to a row length of 16 bytes): the forward's matmul reads only the norm's columns, and the
 weight gradient's matmul g^T [h 1] then gives the bias gradient as its last column, from its fp32 accumulator,
-where a separate sum would read all of g again (5.3 ms of a 273 ms step at gpt2s batch 200 on the H100, run 12: the
-extra output column costs 0.04 ms of the 0.44 ms it saves a layer, bench/results/gemm-tune-h100/ run 15). The
+where a separate sum would read all of g again (5.3 ms of a 273 ms step at gpt2s batch 200 on the H100; the
+extra output column costs 0.04 ms of the 0.44 ms it saves a layer, bench/bias_column_micro.py). The
 bias gradient is rounded as the weight gradient is, as under the stock model's autocast.
 
 With model.dropout > 0 (the seeds trained with 0.1), dropout runs in PyTorch where the stock model has it: on the

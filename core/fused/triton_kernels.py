@@ -26,12 +26,12 @@ from memlab.core.fused.cublaslt import matmul
 
 # Launch shapes: each program walks its share of rows in a loop, its loads software-pipelined STAGES deep.
 # bench/fused_kernels.py sweeps alternatives; these are the best of its sweeps at gpt2s's batch 16 and 200 on the
-# H100 (bench/results/fused-mlp-h100/9-add-ln-bwd-sweep: forward 0.060 / 0.649 ms a call; backward 0.094 / 0.903,
+# H100 (forward 0.060 / 0.649 ms a call; backward 0.094 / 0.903,
 # where the shape used before was 0.097 / 0.939). The backward's best number of programs differs with the rows.
 FWD = dict(rows=2, warps=4, programs_per_sm=0, stages=2)
 BWD = dict(rows=4, warps=4, stages=2)  # programs a multiprocessor: 2 up to BWD_FEW_ROWS rows (batch 16), else 8
 BWD_FEW_ROWS = 65536
-# the head's rows: near-best at every shape of bench/classifier_micro.py's sweep (results/fused-head-h100/)
+# the head's rows: near-best at every shape of bench/classifier_micro.py's sweep on an H100
 CE = dict(block=8192, warps=8, programs_per_sm=8)
 
 

@@ -1,7 +1,7 @@
 """cuda_graph.enabled: the whole step (forward, backward, clipping, the optimizer) captured once as one CUDA graph and
 replayed, so the host launches one graph a step instead of every kernel. Where the host cannot keep the GPU fed (a
 small model, memlab's Python-launched fused kernels, the engine's own work between steps) the step then runs at the
-GPU's pace; where the GPU is already busy it changes little (bench/results/graph-step-h100/).
+GPU's pace; where the GPU is already busy it changes little (docs/techniques.md, "Speed").
 
 Memory is measured, not hidden: the graph's allocations are made while it is captured, through the caching
 allocator's counters, in the same phases (forward, backward, optimizer) as a launched step, and a replay allocates

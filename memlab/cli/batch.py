@@ -155,20 +155,20 @@ def _print_replayed(r, no_replay: str, where: str) -> None:
 
 
 REPLAY_CHECKED = {  # what each mode of the allocator model was checked against, by expandable_segments (or compiled)
-    False: "checked against the GPU (bench/allocator_replay.py --against-h100): reserved within 0.1% in 11 H100 runs; max batch never "
+    False: "checked against the GPU: reserved within 0.1% in 11 H100 runs; max batch never "
            "above find-batch's and within 5.5% in 16 H100 searches, exact in 4 held out (the deep and long shapes)",
     True: "expandable segments as torch 2.11's allocator source has them, followed to the byte by its allocator on hand-made and "
-          "random traces (--against-cuda); max batch within 3.4% of find-batch's in 6 held-out searches (one 102 for 101)",
+          "random traces; max batch within 3.4% of find-batch's in 6 held-out searches (one 102 for 101)",
     "compiled": "a compiled step: Inductor's own buffers, from its wrapper code for CUDA traced on fake tensors; on the H100 the seed "
                 "shape's compile and compile_budget reserved 3.94 / 3.60 GiB replayed against 3.93 / 3.63 measured at micro-batch 64, max "
                 "batch 398 / 430 against find-batch's 400 / 432 (seen while it was written: not held out); float8's with torchao's own "
                 "Float8Linear in the graphs: on the H100 none of six searches above find-batch's, the five that finished within 5.1% as traced "
-                "under the run's torch (bench/results/prediction-check/float8-traced/; a trace by another torch release can differ: -23% "
+                "under the run's torch (a trace by another torch release can differ: -23% "
                 "on the seq-8192 shape traced by torch 2.13)",
     "float8": "float8's compiled step is not traced without torchao installed here: its tensors from the analytic estimate, counted "
               "5% high, plus what the replay of the same step without float8 reserves beyond its tensors; it errs low (max batch 203 "
-              "for find-batch's 217 on a logits-heavy shape, 99 for 106 on a 2048-wide one, 384 for 408 on the seeds' shape: "
-              "bench/results/prediction-check/); with torchao installed the step is traced",
+              "for find-batch's 217 on a logits-heavy shape, 99 for 106 on a 2048-wide one, 384 for 408 on the seeds' shape); "
+              "with torchao installed the step is traced",
 }
 
 

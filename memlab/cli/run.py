@@ -44,7 +44,7 @@ def run(
 
     dev = resolve_device(device)
     overrides = model_overrides(model) + list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
-    # Several ranks (issue 9): `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
+    # Several ranks: `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
     # the user's, multi-host included) every rank runs this same command and only rank 0 speaks and writes.
     if nproc is not None and distributed.launched_by_torchrun():
         raise MemlabError("--nproc starts torchrun itself; under torchrun leave it out (torchrun's --nproc-per-node sets the ranks)")
@@ -89,7 +89,7 @@ def _apply_batch_size(batch_size: str | None, experiment: str, profile: str, dev
     if batch_size is None:
         return None
     if batch_size == "max":
-        from memlab.cli.batch import resolve_max_batch  # issue 5: find-batch
+        from memlab.cli.batch import resolve_max_batch  # find-batch
 
         exp, prof = resolve(experiment, profile, dev.type, overrides)
         max_batch, accum = resolve_max_batch(exp, prof, dev, profile_ref=profile, experiment_ref=experiment, overrides=overrides)
@@ -125,7 +125,7 @@ def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object
         sinks.append(ConsoleSink())
     snapshot = None
     if memory_snapshot and rank0:
-        from memlab.core.memsnapshot import SnapshotSink  # issue 5: CUDA only (a DeviceError on CPU)
+        from memlab.core.memsnapshot import SnapshotSink  # CUDA only (a DeviceError on CPU)
 
         snapshot = SnapshotSink(dev)
         sinks.append(snapshot)
