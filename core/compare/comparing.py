@@ -44,7 +44,8 @@ def group_labels(firsts: list[dict]) -> list[str]:
         if changes is None:
             changes = r["experiment_id"] if len(names[r["experiment"]]) > 1 else ""
         model = r.get("architecture") if r.get("model_family") == "hf" else None  # what a transformers run trained
-        labels.append(group_label(r["experiment"] + (f" ({model})" if model else ""), changes, r["device"], r["gpu_name"]))
+        name = f"{r['experiment'] or 'unnamed'} ({model})" if model else r["experiment"]
+        labels.append(group_label(name, changes, r["device"], r["gpu_name"]))
     seen = collections.Counter(labels)  # the same changes twice (a built-in edited between runs): keep them apart
     return [f"{label} ({r['experiment_id']})" if seen[label] > 1 else label for label, r in zip(labels, firsts)]
 

@@ -81,6 +81,14 @@ def shape_of(config: dict) -> dict[str, int]:
     return shape
 
 
+def architecture(model: Any) -> str:
+    """What a ModelConfig builds, for views: "gpt" (memlab's own), else the hf config's architecture class."""
+    if model.family != "hf":
+        return "gpt"
+    config = read_source(model.source)
+    return (config.get("architectures") or [config["model_type"]])[0]
+
+
 def max_positions(config: dict) -> int | None:
     for name in POSITION_NAMES:
         if isinstance(config.get(name), int):

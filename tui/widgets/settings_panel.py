@@ -15,6 +15,9 @@ from textual.message import Message
 from textual.validation import Function, Integer
 from textual.widgets import Input, Label, Select
 
+from memlab.core.config import builtin_names, load_experiment
+from memlab.core.errors import MemlabError
+from memlab.core.models.shape import architecture
 from memlab.tui.widgets.knob_input import KnobInput
 
 
@@ -80,7 +83,7 @@ class SettingsPanel(Vertical):
         s = self.settings
         with Horizontal(classes="knob"):
             yield Label("experiment", classes="knob-label")
-            yield Select([(n, n) for n in self._experiments], value=s.experiment, allow_blank=False, compact=True, id="knob-experiment")
+            yield Select([(_experiment_label(n), n) for n in self._experiments], value=s.experiment, allow_blank=False, compact=True, id="knob-experiment")
         with Horizontal(classes="knob"):
             yield Label("steps", classes="knob-label")
             yield KnobInput(
@@ -128,3 +131,15 @@ class SettingsPanel(Vertical):
         if new != self.settings:
             self.settings = new
             self.post_message(self.Changed(new, self.problem))
+
+
+def _experiment_label(name: str) -> str:
+    """A transformers experiment names its architecture in the picker (`llama-1b · LlamaForCausalLM`); memlab's own
+    GPT experiments keep their bare names."""
+    if name not in builtin_names("experiment"):
+        return name
+    try:
+        model = load_experiment(name).model
+    except MemlabError:
+        return name
+    return f"{name} · {architecture(model)}" if model.family == "hf" else name
