@@ -7,9 +7,13 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that ask it: a command refuses a mistyped --device, and lists what it
+# lists, without the second or two that importing torch costs.
 
 
 def _version(dist: str) -> str | None:
@@ -52,9 +56,20 @@ def nvml_info() -> dict[str, Any]:
         return {"nvml": False, "nvml_reason": f"{e.__class__.__name__}: {e}".strip()}
 
 
-def resolve_device(name: str) -> torch.device:
+def check_device_name(name: str) -> None:
+    """Refuse a --device that is none of auto, cpu, cuda[:N] (the name alone: whether CUDA is here is torch's)."""
     from memlab.core.errors import DeviceError
 
+    if name not in ("auto", "cpu") and not name.startswith("cuda"):
+        raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch
+
+    from memlab.core.errors import DeviceError
+
+    check_device_name(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu":
@@ -62,11 +77,12 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise DeviceError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}; use --device cpu or auto")
-        return torch.device(name)
-    raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
+    return torch.device(name)
 
 
 def environment(device: torch.device | None = None) -> dict[str, Any]:
+    import torch
+
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),

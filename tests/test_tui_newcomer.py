@@ -208,7 +208,7 @@ async def test_results_show_the_relative_columns_that_fit_and_w_cycles_sets(tmp_
 
 
 def test_profiles_that_need_cuda_are_marked_in_the_list():
-    """The mark comes from the techniques' own checks (memlab.core.requirements), not a hand-kept list."""
+    """The mark comes from memlab.core.requirements, whose declarations the techniques' checks refuse from."""
     from memlab.tui.widgets.profile_list import _label, discover_profiles
 
     infos = {p.ref: p for p in discover_profiles("/nonexistent")}

@@ -40,6 +40,7 @@ def study(
     Ctrl-C (or SIGTERM) keeps what is done; the same command, or just --out, resumes.
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
     """
+    _refuse_names_early(profiles, experiment)
     from memlab.core import study as st
 
     out_path = Path(out)
@@ -67,6 +68,18 @@ def study(
     _run_stoppable(runner)
     st.write_report(state, out_path, plan.baseline)
     _finish(state, out_path, runner.stopping)
+
+
+def _refuse_names_early(profiles: str | None, experiment: str | None) -> None:
+    """A mistyped profile or experiment, refused before the study's machinery (polars, torch) is imported: the
+    message make_plan would give, in a fraction of the time. Everything else is checked where it was."""
+    from memlab.core.config import load_experiment, load_profile
+
+    if experiment is not None and experiment != "auto" and not (experiment.endswith(".toml") or "/" in experiment):
+        load_experiment(experiment)  # a path: its message names the resolved path (see _options), so it waits
+    if profiles is not None and profiles.strip() != "all":
+        for name in (p.strip() for p in profiles.split(",") if p.strip()):
+            load_profile(name)
 
 
 def _redo_list(redo: str | None, options: Options, stored: StudyState | None, flag: str = "--redo") -> list[str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt
+from memlab.cli.options import DeviceOpt, ExperimentOpt, RunsDirOpt, SetOpt, StepsOpt, refuse_early
 from memlab.core.units import gib
 
 if TYPE_CHECKING:
@@ -39,18 +39,22 @@ def sweep(
 
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped by Ctrl-C.
     """
+    from memlab.core.environment import check_device_name
+
+    check_device_name(device)
+    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
+    names = _profile_names(profiles)
+    items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
+    # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
+    # the first hour of runs (exit 2) and before the runs folder is made; before torch is imported where it can
+    refuse_early(experiment, lambda device_type: _resolve_all(items, experiment, device_type, vary))
+
     from memlab.core.environment import resolve_device
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
     dev = resolve_device(device)
-    overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
-    names = _profile_names(profiles)
-    items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
-    # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
-    # the first hour of runs (exit 2) and before the runs folder is made
-    for name, _, item_overrides in items:
-        _resolve_one(name, experiment, dev.type, item_overrides, vary)
+    _resolve_all(items, experiment, dev.type, vary)  # what `auto` means here decides what refuse_early could not
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
     specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
@@ -89,6 +93,11 @@ def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
     if len(parts) != 2 or not all(parts) or not all(values):
         raise MemlabError(f"--vary {vary!r}: expected section.key=v1,v2,..., e.g. checkpointing.budget=0,0.25,0.5,0.75,1")
     return [(f"{name}@{parts[1]}={v}", [f"{lhs.strip()}={v}"]) for v in values]
+
+
+def _resolve_all(items: list[tuple[str, str, list[str]]], experiment: str, device_type: str, vary: str | None) -> None:
+    for name, _, item_overrides in items:
+        _resolve_one(name, experiment, device_type, item_overrides, vary)
 
 
 def _resolve_one(name: str, experiment: str, device_type: str, overrides: list[str], vary: str | None) -> None:
