@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 import pytest
-from test_tui_helpers import fixed_runs, wait_for
+from tui_helpers import fixed_runs, wait_for
 
 from memlab.core.supervisor import ChildResult
 from memlab.tui.app import MemlabApp

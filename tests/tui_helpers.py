@@ -1,4 +1,4 @@
-"""Shared by test_tui.py and test_tui_snapshots.py (no tests here): fixed run folders and a polling helper."""
+"""Shared by test_tui.py, test_tui_newcomer.py and test_tui_snapshots.py (no tests here): fixed run folders and a polling helper."""
 
 from __future__ import annotations
 
