@@ -35,6 +35,7 @@ EXTRA_MODULES = {
     "galore": ("galore_torch", "transformers", "bitsandbytes"),
     "liger": ("liger_kernel",),
     "cce": ("cut_cross_entropy",),
+    "peft": ("peft",),
 }
 LOSS_DISTRIBUTIONS = {"liger": "liger-kernel", "cce": "cut-cross-entropy"}  # loss.fused -> its pip name (= its extra)
 
@@ -69,6 +70,13 @@ def sdpa_backend_needs_cuda(a: AttentionConfig) -> str | None:
 def _sdpa_backend(p: Profile) -> str | None:
     a = p.attention  # with a window, the CPU runs SDPA's math backend with a mask (another check's refusal)
     return sdpa_backend_needs_cuda(a) if a.kernel == "sdpa" and not a.window else None
+
+
+def _finetune_base(p: Profile) -> str | None:
+    f = p.finetune
+    if f.method != "full" and f.base in ("nf4", "int8"):
+        return f"finetune.base = {f.base} (QLoRA) quantizes the base with bitsandbytes' kernels, which need CUDA; on the CPU backend use base = bf16 or auto (profile lora)"
+    return None
 
 
 def _loss(p: Profile) -> str | None:
@@ -123,6 +131,7 @@ CUDA_NEEDS: dict[str, Callable[[Profile], str | None]] = {
     "loader": _loader,
     "precision": _precision,
     "attention.sdpa_backend": _sdpa_backend,
+    "finetune.base": _finetune_base,
     "loss": _loss,
     "kernels.float8": _float8,
     "distributed.cpu_offload": _fsdp_offload,
@@ -153,20 +162,47 @@ def _missing_module(extra: str) -> str | None:
     return next((m for m in EXTRA_MODULES[extra] if not _installed(m)), None)
 
 
-def _missing_extra(p: Profile) -> tuple[str, str] | None:
-    """(extra, the check's own line with its pip install command) for the first package `p` needs that is not
-    installed here, or None."""
-    name, fused = p.optimizer.name, p.loss.fused
-    if name in OPTIMIZER_PACKAGES:
-        module, dist, extra = OPTIMIZER_PACKAGES[name]
-        missing = _missing_module(extra)
-        if missing:
-            return extra, f"optimizer.name = {name} needs {dist} ({missing} is missing): pip install 'memlab[{extra}]', or use adamw"
+def _finetune_package(p: Profile) -> tuple[str, str] | None:
+    f = p.finetune
+    if f.method in ("lora", "dora") and _missing_module("peft"):
+        return "peft", f"finetune.method = {f.method} needs peft: pip install 'memlab[peft]'"
+    if f.method != "full" and f.base in ("nf4", "int8") and _missing_module("bnb"):
+        return "bnb", f"finetune.base = {f.base} needs bitsandbytes: pip install 'memlab[bnb]'"
+    return None
+
+
+def _loss_package(p: Profile) -> tuple[str, str] | None:
+    fused = p.loss.fused
     if fused in LOSS_DISTRIBUTIONS and _missing_module(fused):
         return fused, f"loss.fused = {fused} needs {LOSS_DISTRIBUTIONS[fused]}: pip install 'memlab[{fused}]' (or loss.chunked = true, which needs nothing)"
+    return None
+
+
+def _float8_package(p: Profile) -> tuple[str, str] | None:
     if p.kernels.float8 and _missing_module("torchao"):
         return "torchao", "kernels.float8 needs torchao: pip install 'memlab[torchao]', or kernels.float8 = false"
     return None
+
+
+def _optimizer_package(p: Profile) -> tuple[str, str] | None:
+    name = p.optimizer.name
+    if name not in OPTIMIZER_PACKAGES:
+        return None
+    _, dist, extra = OPTIMIZER_PACKAGES[name]
+    missing = _missing_module(extra)
+    if missing:
+        return extra, f"optimizer.name = {name} needs {dist} ({missing} is missing): pip install 'memlab[{extra}]', or use adamw"
+    return None
+
+
+# knob -> (extra, the check's own line with its pip install command) when its package is not installed here; in
+# the order memlab.core.techniques checks them
+EXTRA_NEEDS: dict[str, Callable[[Profile], tuple[str, str] | None]] = {
+    "finetune": _finetune_package,
+    "loss.fused": _loss_package,
+    "kernels.float8": _float8_package,
+    "optimizer.name": _optimizer_package,
+}
 
 
 # ---------------------------------------------------------------------------------------------- a profile's needs
@@ -189,7 +225,7 @@ def needs(profile: Profile) -> Needs:
     """CUDA (on any machine) and a missing extra (on this one) for `profile`. A
     profile refused for another reason (a shape, a combination) is refused when it runs, by its checks."""
     cuda = next((why for why in (need(profile) for need in CUDA_NEEDS.values()) if why), None)
-    missing = _missing_extra(profile)
+    missing = next((m for m in (need(profile) for need in EXTRA_NEEDS.values()) if m), None)
     return Needs(cuda=cuda, extra=missing[0], extra_why=missing[1]) if missing else Needs(cuda=cuda)
 
 

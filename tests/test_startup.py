@@ -125,9 +125,10 @@ def _one_knob_variants():
         section, key = path.split(".")
         setattr(getattr(p, section), key, value)
         out.append(pytest.param(p, id=f"{path}={value}"))
-    p = load_profile("fsdp_bf16")
-    p.distributed.cpu_offload = True
-    return out + [pytest.param(p, id="distributed.cpu_offload")]
+    fsdp, lora = load_profile("fsdp_bf16"), load_profile("lora")
+    fsdp.distributed.cpu_offload = True
+    lora.finetune.base = "int8"
+    return out + [pytest.param(fsdp, id="distributed.cpu_offload"), pytest.param(lora, id="finetune.base=int8")]
 
 
 @pytest.mark.parametrize("profile", [pytest.param(load_profile(n), id=n) for n in builtin_names("profile")] + _one_knob_variants())
@@ -142,7 +143,8 @@ def test_every_declared_cuda_need_is_met_by_a_variant():
 
 
 @pytest.mark.parametrize("name,extra", [("bf16_sr", "torchao"), ("galore", "galore"), ("adamw8bit", "torchao"),
-                                        ("paged_adamw8bit", "bnb"), ("liger_ce", "liger"), ("cce", "cce"), ("float8", "torchao")])
+                                        ("paged_adamw8bit", "bnb"), ("liger_ce", "liger"), ("cce", "cce"), ("float8", "torchao"),
+                                        ("lora", "peft"), ("qlora", "bnb")])
 def test_a_missing_extra_is_named_with_the_line_its_check_gives(monkeypatch, name, extra):
     """Looked for with find_spec (nothing imported); the line is the check's own, met where the package is missing."""
     import importlib
@@ -152,7 +154,7 @@ def test_a_missing_extra_is_named_with_the_line_its_check_gives(monkeypatch, nam
     import memlab.core.linear_ce as linear_ce
     import memlab.core.optim_library as optim_library
     import memlab.core.requirements as requirements
-    from memlab.core.techniques import float8, loss, optimizer
+    from memlab.core.techniques import finetune, float8, loss, optimizer
 
     gone = set(requirements.EXTRA_MODULES[extra])
     real_find, real_import = requirements.importlib.util.find_spec, importlib.import_module
@@ -170,7 +172,8 @@ def test_a_missing_extra_is_named_with_the_line_its_check_gives(monkeypatch, nam
     p = load_profile(name)
     n = needs(p)
     assert n.extra == extra and n.install == f"pip install 'memlab[{extra}]'" and n.install in n.extra_why
-    technique = optimizer if p.optimizer.name in optim_library.PACKAGES else loss if p.loss.fused != "none" else float8
+    technique = (finetune if p.finetune.method != "full" else optimizer if p.optimizer.name in optim_library.PACKAGES
+                 else loss if p.loss.fused != "none" else float8)
     with pytest.raises(MemlabError) as e:  # the check itself, on a CUDA device (the CPU refuses before the package)
         technique.check(load_experiment("tiny"), p, torch.device("cuda"), 1)
     assert str(e.value) == n.extra_why
