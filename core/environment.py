@@ -64,6 +64,12 @@ def check_device_name(name: str) -> None:
         raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
 
 
+def device_type(name: str) -> str:
+    """"cpu" or "cuda" for a --device; a supervisor (sweep, study) needs no more, and for cpu no torch to know it."""
+    check_device_name(name)
+    return "cpu" if name == "cpu" else resolve_device(name).type
+
+
 def resolve_device(name: str) -> torch.device:
     import torch
 

@@ -98,7 +98,7 @@ def _redo_list(redo: str | None, options: Options, stored: StudyState | None, fl
 
 def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, overrides, device) -> Options:
     """The options of this invocation: what is given, else what the stored study had."""
-    from memlab.core.environment import resolve_device
+    from memlab.core.environment import device_type
     from memlab.core.errors import ConfigError
     from memlab.core.study import Options, check_recipe, single_gpu_profiles
 
@@ -108,7 +108,7 @@ def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory
     if profiles is None and old is None:
         raise ConfigError("--profiles is required for a new study (e.g. --profiles baseline,bf16,gradcp_bf16, or all)")
     names = (sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
-    dev = resolve_device(device).type if device != "auto" or old is None else old.device
+    dev = device_type(device) if device != "auto" or old is None else old.device
     if recipe is not None:
         exp_ref = check_recipe(recipe)
     elif experiment is not None:

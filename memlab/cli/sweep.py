@@ -49,15 +49,15 @@ def sweep(
     # the first hour of runs (exit 2) and before the runs folder is made; before torch is imported where it can
     refuse_early(experiment, lambda device_type: _resolve_all(items, experiment, device_type, vary))
 
-    from memlab.core.environment import resolve_device
+    from memlab.core.environment import device_type
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
-    dev = resolve_device(device)
-    _resolve_all(items, experiment, dev.type, vary)  # what `auto` means here decides what refuse_early could not
+    dev_type = device_type(device)  # the children import torch; this process, on the CPU, need not
+    _resolve_all(items, experiment, dev_type, vary)  # what `auto` means here decides what refuse_early could not
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
-    specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
+    specs = [ChildSpec(profile=name, experiment=experiment, device=dev_type, runs_dir=runs_dir, overrides=item_overrides,
                        extra_args=extra, label=label) for name, label, item_overrides in items]
     queue = _make_queue(len(specs))
     outcomes, stopped = _run_stoppable(queue, specs)
