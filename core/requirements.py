@@ -92,7 +92,7 @@ def _float8(p: Profile) -> str | None:
 
 
 def _fsdp_offload(p: Profile) -> str | None:
-    if p.distributed.cpu_offload:
+    if p.distributed.cpu_offload and p.distributed.mode == "fsdp":  # under another mode it is a config error
         return "distributed.cpu_offload moves FSDP2's sharded parameters from the GPU to the CPU and needs CUDA"
     return None
 

@@ -125,10 +125,11 @@ def _one_knob_variants():
         section, key = path.split(".")
         setattr(getattr(p, section), key, value)
         out.append(pytest.param(p, id=f"{path}={value}"))
-    fsdp, lora = load_profile("fsdp_bf16"), load_profile("lora")
-    fsdp.distributed.cpu_offload = True
+    fsdp, ddp, lora = load_profile("fsdp_bf16"), load_profile("ddp_bf16"), load_profile("lora")
+    fsdp.distributed.cpu_offload = ddp.distributed.cpu_offload = True
     lora.finetune.base = "int8"
-    return out + [pytest.param(fsdp, id="distributed.cpu_offload"), pytest.param(lora, id="finetune.base=int8")]
+    return out + [pytest.param(fsdp, id="distributed.cpu_offload"), pytest.param(ddp, id="distributed.cpu_offload=ddp"),
+                  pytest.param(lora, id="finetune.base=int8")]
 
 
 @pytest.mark.parametrize("profile", [pytest.param(load_profile(n), id=n) for n in builtin_names("profile")] + _one_knob_variants())
