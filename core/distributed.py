@@ -41,6 +41,7 @@ import torch.distributed as dist
 from memlab.core import metrics
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.requirements import CUDA_NEEDS
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
@@ -142,8 +143,8 @@ def check(experiment: Experiment, profile: Profile, world: int, device_type: str
     # the global batch against ranks x accumulation.steps: memlab.core.techniques.accumulation
     if d.cpu_offload and mode != "fsdp":
         raise ConfigError(f"distributed.cpu_offload offloads FSDP2's sharded parameters and applies to distributed.mode = fsdp, not {mode}")
-    if d.cpu_offload and device_type != "cuda":
-        raise DeviceError("distributed.cpu_offload moves FSDP2's sharded parameters from the GPU to the CPU and needs CUDA")
+    if device_type != "cuda" and (why := CUDA_NEEDS["distributed.cpu_offload"](profile)):
+        raise DeviceError(why)
     if mode == "fsdp":
         if profile.optimizer.offload:
             raise ConfigError(

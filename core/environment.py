@@ -7,9 +7,13 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that ask it: a command refuses a mistyped --device, and lists what it
+# lists, without the second or two that importing torch costs.
 
 
 def _version(dist: str) -> str | None:
@@ -52,9 +56,26 @@ def nvml_info() -> dict[str, Any]:
         return {"nvml": False, "nvml_reason": f"{e.__class__.__name__}: {e}".strip()}
 
 
-def resolve_device(name: str) -> torch.device:
+def check_device_name(name: str) -> None:
+    """Refuse a --device that is none of auto, cpu, cuda[:N] (the name alone: whether CUDA is here is torch's)."""
     from memlab.core.errors import DeviceError
 
+    if name not in ("auto", "cpu") and not name.startswith("cuda"):
+        raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
+
+
+def device_type(name: str) -> str:
+    """"cpu" or "cuda" for a --device; a supervisor (sweep, study) needs no more, and for cpu no torch to know it."""
+    check_device_name(name)
+    return "cpu" if name == "cpu" else resolve_device(name).type
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch
+
+    from memlab.core.errors import DeviceError
+
+    check_device_name(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu":
@@ -62,8 +83,7 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise DeviceError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}; use --device cpu or auto")
-        return torch.device(name)
-    raise DeviceError(f"--device {name!r} is not valid; choose one of: auto, cuda, cpu")
+    return torch.device(name)
 
 
 def gpu_identity(nvml_indices: list[int], nvml: Any = None) -> dict[str, Any]:
@@ -95,6 +115,8 @@ def _nvml_text(call: Any, handle: Any) -> str | None:
 
 def _nvml_indices(device: torch.device | None, world_size: int) -> list[int]:
     """NVML's indices of the GPUs this run trains on: its own device, or every local rank's under torchrun."""
+    import torch
+
     from memlab.core.meters import nvml_index
 
     if world_size > 1:
@@ -103,6 +125,8 @@ def _nvml_indices(device: torch.device | None, world_size: int) -> list[int]:
 
 
 def environment(device: torch.device | None = None, world_size: int = 1) -> dict[str, Any]:
+    import torch
+
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -19,19 +19,9 @@ from torch import nn
 from memlab.core.config import OptimizerConfig, TrainConfig
 from memlab.core.errors import ConfigError, MissingExtra
 
-# optimizer.name -> (import name, distribution, extra)
-PACKAGES = {
-    "adamw8bit": ("torchao.optim", "torchao", "torchao"),
-    "adamw4bit": ("torchao.optim", "torchao", "torchao"),
-    "bf16_sr": ("torchao.optim", "torchao", "torchao"),
-    "paged_adamw8bit": ("bitsandbytes.optim", "bitsandbytes", "bnb"),
-    "galore": ("galore_torch", "galore-torch", "galore"),  # imports transformers and bitsandbytes when imported
-}
-CUDA_ONLY = {
-    "adamw8bit": "its 8-bit kernels are GPU-only",
-    "adamw4bit": "its 4-bit state is quantized by GPU kernels",
-    "paged_adamw8bit": "its state lives in CUDA unified memory",
-}
+# optimizer.name -> (import name, distribution, extra): declared in memlab.core.requirements, which has no torch
+from memlab.core.requirements import OPTIMIZER_PACKAGES as PACKAGES
+
 # GaLore's published settings for models of this size (GaLore paper, 60M-350M LLaMA): a new projection every 200
 # steps, the projected update scaled by 0.25, the projection on the shorter side ("std").
 GALORE_UPDATE_PROJ_GAP, GALORE_SCALE, GALORE_PROJ_TYPE = 200, 0.25, "std"

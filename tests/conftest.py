@@ -64,9 +64,9 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def profiles_listing() -> subprocess.CompletedProcess:
-    """`memlab profiles` as a user runs it, in a child process. Listing them runs every technique's checks (torch,
-    Dynamo, torchao imported: ~5 s), so one child serves the tests of three files that read it; those tests carry
-    @pytest.mark.xdist_group("memlab-profiles") so that they share a worker and the child runs once."""
+    """`memlab profiles` as a user runs it, in a child process (well under a second: it imports no torch), run once
+    for the tests of three files that read it; they carry @pytest.mark.xdist_group("memlab-profiles") so that
+    they share a worker and the child runs once."""
     return subprocess.run([sys.executable, "-m", "memlab", "profiles"], capture_output=True, text=True, timeout=120)
 
 

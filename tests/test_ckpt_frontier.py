@@ -9,10 +9,9 @@ import sys
 import polars as pl
 import pytest
 import torch
-from test_compare import GIB, write_run
-from test_estimate import small
-from test_model import assert_same_loss_and_grads, make_model
-from test_plot import png_size, table_of
+
+from model_helpers import assert_same_loss_and_grads, make_model, small
+from run_helpers import GIB, png_size, table_of, write_run
 
 from memlab.core import estimate as E
 from memlab.core.config import CheckpointingConfig, Experiment, apply_overrides, load_profile

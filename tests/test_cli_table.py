@@ -15,8 +15,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from test_compare import GIB, write_run
-from test_plot import png_size
+
+from run_helpers import GIB, png_size, write_run
 
 from memlab.core import compare, schema
 from memlab.core.plot import figure_size_px

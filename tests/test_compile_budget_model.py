@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 import torch
-from test_estimate import small
+
+from model_helpers import small
 
 from memlab.core import compile_budget_model as M
 from memlab.core import estimate as E

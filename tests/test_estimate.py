@@ -9,19 +9,13 @@ import math
 import pytest
 import torch
 
+from model_helpers import small
+
 from memlab.core import estimate as E
-from memlab.core.config import Experiment, ModelConfig, apply_overrides, load_experiment, load_profile
+from memlab.core.config import Experiment, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
 
 MIB = 2**20
-
-
-def small(L=2, C=64, H=2, T=64, V=512, batch=4, **train) -> Experiment:
-    e = Experiment(name="small", model=ModelConfig(n_layer=L, n_head=H, d_model=C, seq_len=T, vocab_size=V))
-    e.train.batch_size = batch
-    for k, v in train.items():
-        setattr(e.train, k, v)
-    return e
 
 
 def gpt(e: Experiment, V: int):

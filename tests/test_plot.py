@@ -3,31 +3,14 @@ profile everywhere, no empty panels, value labels that never overlap."""
 
 from __future__ import annotations
 
-import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from test_compare import GIB, write_run
 
-from memlab.core import compare
+from run_helpers import GIB, png_size, table_of, write_run
+
 from memlab.core.plot import PALETTE, band_panels, figure_size_px, label_rotation, plot_comparison, profile_colors
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    """(width, height) from the PNG's IHDR chunk, after checking the signature."""
-    head = path.read_bytes()[:24]
-    assert head[:8] == PNG_SIGNATURE, "not a PNG"
-    assert head[12:16] == b"IHDR"
-    return struct.unpack(">II", head[16:24])
-
-
-def table_of(root: Path, **kw):
-    return compare.comparison(compare.read_runs([root])[0], **kw)
-
 
 def test_one_experiment(tmp_path):
     write_run(tmp_path / "runs", "baseline", peak_nvml_bytes=5 * GIB, max_batch=64, mfu=0.4)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tui_helpers import GIB, fixed_runs, started_event, step_event, wait_for
+from tui_helpers import GIB, fixed_runs, started_event, step_event, wait_for
 from typer.testing import CliRunner
 
 from memlab.core import schema

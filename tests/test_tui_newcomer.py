@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 import pytest
-from test_tui_helpers import fixed_runs, wait_for
+from tui_helpers import fixed_runs, wait_for
 
 from memlab.core.supervisor import ChildResult
 from memlab.tui.app import MemlabApp
@@ -243,7 +243,7 @@ async def test_results_show_the_relative_columns_that_fit_and_w_cycles_sets(tmp_
 
 
 def test_profiles_that_need_cuda_are_marked_in_the_list():
-    """The mark comes from the techniques' own checks (memlab.core.requirements), not a hand-kept list."""
+    """The mark comes from memlab.core.requirements, whose declarations the techniques' checks refuse from."""
     from memlab.tui.widgets.profile_list import _label, discover_profiles
 
     infos = {p.ref: p for p in discover_profiles("/nonexistent")}

@@ -8,7 +8,7 @@ Update after a deliberate change with: python -m pytest tests/test_tui_snapshots
 from __future__ import annotations
 
 import pytest
-from test_tui_helpers import fixed_runs, wait_for
+from tui_helpers import fixed_runs, wait_for
 
 from memlab.tui.app import MemlabApp
 from memlab.tui.widgets.profile_list import ProfileInfo

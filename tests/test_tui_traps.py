@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_tui_helpers import fixed_runs, started_event, step_event, wait_for, write_run
+from tui_helpers import fixed_runs, started_event, step_event, wait_for, write_run
 from textual.widgets._toast import Toast
 from textual.widgets._footer import FooterKey
 

@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from memlab.core.attention import ALL_DTYPES, KernelSpec, Supports, register, window_mask
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.requirements import sdpa_backend_needs_cuda
 
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -110,8 +111,8 @@ def _build(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropo
         if cfg.sdpa_backend not in ("auto", "math"):
             raise ConfigError(f"attention.window on CPU runs SDPA with an explicit mask; sdpa_backend {cfg.sdpa_backend!r} cannot take one (use auto)")
         return SDPAAttention("math", cfg.window, masked=True)
-    if device.type != "cuda" and cfg.sdpa_backend in ("cudnn", "efficient"):
-        raise DeviceError(f"attention.sdpa_backend = {cfg.sdpa_backend} needs CUDA; on CPU use auto, flash or math")
+    if device.type != "cuda" and (why := sdpa_backend_needs_cuda(cfg)):
+        raise DeviceError(why)
     if device.type == "cuda" and cfg.sdpa_backend in ("flash", "cudnn") and dtype == torch.float32:
         raise ConfigError(f"attention.sdpa_backend = {cfg.sdpa_backend} takes 16-bit inputs on CUDA: set precision.dtype = bf16 or fp16, or use sdpa_backend = auto, efficient or math")
     if device.type != "cuda" and cfg.sdpa_backend == "flash" and dropout:

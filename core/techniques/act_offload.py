@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
 from memlab.core.offload import MIN_BYTES, CudaCopies, OverlapOffload
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -41,11 +42,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     if not ck.offload:
         return
     check_plan(experiment, profile)
-    if ck.offload_overlap:
-        if device.type != "cuda":
-            raise DeviceError("checkpointing.offload_overlap copies activations to the CPU on a side CUDA stream and needs CUDA; set checkpointing.offload = false on the CPU backend")
-    elif device.type != "cuda":
-        raise DeviceError("checkpointing.offload moves activations from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
+    refuse_without_cuda("checkpointing.offload", profile, device)
 
 
 def check_plan(experiment: Experiment, profile: Profile) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import DeviceError
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -16,8 +16,7 @@ ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    if profile.allocator.expandable_segments and device.type != "cuda":
-        raise DeviceError("allocator.expandable_segments configures the CUDA caching allocator and needs CUDA; set it to false on the CPU backend")
+    refuse_without_cuda("allocator", profile, device)
 
 
 def apply_to_process(profile: Profile) -> None:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
+from memlab.core.requirements import refuse_without_cuda
 
 from memlab.core.models.family import require_family
 
@@ -56,8 +57,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     if not profile.cuda_graph.enabled:
         return
     check_plan(experiment, profile)
-    if device.type != "cuda":
-        raise DeviceError("cuda_graph.enabled captures the step as a CUDA graph and needs CUDA; set it to false on the CPU backend")
+    refuse_without_cuda("cuda_graph", profile, device)
 
 
 def check_plan(experiment: Experiment, profile: Profile) -> None:

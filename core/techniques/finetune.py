@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from memlab.core.errors import ConfigError, DeviceError, MemlabError
+from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.models import family
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -41,8 +42,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     if f.method in ADAPTERS:
         _require_package("peft", f"finetune.method = {f.method} needs peft: {PEFT}")
     if f.base in QUANTIZED:
-        if device.type != "cuda":
-            raise DeviceError(f"finetune.base = {f.base} (QLoRA) quantizes the base with bitsandbytes' kernels, which need CUDA; on the CPU backend use base = bf16 or auto (profile lora)")
+        refuse_without_cuda("finetune.base", profile, device)
         _require_package("bitsandbytes", f"finetune.base = {f.base} needs bitsandbytes: {BNB}")
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError, DeviceError, MissingExtra
+from memlab.core.requirements import refuse_without_cuda
 
 from memlab.core.models.family import require_family
 
@@ -36,8 +37,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     if not profile.kernels.float8:
         return
     check_plan(experiment, profile)
-    if device.type != "cuda":
-        raise DeviceError("kernels.float8 needs CUDA float8 tensor cores (an H100 or Ada GPU, compute capability 8.9+); set kernels.float8 = false on the CPU backend")
+    refuse_without_cuda("kernels.float8", profile, device)
     capability = torch.cuda.get_device_capability(device)
     if capability < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)

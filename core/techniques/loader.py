@@ -6,12 +6,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import DeviceError
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    if profile.loader.pin_memory and device.type != "cuda":
-        raise DeviceError("loader.pin_memory speeds host-to-GPU copies and needs CUDA; set it to false on the CPU backend")
+    refuse_without_cuda("loader", profile, device)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core import linear_ce
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
 from memlab.core.techniques.precision import compute_dtype
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -24,8 +25,7 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     fused = profile.loss.fused
     if fused == "none":
         return
-    if device.type != "cuda":
-        raise DeviceError(f"loss.fused = {fused} runs Triton kernels and needs CUDA; on the CPU backend use loss.chunked = true (profile chunked_ce)")
+    refuse_without_cuda("loss", profile, device)
     linear_ce.require(fused)
 
 

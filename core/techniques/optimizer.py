@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
 from memlab.core.optim import build_optimizer
-from memlab.core.optim_library import CUDA_ONLY, PACKAGES, library_version, require_package
+from memlab.core.optim_library import PACKAGES, library_version, require_package
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -28,13 +29,10 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     if cfg.name == "adafactor" and not hasattr(torch.optim, "Adafactor"):
         raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__}); use adamw")
     _check_pairing(profile)  # what the profile itself gets wrong comes first: no package or device fixes it
-    if cfg.name in CUDA_ONLY and device.type != "cuda":
-        raise DeviceError(f"optimizer.name = {cfg.name} needs CUDA ({CUDA_ONLY[cfg.name]}); use adamw on the CPU backend")
+    refuse_without_cuda("optimizer.name", profile, device)
     if cfg.name in PACKAGES:
         require_package(cfg.name)
-    if cfg.offload:
-        if device.type != "cuda":
-            raise DeviceError("optimizer.offload moves optimizer state from the GPU to the CPU and needs CUDA; set it to false on the CPU backend")
+    refuse_without_cuda("optimizer.offload", profile, device)
     check_in_backward(experiment, profile)
 
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.errors import ConfigError
+from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -31,8 +32,7 @@ def param_dtype(profile: Profile) -> torch.dtype:
 
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
-    if profile.precision.dtype == "tf32" and device.type != "cuda":
-        raise DeviceError("precision.dtype = tf32 needs CUDA (TF32 is a tensor-core mode); valid on the CPU backend: fp32, bf16, fp16, bf16_pure")
+    refuse_without_cuda("precision", profile, device)
     if profile.precision.dtype == "bf16_pure":
         _check_pure(profile)
 

@@ -42,9 +42,10 @@ def _err_console() -> Console:
 def _load(experiment: str, profile: str, overrides: list[str]) -> tuple[Experiment, Profile]:
     """auto = gpt2s: both commands are about a GPU, wherever they run."""
     from memlab.cli.options import resolve
-    from memlab.core.techniques import check_plan
 
     exp, prof = resolve("gpt2s" if experiment == "auto" else experiment, profile, "cuda", overrides)
+    from memlab.core.techniques import check_plan  # torch: only once the names and values are known to be good
+
     check_plan(exp, prof)
     return exp, prof
 
@@ -71,11 +72,13 @@ def estimate(
         raise ConfigError(f"--method {method!r} is not valid; choose one of: auto, analytic, fake")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
-    overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
-    exp, prof = _load(experiment, profile, overrides)
     world = 1 if nproc is None else nproc
     if world < 1:
         raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    if gpu_memory is not None:
+        parse_size(gpu_memory)  # refused before the checks that import torch
+    overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
+    exp, prof = _load(experiment, profile, overrides)
     if nproc is not None or prof.distributed.mode != "none":
         from memlab.core.techniques import check_plan
 
@@ -445,20 +448,21 @@ def _checked_find_args(experiment: str, profile: str, gpu_memory: str | None, st
                        max_: int | None, overrides: list[str]) -> tuple[Experiment, Profile]:
     """Every refusal find-batch can meet, before the first probe: bad numbers, a bad size, no GPU, and whatever
     the probes' own technique checks would refuse."""
-    import torch
-
     from memlab.core.errors import ConfigError
-    from memlab.core.techniques import check_techniques
 
     for name, v in (("--start", start), ("--max", max_)):
         if v is not None and v < 1:
             raise ConfigError(f"{name} must be a positive integer, got {v}")
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {steps}")
-    exp, prof = _load(experiment, profile, overrides)
     if gpu_memory is not None:
         parse_size(gpu_memory)  # bad input is reported before anything else
+    exp, prof = _load(experiment, profile, overrides)
     _require_cuda("find-batch")
+    import torch
+
+    from memlab.core.techniques import check_techniques
+
     check_techniques(exp, prof, torch.device("cuda"))  # what the probes would refuse, refused once, here
     return exp, prof
 

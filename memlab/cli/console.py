@@ -9,7 +9,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from memlab.core.data.tokens import holdout_warning
 from memlab.core.units import gib
 
 
@@ -59,6 +58,8 @@ class ConsoleSink:
                 f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · {batch_split(ev)} · {self.total} steps"
             )
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
+            from memlab.core.data.tokens import holdout_warning  # the data package imports torch: only when a run starts
+
             warning = holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0)
             if warning:
                 self.console.print(f"  [yellow]warning[/] {warning}")

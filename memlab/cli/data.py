@@ -34,20 +34,28 @@ def prepare(
     from memlab.cli.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from memlab.cli.options import _toml_string, data_overrides, experiment_ref
+    from memlab.cli.options import _toml_string, data_overrides, experiment_ref, refuse_early
     from memlab.core.config import Profile, apply_overrides, load_experiment
-    from memlab.core.data import holdout_warning, load_tokens
-    from memlab.core.environment import resolve_device
+    from memlab.core.environment import check_device_name
 
-    # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
-    exp = load_experiment(experiment_ref(experiment, resolve_device(device).type))
+    check_device_name(device)
     items = data_overrides(data, text_field, tokenizer, streaming, max_docs, None, None)
     if split is not None:
         items.append(f"data.split={_toml_string(split)}")
     if val_tokens is not None:
         items.append(f"data.val_tokens={val_tokens}")
-    apply_overrides(exp, Profile(), items)  # validates like `memlab run --set`
-    cfg = exp.data
+
+    def resolved(device_type: str):
+        exp = load_experiment(experiment_ref(experiment, device_type))
+        apply_overrides(exp, Profile(), items)  # validates like `memlab run --set`
+        return exp
+
+    refuse_early(experiment, resolved)  # a bad name or value: one line before torch is imported
+    from memlab.core.data import holdout_warning, load_tokens
+    from memlab.core.environment import resolve_device
+
+    # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
+    cfg = resolved(resolve_device(device).type).data
 
     console = make_console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

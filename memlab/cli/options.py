@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -85,3 +85,22 @@ def resolve(experiment: str, profile: str, device_type: str, overrides: list[str
     prof = load_profile(profile)
     apply_overrides(exp, prof, overrides)
     return exp, prof
+
+
+def refuse_early(experiment: str, check: Callable[[str], object]) -> None:
+    """Run `check(device_type)` (a resolve() of the command's input) before torch is imported, so that a mistyped
+    name or a bad --set is refused in a fraction of a second, with the message the command's own resolve() gives.
+    `--experiment auto` means gpt2s on CUDA and tiny on the CPU, which takes torch to know: its input is refused
+    here only where both would refuse it alike; otherwise the command's own check, on its device, decides."""
+    from memlab.core.errors import MemlabError
+
+    refusals = []
+    for device_type in ("cpu", "cuda") if experiment == "auto" else ("cpu",):
+        try:
+            check(device_type)
+        except MemlabError as e:
+            refusals.append(e)
+        else:
+            return
+    if len({str(e) for e in refusals}) == 1:
+        raise refusals[0]

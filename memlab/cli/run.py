@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, data_overrides, model_overrides, resolve
+from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, data_overrides, model_overrides, refuse_early, resolve
 
 EXIT_BY_STATUS = {"finished": 0, "interrupted": 130, "oom": 1, "nan": 1, "error": 1}
 
@@ -36,14 +36,21 @@ def run(
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run N ranks on this host through torchrun (one GPU each on CUDA); the profile picks ddp or fsdp (e.g. ddp_bf16, fsdp_bf16).")] = None,
 ) -> None:
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
+    from memlab.core.environment import check_device_name
+
+    check_device_name(device)
+    overrides = model_overrides(model) + list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
+    overrides += _batch_size_items(batch_size)
+    refuse_early(experiment, lambda device_type: resolve(experiment, profile, device_type, overrides))
+    if label is not None:
+        checked_label(label)
+
+    from memlab.core import distributed  # torch from here on: the input is known to be good
     from memlab.core.environment import resolve_device
     from memlab.core.errors import MemlabError
     from memlab.core.techniques import apply_to_process
 
-    from memlab.core import distributed
-
     dev = resolve_device(device)
-    overrides = model_overrides(model) + list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
     # Several ranks: `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
     # the user's, multi-host included) every rank runs this same command and only rank 0 speaks and writes.
     if nproc is not None and distributed.launched_by_torchrun():
@@ -82,25 +89,30 @@ def checked_label(label: str) -> str:
     return label.strip()
 
 
-def _apply_batch_size(batch_size: str | None, experiment: str, profile: str, dev, overrides: list[str]) -> int | None:
-    """--batch-size N or max, as overrides appended to `overrides`; returns the max micro-batch found (max only)."""
+def _batch_size_items(batch_size: str | None) -> list[str]:
+    """--batch-size N as an override (max is measured later, by _apply_batch_size)."""
     from memlab.core.errors import MemlabError
 
-    if batch_size is None:
-        return None
-    if batch_size == "max":
-        from memlab.cli.batch import resolve_max_batch  # find-batch
-
-        exp, prof = resolve(experiment, profile, dev.type, overrides)
-        max_batch, accum = resolve_max_batch(exp, prof, dev, profile_ref=profile, experiment_ref=experiment, overrides=overrides)
-        overrides.append(f"accumulation.steps={accum}")
-        return max_batch
+    if batch_size is None or batch_size == "max":
+        return []
     try:
         value = int(batch_size)
     except ValueError:
         raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'") from None
-    overrides.append(f"train.batch_size={value}")
-    return None
+    return [f"train.batch_size={value}"]
+
+
+def _apply_batch_size(batch_size: str | None, experiment: str, profile: str, dev, overrides: list[str]) -> int | None:
+    """--batch-size max: the largest micro-batch that fits, measured, with accumulation.steps appended to
+    `overrides` to keep the effective batch; returns it (None for any other --batch-size)."""
+    if batch_size != "max":
+        return None
+    from memlab.cli.batch import resolve_max_batch  # find-batch
+
+    exp, prof = resolve(experiment, profile, dev.type, overrides)
+    max_batch, accum = resolve_max_batch(exp, prof, dev, profile_ref=profile, experiment_ref=experiment, overrides=overrides)
+    overrides.append(f"accumulation.steps={accum}")
+    return max_batch
 
 
 def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object | None]:
@@ -125,7 +137,7 @@ def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object
         sinks.append(ConsoleSink())
     snapshot = None
     if memory_snapshot and rank0:
-        from memlab.core.memsnapshot import SnapshotSink  # CUDA only (a DeviceError on CPU)
+        from memlab.core.memsnapshot import SnapshotSink  # issue 5: CUDA only (a DeviceError on CPU)
 
         snapshot = SnapshotSink(dev)
         sinks.append(snapshot)

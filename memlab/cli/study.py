@@ -43,6 +43,7 @@ def study(
     Ctrl-C (or SIGTERM) keeps what is done; the same command, or just --out, resumes.
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped.
     """
+    _refuse_names_early(profiles, experiment)
     from memlab.core import study as st
     from memlab.core.lanes import plan_lanes
 
@@ -74,6 +75,18 @@ def study(
     _finish(state, out_path, runner.stopping)
 
 
+def _refuse_names_early(profiles: str | None, experiment: str | None) -> None:
+    """A mistyped profile or experiment, refused before the study's machinery (polars, torch) is imported: the
+    message make_plan would give, in a fraction of the time. Everything else is checked where it was."""
+    from memlab.core.config import load_experiment, load_profile
+
+    if experiment is not None and experiment != "auto" and not (experiment.endswith(".toml") or "/" in experiment):
+        load_experiment(experiment)  # a path: its message names the resolved path (see _options), so it waits
+    if profiles is not None and profiles.strip() != "all":
+        for name in (p.strip() for p in profiles.split(",") if p.strip()):
+            load_profile(name)
+
+
 def _redo_list(redo: str | None, options: Options, stored: StudyState | None, flag: str = "--redo") -> list[str]:
     """--redo's (or --redo-max's) profiles: each must be one this study has already begun (else nothing would be
     redone); all = every such profile."""
@@ -90,7 +103,7 @@ def _redo_list(redo: str | None, options: Options, stored: StudyState | None, fl
 
 def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory, batch, at_max, steps, overrides, device) -> Options:
     """The options of this invocation: what is given, else what the stored study had."""
-    from memlab.core.environment import resolve_device
+    from memlab.core.environment import device_type
     from memlab.core.errors import ConfigError
     from memlab.core.study import Options, check_recipe, single_gpu_profiles
 
@@ -100,7 +113,7 @@ def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory
     if profiles is None and old is None:
         raise ConfigError("--profiles is required for a new study (e.g. --profiles baseline,bf16,gradcp_bf16, or all)")
     names = (sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
-    dev = resolve_device(device).type if device != "auto" or old is None else old.device
+    dev = device_type(device) if device != "auto" or old is None else old.device
     if recipe is not None:
         exp_ref = check_recipe(recipe)
     elif experiment is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, GpusOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, model_overrides
+from memlab.cli.options import DeviceOpt, ExperimentOpt, GpusOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, model_overrides, refuse_early
 from memlab.core.units import gib
 
 if TYPE_CHECKING:
@@ -46,22 +46,27 @@ def sweep(
 
     Exit status: 0 when every run finished, 1 when any did not, 2 for bad input, 130 when stopped by Ctrl-C.
     """
-    from memlab.core.environment import resolve_device
-    from memlab.core.lanes import idle_gpus, plan_lanes
-    from memlab.core.runstore import ensure_runs_dir
-    from memlab.core.supervisor import ChildSpec
+    from memlab.core.environment import check_device_name
 
-    dev = resolve_device(device)
+    check_device_name(device)
     overrides = model_overrides(model) + list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     names = _profile_names(profiles)
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
     # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
-    # the first hour of runs (exit 2) and before the runs folder is made
-    keys = [_resolve_one(name, label, experiment, dev.type, item_overrides, vary, nproc) for name, label, item_overrides in items]
-    lanes = plan_lanes(gpus, dev.type, nproc)  # a GPU not visible, listed twice, fewer GPUs than ranks: exit 2 here
+    # the first hour of runs (exit 2) and before the runs folder is made; before torch is imported where it can
+    refuse_early(experiment, lambda device_type: _resolve_all(items, experiment, device_type, vary, nproc))
+
+    from memlab.core.environment import device_type
+    from memlab.core.lanes import idle_gpus, plan_lanes
+    from memlab.core.runstore import ensure_runs_dir
+    from memlab.core.supervisor import ChildSpec
+
+    dev_type = device_type(device)  # the children import torch; this process, on the CPU, need not
+    keys = _resolve_all(items, experiment, dev_type, vary, nproc)  # what `auto` means here decides what refuse_early could not
+    lanes = plan_lanes(gpus, dev_type, nproc)  # a GPU not visible, listed twice, fewer GPUs than ranks: exit 2 here
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
-    specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
+    specs = [ChildSpec(profile=name, experiment=experiment, device=dev_type, runs_dir=runs_dir, overrides=item_overrides,
                        extra_args=extra, label=label) for name, label, item_overrides in items]
     for gpu in idle_gpus(lanes, gpus) if lanes[0].indices else []:
         typer.echo(f"note: GPU {gpu} stays idle: --nproc {nproc} takes {nproc} GPUs a run", err=True)
@@ -116,6 +121,11 @@ def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
     if len(parts) != 2 or not all(parts) or not all(values):
         raise MemlabError(f"--vary {vary!r}: expected section.key=v1,v2,..., e.g. checkpointing.budget=0,0.25,0.5,0.75,1")
     return [(f"{name}@{parts[1]}={v}", [f"{lhs.strip()}={v}"]) for v in values]
+
+
+def _resolve_all(items: list[tuple[str, str, list[str]]], experiment: str, device_type: str, vary: str | None,
+                 nproc: int | None) -> list[tuple[str, str, int]]:
+    return [_resolve_one(name, label, experiment, device_type, item_overrides, vary, nproc) for name, label, item_overrides in items]
 
 
 def _resolve_one(name: str, label: str, experiment: str, device_type: str, overrides: list[str], vary: str | None,

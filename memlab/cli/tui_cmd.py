@@ -22,20 +22,19 @@ def tui(
 ) -> None:
     """Open the terminal UI: queue profiles, watch each run live (one child process each), compare the results."""
     from memlab.core.config import apply_overrides, load_experiment, load_profile
+    from memlab.core.environment import check_device_name, resolve_device
     from memlab.core.errors import MemlabError
-    from memlab.core.runstore import ensure_runs_dir
 
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise MemlabError(f"--device {device!r} is not valid; choose one of: auto, cuda, cpu")
+    check_device_name(device)
     if device.startswith("cuda"):
-        from memlab.core.environment import resolve_device
-
         resolve_device(device)  # no CUDA here: one line now, not a rejection for every run queued later
     # Check the command line now, in one line, rather than in every child later.
     exp = load_experiment("tiny" if experiment == "auto" else experiment)
     apply_overrides(exp, load_profile("baseline"), list(set_ or []))
     if profiles_dir is not None and not profiles_dir.is_dir():
         raise MemlabError(f"--profiles-dir {profiles_dir}: no such folder")
+    from memlab.core.runstore import ensure_runs_dir  # polars: once the names and values are known to be good
+
     ensure_runs_dir(Path(runs_dir), create=False)
     _check_runs_dir_can_be_made(Path(runs_dir))
 
