@@ -74,8 +74,9 @@ def test_profiles_marks_those_that_need_cuda_or_a_missing_extra_from_the_checks_
     r = profiles_listing
     # a row's first line starts with its name; a long description wraps onto indented lines
     lines = [ln for ln in r.stdout.splitlines()[1:] if ln.strip() and not ln.startswith((" ", "needs"))]
-    start = r.stdout.splitlines()[0].index("needs")
-    rows = {ln.split()[0]: ln[start:].split()[0] if ln[start] != " " else "" for ln in lines}
+    header = r.stdout.splitlines()[0]
+    start, end = header.index("needs"), header.index("description")  # the column's whole width ("CUDA, memlab[x]")
+    rows = {ln.split()[0]: ln[start:end].strip() for ln in lines}
     missing = set()
     for name in builtin_names("profile"):
         n = needs(load_profile(name))

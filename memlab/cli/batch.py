@@ -305,11 +305,11 @@ def find_batch(
     if profiles is not None:
         _find_batches(profiles, experiment, gpu_memory, steps, start, max_, refresh, allow_retries, as_json, list(set_ or []), gpus)
         return
-    from memlab.core.batchfind import ProbeError
+    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
+    from memlab.core.batchfind import ProbeError  # polars and torch from here: the input is known to be good
     from memlab.core.lanes import plan_lanes
 
     lane = plan_lanes(gpus, "cuda")[0] if gpus is not None else None  # --gpus 2: this one search on GPU 2
-    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
     args = _FindArgs(experiment, gpu_memory, steps, start, max_, refresh, allow_retries, list(set_ or []))
     err = _err_console()
     try:
