@@ -224,3 +224,33 @@ def test_models_lists_the_presets_and_families():
     for name in PRESETS:
         assert name in out.stdout
     assert "LlamaForCausalLM" in out.stdout and "hf:" in out.stdout
+
+
+def test_a_pretrained_checkpoint_starts_from_its_own_perplexity(tmp_path):
+    """Fine-tuning is a comparison like any other: from a checkpoint folder, validation starts where the checkpoint's
+    training left it, not at a random model's perplexity."""
+    from transformers import AutoModelForCausalLM
+
+    from memlab.core.data import batch_iterator, load_tokens
+
+    e = llama_tiny()
+    tokens = load_tokens(e.data)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf.transformers_config(e.model))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    batches = batch_iterator(tokens.train, batch_size=8, micro_batches=1, seq_len=64, seed=0, steps=40)
+    for (x, y), in batches:
+        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(tmp_path)
+
+    def val_after_one_tiny_step(sets: list[str]) -> float:
+        ex, p = llama_tiny(steps=1), load_profile("baseline")
+        apply_overrides(ex, p, ["train.lr=1e-9", *sets])
+        return engine.train(ex, p, ListSink(), device="cpu")["val_loss"]
+
+    random_init = val_after_one_tiny_step([])
+    pretrained = val_after_one_tiny_step(['model.source="%s"' % tmp_path, "data.tokenizer=\"bpe:512\""])
+    assert pretrained < random_init - 1.0, (pretrained, random_init)
