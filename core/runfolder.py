@@ -27,8 +27,33 @@ from memlab.core.errors import MemlabError
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file in `path`'s folder, with the mode a plain open() would give it: mkstemp makes it 0600, and a
+    rename keeps that, so colleagues on a shared host could not read the results."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except OSError:
+        pass  # a filesystem without modes (e.g. some network mounts): the file is still written
+    return fd, tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -43,7 +68,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         frame.write_parquet(tmp)
