@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memlab.core.data.tokens import holdout_warning
+from memlab.core.config import warmup_warning
 from memlab.core.units import gib
 
 
@@ -59,9 +60,11 @@ class ConsoleSink:
                 f"{ev['params'] / 1e6:.1f}M params · {ev['attention_kernel']} · {batch_split(ev)} · {self.total} steps"
             )
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
-            warning = holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0)
-            if warning:
-                self.console.print(f"  [yellow]warning[/] {warning}")
+            train = ev["experiment"].get("train", {})
+            for warning in (holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0),
+                            warmup_warning(train.get("warmup_steps") or 0, self.total)):
+                if warning:
+                    self.console.print(f"  [yellow]warning[/] {warning}", soft_wrap=True)
             if ev.get("run_dir"):
                 self.console.print(f"  run folder: {ev['run_dir']}")
         elif kind == "step":

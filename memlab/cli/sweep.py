@@ -43,7 +43,10 @@ def sweep(
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
+    from memlab.cli.options import refuse_flag_and_set
+
     dev = resolve_device(device)
+    refuse_flag_and_set(set_, steps=steps)
     overrides = list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     names = _profile_names(profiles)
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
@@ -68,12 +71,9 @@ def sweep(
 
 
 def _profile_names(profiles: str) -> list[str]:
-    from memlab.core.errors import MemlabError
+    from memlab.cli.options import profile_list
 
-    names = [p.strip() for p in profiles.split(",") if p.strip()]
-    if not names:
-        raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
-    return names
+    return profile_list(profiles)
 
 
 def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
