@@ -774,3 +774,27 @@ def test_every_findings_sentence_says_the_direction_the_figures_have(top, saved)
     for name, n in re.findall(r"\*\*(\w+)\*\* saves the most memory: .*?, (\d+)% slower", text):
         assert int(n) > 0  # every profile here is slower than the baseline, by construction
     assert claims >= 3, text  # the sentences checked were there to check
+
+
+def test_study_figures_tick_plain_numbers_and_keep_their_labels_inside():
+    """Issue 50: ppl_vs_memory.png showed `+4.8651e2` and ticks of 0.0025; max_batch.png cut its y label."""
+    from memlab.core.study import figures as F
+
+    rows = [{"profile": p, "peak_host_rss_bytes": int(g * 2**30), "val_ppl": v, "step_ms_median": 10.0 + i,
+             "max_batch_measured": False, "max_batch": None, "predicted_max_batch": b}
+            for i, (p, g, v, b) in enumerate([("baseline", 0.3550, 486.51951, 7), ("gradcp", 0.3578, 486.51950, None), ("bf16", 0.3664, 486.51782, 10)])]
+    fig = F.figure("ppl", lambda ax: F._scatter(ax, rows, "peak_host_rss_bytes", "val_ppl", "peak", "val ppl", front=False))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    for axis, values in ((ax.yaxis, [r["val_ppl"] for r in rows]), (ax.xaxis, [r["peak_host_rss_bytes"] / 2**30 for r in rows])):
+        assert axis.get_offset_text().get_text() == ""
+        labels = [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+        ticks = [float(t.replace(",", "")) for t in labels]
+        assert len(set(labels)) == len(labels) >= 3 and not any("e" in t for t in labels)  # each tick its own number
+        assert min(ticks) <= max(values) and max(ticks) >= min(values)  # the values themselves, not offsets from one
+    fig = F.figure("max", lambda ax: F._max_batch(ax, rows))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    label = fig.axes[0].yaxis.label.get_window_extent(renderer)
+    page = fig.bbox
+    assert page.y0 <= label.y0 and label.y1 <= page.y1 and page.x0 <= label.x0  # the y label is whole on the page
