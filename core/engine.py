@@ -255,10 +255,7 @@ def _load_tokens(e: Experiment) -> data_mod.TokenData:
     import subprocess
     import sys
 
-    from memlab.core.data import cache
-
-    name = data_mod.cache_entry(e.data)[2]
-    if cache.read_meta(cache.tokens_dir() / name) is not None:
+    if data_mod.is_cached(e.data):  # else checks that the cache can be written: one line, not the child's traceback
         return data_mod.load_tokens(e.data)
     code = ("import json, sys; from memlab.core.config import experiment_from_dict; from memlab.core.data import "
             "load_tokens; load_tokens(experiment_from_dict(json.loads(sys.argv[1])).data)")

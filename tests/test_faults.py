@@ -154,6 +154,60 @@ def test_runs_folder_that_cannot_be_created_is_one_line(tmp_path, capsys):
     assert exit_.value.code == 2 and err.startswith("memlab: error: runs folder") and "--runs-dir" in err and "\n" not in err
 
 
+# ------------------------------------------------------------------------------------------- the token cache
+
+
+def _run_tiny(args: list[str], capsys) -> tuple[int, list[str]]:
+    from memlab.cli import main
+
+    try:
+        main(["run", "--profile", "baseline", "--device", "cpu", "--experiment", "tiny", "--steps", "1", *args])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/cache"])
+def test_a_token_cache_that_is_not_a_folder_is_one_line_naming_the_variable(where, tmp_path, capsys, monkeypatch):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / where))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert f"MEMLAB_CACHE={tmp_path / where}" in lines[0] and f"{tmp_path / 'a-file'} is a file, not a folder" in lines[0]
+    from memlab.cli import main
+
+    for command in (["sweep", "--profiles", "baseline,bf16", "--runs-dir", str(tmp_path / "runs")],  # once, not a child each
+                    ["study", "--profiles", "baseline,bf16", "--out", str(tmp_path / "study")]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--device", "cpu", "--experiment", "tiny"])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and "\n" not in err and f"MEMLAB_CACHE={tmp_path / where}" in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "study").exists()
+
+
+def test_a_read_only_token_cache_is_refused_when_cold_and_serves_when_warm(tmp_path, capsys, monkeypatch):
+    """A read-only mount is simulated (the tests may run as root, who writes anywhere): os.access says no there."""
+    import os
+
+    from memlab.core.data import load_tokens
+
+    real_access = os.access
+    warm = Path(os.environ["MEMLAB_CACHE"])
+    load_tokens(load_experiment("tiny").data)  # the session's cache holds tiny's tokens
+    cold = tmp_path / "ro-cache"
+    (cold / "tokens").mkdir(parents=True)
+    read_only = (str(cold), str(warm))
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p).startswith(read_only) and mode & os.W_OK else real_access(p, mode, **kw))
+    monkeypatch.setenv("MEMLAB_CACHE", str(cold))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and len(lines) == 1 and f"token cache {cold / 'tokens'} is not writable (MEMLAB_CACHE={cold})" in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("MEMLAB_CACHE", str(warm))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 0, lines  # a warm cache is only read
+
+
 # ------------------------------------------------------------------------------------------- fuzzing the loader
 
 _keys = st.text(alphabet=string.ascii_lowercase + "_", min_size=1, max_size=14)

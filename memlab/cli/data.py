@@ -36,7 +36,7 @@ def prepare(
 
     from memlab.cli.options import _toml_string, data_overrides, experiment_ref
     from memlab.core.config import Profile, apply_overrides, load_experiment
-    from memlab.core.data import holdout_warning, load_tokens
+    from memlab.core.data import holdout_warning, is_cached, load_tokens
     from memlab.core.environment import resolve_device
 
     # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
@@ -48,6 +48,7 @@ def prepare(
         items.append(f"data.val_tokens={val_tokens}")
     apply_overrides(exp, Profile(), items)  # validates like `memlab run --set`
     cfg = exp.data
+    is_cached(cfg)  # a token cache that cannot be written: one line before the progress bar
 
     console = make_console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

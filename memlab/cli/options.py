@@ -110,6 +110,21 @@ def profile_list(text: str, flag: str = "--profiles") -> list[str]:
     return names
 
 
+def check_token_cache(datas: list) -> None:
+    """For a command that starts runs in children (sweep, study): a token cache they could not write (MEMLAB_CACHE a
+    file, a read-only mount) is one line now, not a rejected child per run; a corpus already cached is only read."""
+    from memlab.core.data import is_cached
+    from memlab.core.errors import MemlabError
+
+    for data in datas:
+        try:
+            is_cached(data)
+        except MemlabError:
+            raise
+        except Exception:  # noqa: BLE001 (the corpus cannot be looked up from here: each run says why, as before)
+            continue
+
+
 def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, SetOpt, StepsOpt, data_overrides, profile_list, refuse_flag_and_set
+from memlab.cli.options import (DeviceOpt, SetOpt, StepsOpt, check_token_cache, data_overrides, profile_list,
+                                refuse_flag_and_set)
 
 if TYPE_CHECKING:
     from memlab.core.study import Options, StudyState
@@ -55,6 +56,7 @@ def study(
     redone = _redo_list(redo, options, stored)
     redone_max = _redo_list(redo_max, options, stored, flag="--redo-max")
     st.check_reachable(plan.experiment, _args(options, out, offline=True))
+    check_token_cache([plan.experiment.data])
     added = [p for p in options.profiles if stored is not None and p not in stored.options.profiles]
     if added:
         typer.echo(f"study: adding {', '.join(added)} to this study's profiles ({', '.join(stored.options.profiles)})", err=True)

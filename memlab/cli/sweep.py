@@ -43,7 +43,7 @@ def sweep(
     from memlab.core.runstore import ensure_runs_dir
     from memlab.core.supervisor import ChildSpec
 
-    from memlab.cli.options import refuse_flag_and_set
+    from memlab.cli.options import check_token_cache, refuse_flag_and_set
 
     dev = resolve_device(device)
     refuse_flag_and_set(set_, steps=steps)
@@ -52,8 +52,11 @@ def sweep(
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
     # each run resolved once with the experiment, --set and its --vary value, so a typo or a bad value fails before
     # the first hour of runs (exit 2) and before the runs folder is made
+    datas = []
     for name, _, item_overrides in items:
-        _resolve_one(name, experiment, dev.type, item_overrides, vary)
+        data = _resolve_one(name, experiment, dev.type, item_overrides, vary).data
+        datas += [data] if data not in datas else []
+    check_token_cache(datas)
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
     specs = [ChildSpec(profile=name, experiment=experiment, device=dev.type, runs_dir=runs_dir, overrides=item_overrides,
@@ -91,12 +94,12 @@ def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
     return [(f"{name}@{parts[1]}={v}", [f"{lhs.strip()}={v}"]) for v in values]
 
 
-def _resolve_one(name: str, experiment: str, device_type: str, overrides: list[str], vary: str | None) -> None:
+def _resolve_one(name: str, experiment: str, device_type: str, overrides: list[str], vary: str | None):
     from memlab.cli.options import resolve
     from memlab.core.errors import MemlabError
 
     try:
-        resolve(experiment, name, device_type, overrides)
+        return resolve(experiment, name, device_type, overrides)[0]
     except MemlabError as e:
         raise MemlabError(f"--vary {vary}: {e}" if vary else str(e)) from None
 
