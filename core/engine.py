@@ -31,6 +31,7 @@ from memlab.core.flops import flops_per_token, mfu, mfu_at_bf16_peak
 from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes,
                                 nvml_index, reset_host_peak)
 from memlab.core.optim import lr_at, set_lr
+from memlab.core.runfolder import DiskFull, is_disk_full
 from memlab.core.step import TrainStep, build_step
 from memlab.core.techniques import check_techniques
 from memlab.core.techniques.accumulation import micro_batch
@@ -295,6 +296,8 @@ def train(
     except Exception as e:  # noqa: BLE001 (any other failure still leaves a readable run)
         if _is_oom(e):
             _fail(run, sink, "oom", f"out of memory in {run.info.get('phase', 'setup')}: {str(e).splitlines()[0]}")
+        elif is_disk_full(e):  # the run store's DiskFull names the file and the folder; anything else says what it can
+            _fail(run, sink, "error", str(e) if isinstance(e, DiskFull) else f"disk full: {str(e).splitlines()[0]}")
         else:
             _fail(run, sink, "error", f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             run.info["exception"] = e

@@ -10,7 +10,9 @@ open-run list, and memlab.core.runstore.mark_status. File names are in memlab.co
 
 from __future__ import annotations
 
+import errno
 import gzip
+import io
 import json
 import os
 import tempfile
@@ -68,14 +70,53 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    fd, tmp = _temp_beside(path)
-    os.close(fd)
+    """As atomic_write_bytes. The file is made in memory and written by Python, so that a full disk is an
+    OSError(ENOSPC) as from any other write: polars' own writer says `Invalid thrift: transport error` there."""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+class DiskFull(Exception):
+    """A run's file could not be written for want of space; the message is the one line the user reads."""
+
+
+def disk_full_message(what: str, folder: Path, error: BaseException | None = None) -> str:
+    why = error.strerror if isinstance(error, OSError) and error.strerror else "No space left on device"
+    return f"disk full: {what} could not be written in {folder} ({why}); free space there, or pass another --runs-dir"
+
+
+def reserve_space(folder: Path, size: int = 1 << 20) -> Path | None:
+    """A file of `size` bytes that holds space for a run's last writes: freed when the disk fills up, it leaves room
+    for run.json and summary.parquet to say what happened. None when it cannot be made (the disk is full already)."""
+    path = folder / RESERVE
     try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with open(path, "wb") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)  # blocks taken now, even on a filesystem that compresses zeros
+            except (AttributeError, OSError):
+                f.write(b"\0" * size)
+        return path
+    except OSError:
+        Path(path).unlink(missing_ok=True)
+        return None
+
+
+RESERVE = ".memlab-space-reserve"
+_DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or what caused it) is a full disk or an exhausted quota, as OSError or as a library's own error."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, DiskFull) or isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(e) for t in _DISK_FULL_TEXT):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- finding

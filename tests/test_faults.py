@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from memlab.core import schema
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError
+from memlab.core.runfolder import RESERVE
 from memlab.core.runner import run_profile
 from memlab.core.runstore import RunStore
 
@@ -98,6 +99,50 @@ def test_disk_full_while_writing_keeps_a_readable_folder(tiny, tmp_path, monkeyp
     assert steps.height >= 1 and steps["step"].to_list() == list(range(steps.height))
     assert not list(run_dir.glob(".*.tmp"))
     assert (other / "keep.txt").read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, run_dir.name])
+    assert meta["reason"] == "disk full" and meta["message"].startswith("disk full: steps.parquet could not be written in ")
+    assert not (run_dir / RESERVE).exists()
+
+
+def test_a_disk_that_fills_up_mid_run_still_gets_the_outcome_written(tmp_path, capsys, monkeypatch):
+    """Issue 50: a full disk left run.json saying `running` (the table: "killed mid-run?"). Here every write fails
+    from step 4 on, as on a full disk, until the run frees the space it reserved at its start."""
+    import memlab.core.runfolder as runfolder
+
+    real, step_rows = runfolder.atomic_write_bytes, {"n": 0}
+
+    def full_disk(path, data):
+        full = step_rows["n"] >= 4 and any(p.name == RESERVE for p in path.parent.iterdir())
+        if path.name == schema.STEPS:
+            step_rows["n"] += 1
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(runfolder, "atomic_write_bytes", full_disk)
+    monkeypatch.setattr(RunStore, "FLUSH_EVERY_S", 0.0)
+    runs = tmp_path / "runs"
+    code, lines = _run_tiny(["--runs-dir", str(runs), "--steps", "10"], capsys)
+    (run_dir,) = runs.iterdir()
+    said = [ln for ln in lines if "disk full" in ln]
+    assert code == 1 and len(said) == 1 and said[0].startswith(f"error: disk full: steps.parquet could not be written in {run_dir}"), lines
+    meta = json.loads((run_dir / schema.RUN_JSON).read_text())
+    assert (meta["status"], meta["reason"]) == ("error", "disk full") and meta["message"] == said[0].removeprefix("error: ")
+    summary = pl.read_parquet(run_dir / schema.SUMMARY).row(0, named=True)
+    assert summary["status"] == "error" and summary["steps"] >= 3  # written into the space the reserve gave back
+    assert not (run_dir / RESERVE).exists() and not list(run_dir.glob(".*.tmp"))
+
+
+def test_a_disk_full_before_the_run_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    import memlab.core.runfolder as runfolder
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runfolder, "atomic_write_bytes", no_space)
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and lines == [f"memlab: error: disk full: run.json could not be written in {tmp_path / 'runs'} "
+                                   "(No space left on device); free space there, or pass another --runs-dir"]
+    assert not any((tmp_path / "runs").iterdir())
 
 
 # ------------------------------------------------------------------------------------------- fp16 overflow
