@@ -335,6 +335,39 @@ def test_latest_of_each_profile_unless_all(tmp_path):
     assert every["is_baseline"].to_list() == [False, False, True]
 
 
+@pytest.mark.parametrize("later", [
+    {"status": "interrupted", "reason": "interrupted"},
+    {"status": "error", "reason": "disk full: steps.parquet could not be written"},
+    {"status": "running", "summary": False},  # killed mid-run: no summary, its process gone
+])
+def test_a_later_run_that_did_not_finish_does_not_hide_the_finished_one(later, tmp_path):
+    """Issue 50: an interrupted retry hid the finished run before it ("no finished runs in this experiment")."""
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00", step_ms_median=90.0)
+    write_run(tmp_path, "gradcp", started_at="2026-01-01T01:00:00+00:00", step_ms_median=150.0)
+    retry = write_run(tmp_path, "gradcp", started_at="2026-01-02T00:00:00+00:00", step_ms_median=5.0, **later)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert table.height == 2
+    g = row(table, "gradcp")
+    assert (g["status"], g["step_ms_median"], g["later_run"]) == ("finished", 150.0, f"{row_status(later)} ({retry.name})")
+    assert row(table, "baseline")["later_run"] is None
+    notes = compare.group_notes(table, [])
+    assert f"gradcp: its latest finished run is shown; a later run was {row_status(later)} ({retry.name}) (--all shows every run)" in notes
+    assert "no finished runs in this experiment" not in notes
+    every = compare.comparison(compare.read_runs([tmp_path])[0], latest_only=False)
+    assert every.height == 3 and every["later_run"].null_count() == 3
+
+
+def row_status(written: dict) -> str:
+    return "incomplete" if written["status"] == "running" else written["status"]
+
+
+def test_a_profile_that_never_finished_shows_its_latest_run(tmp_path):
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00", status="oom", reason="oom")
+    last = write_run(tmp_path, "baseline", started_at="2026-01-02T00:00:00+00:00", status="interrupted", reason="interrupted")
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert table["run_id"].to_list() == [last.name] and table["later_run"].to_list() == [None]
+
+
 def test_experiments_and_hardware_are_never_mixed(tmp_path):
     write_run(tmp_path, "baseline", peak_alloc_bytes=4 * GIB)
     write_run(tmp_path, "gradcp", peak_alloc_bytes=2 * GIB)
