@@ -134,7 +134,7 @@ def _run_dirs_inside(d: str, depth: int, found: dict[str, Path]) -> None:
         return
     for e in entries:
         if is_run_dir(e.path):
-            found.setdefault(e.path, Path(e.path))
+            found.setdefault(os.path.realpath(e.path), Path(e.path))
         elif depth > 1:
             _run_dirs_inside(e.path, depth - 1, found)
 
@@ -142,7 +142,7 @@ def _run_dirs_inside(d: str, depth: int, found: dict[str, Path]) -> None:
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """Run folders under `paths`: a path that is a run folder itself, or the run folders inside it (two levels deep,
     so that `runs/` and `runs/<sweep>/` both work). A path that does not exist is a MemlabError."""
-    found: dict[str, Path] = {}  # insertion-ordered, no duplicates
+    found: dict[str, Path] = {}  # by real path (`runs/x` and `/home/me/runs/x` are one folder), insertion-ordered
     for p in paths:
         p = os.path.normpath(os.fspath(p))
         if not os.path.exists(p):
@@ -150,7 +150,7 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
         if not os.path.isdir(p):
             raise MemlabError(f"{p}: not a folder (give a run folder or a folder of runs)")
         if is_run_dir(p):
-            found.setdefault(p, Path(p))
+            found.setdefault(os.path.realpath(p), Path(p))
         else:
             _run_dirs_inside(p, 2, found)
     return list(found.values())

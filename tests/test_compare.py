@@ -111,6 +111,17 @@ def test_read_runs_accepts_a_run_folder_and_nested_folders(tmp_path):
     assert frame["profile"].to_list() == ["baseline"]
 
 
+def test_a_folder_named_twice_is_read_and_reported_once(tmp_path, monkeypatch):
+    """Issue 50: `memlab table runs /abs/path/runs` warned twice about one bad summary.parquet (and counted runs twice)."""
+    write_run(tmp_path / "runs", "baseline")
+    bad = write_run(tmp_path / "runs", "gradcp")
+    (bad / schema.SUMMARY).write_bytes(b"junk")
+    monkeypatch.chdir(tmp_path)
+    frame, skipped = compare.read_runs(["runs", tmp_path / "runs", f"runs/{bad.name}", tmp_path / "runs" / ".." / "runs"])
+    assert frame["profile"].to_list() == ["baseline"]
+    assert [folder for folder, _ in skipped] == [f"runs/{bad.name}"]
+
+
 def test_read_runs_missing_path_is_an_error(tmp_path):
     with pytest.raises(MemlabError, match="no such folder"):
         compare.read_runs([tmp_path / "nope"])
