@@ -15,7 +15,13 @@ TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N 
 MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Take only the first N documents (0 = all).", callback=docs_cap)]
 SplitOpt = Annotated[Optional[str], typer.Option("--split", help="Dataset split, e.g. train or train[:10%].")]
 StreamingOpt = Annotated[Optional[bool], typer.Option("--streaming/--no-streaming", help="Stream the dataset instead of downloading it whole.")]
-ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).")]
+def _positive_tokens(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"must be at least 1, got {value}")
+    return value
+
+
+ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).", callback=_positive_tokens)]
 ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from the \\[data] table of this experiment (built-in name or TOML path); auto = the one `memlab run` picks: gpt2s on CUDA, tiny on CPU.")]
 
 
