@@ -383,6 +383,8 @@ def _parent_ref(parent: str, ref: str) -> str:
 
 def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, str, str]:
     """A built-in name or a path to a TOML file -> (document, origin for messages, default name)."""
+    if not ref.strip():
+        raise ConfigError(f"the {kind} name is empty; give a built-in {kind} (memlab {kind}s) or a path to a .toml file")
     looks_like_path = _looks_like_path(ref)
     if looks_like_path or (ref not in builtin_names(kind) and Path(ref).is_dir()):
         path = Path(ref).expanduser()
@@ -398,16 +400,29 @@ def _resolve(ref: str, kind: Literal["profile", "experiment"]) -> tuple[dict, st
         return _read_toml(text, str(path)), str(path), path.stem
     names = builtin_names(kind)
     if ref not in names:
-        raise ConfigError(f"unknown {kind} {ref!r}; built-in {kind}s: {', '.join(names)} (or a path to a .toml file)")
+        raise ConfigError(f"unknown {kind} {ref!r}{_did_you_mean(ref, names)}; built-in {kind}s: {', '.join(names)} (or a path to a .toml file)")
     text = (_builtin_dir(kind) / f"{ref}.toml").read_text(encoding="utf-8")
     return _read_toml(text, f"{kind}s/{ref}.toml"), f"built-in {kind} {ref}", ref
+
+
+def _did_you_mean(ref: str, names: list[str]) -> str:
+    """` (did you mean bf16?)` for a name that differs from a built-in only in case, or is one typo away."""
+    import difflib
+
+    same_case = [n for n in names if n.lower() == ref.lower()]
+    close = same_case or difflib.get_close_matches(ref.lower(), names, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class _ExtendsCycle(ConfigError):
+    """Raised once, naming the whole chain; the files along the chain pass it on as it is."""
 
 
 def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections: dict, seen: tuple = ()) -> tuple[Any, str]:
     """The resolved object and where it came from (for messages), `extends` applied parent first."""
     doc, origin, default_name = _resolve(ref, kind)
     if ref in seen:
-        raise ConfigError(f"{origin}: `extends` forms a cycle: {' -> '.join(seen + (ref,))}")
+        raise _ExtendsCycle(f"{origin}: `extends` forms a cycle: {' -> '.join(seen + (ref,))}")
     parent = doc.get("extends")
     if parent is not None:
         if not isinstance(parent, str):
@@ -415,7 +430,7 @@ def _load(ref: str, kind: Literal["profile", "experiment"], cls: type, sections:
         try:
             obj, _ = _load(_parent_ref(parent, ref), kind, cls, sections, seen + (ref,))
         except ConfigError as e:
-            if str(e).startswith(f"{origin}:"):
+            if isinstance(e, _ExtendsCycle) or str(e).startswith(f"{origin}:"):
                 raise
             raise ConfigError(f"{origin}: extends = {parent!r}: {e}") from None
         obj.description = ""
@@ -520,6 +535,15 @@ def describe_overrides(profile: Profile) -> str | None:
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+def warmup_warning(warmup_steps: int, total_steps: int) -> str | None:
+    """One line when the warm-up does not end within the run (`--steps 3` on an experiment that warms up over 1000):
+    the learning rate then only climbs, to total/warmup of train.lr, and never decays."""
+    if not warmup_steps or warmup_steps < total_steps:
+        return None
+    return (f"train.warmup_steps ({warmup_steps:,}) is not less than the run's {total_steps:,} steps: the learning rate only "
+            f"warms up, to {total_steps / warmup_steps:.1%} of train.lr (lower it with --set train.warmup_steps=N)")
 
 
 def validate_experiment(e: Experiment, origin: str) -> None:

@@ -31,6 +31,7 @@ from memlab.core.flops import flops_per_token, mfu, mfu_at_bf16_peak
 from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes,
                                 nvml_index, reset_host_peak)
 from memlab.core.optim import lr_at, set_lr
+from memlab.core.runfolder import DiskFull, is_disk_full
 from memlab.core.step import TrainStep, build_step
 from memlab.core.techniques import check_techniques
 from memlab.core.techniques.accumulation import micro_batch
@@ -263,10 +264,7 @@ def _load_tokens(e: Experiment) -> data_mod.TokenData:
     import subprocess
     import sys
 
-    from memlab.core.data import cache
-
-    name = data_mod.cache_entry(e.data)[2]
-    if cache.read_meta(cache.tokens_dir() / name) is not None:
+    if data_mod.is_cached(e.data):  # else checks that the cache can be written: one line, not the child's traceback
         return data_mod.load_tokens(e.data)
     code = ("import json, sys; from memlab.core.config import experiment_from_dict; from memlab.core.data import "
             "load_tokens; load_tokens(experiment_from_dict(json.loads(sys.argv[1])).data)")
@@ -306,6 +304,8 @@ def train(
     except Exception as e:  # noqa: BLE001 (any other failure still leaves a readable run)
         if _is_oom(e):
             _fail(run, sink, "oom", f"out of memory in {run.info.get('phase', 'setup')}: {str(e).splitlines()[0]}")
+        elif is_disk_full(e):  # the run store's DiskFull names the file and the folder; anything else says what it can
+            _fail(run, sink, "error", str(e) if isinstance(e, DiskFull) else f"disk full: {str(e).splitlines()[0]}")
         else:
             _fail(run, sink, "error", f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             run.info["exception"] = e

@@ -53,6 +53,18 @@ CUDA_CONTEXT_BYTES = 1247 * MIB
 # (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
 H100_DRIVER_RESERVE_BYTES = 480 * MIB
 
+
+def card_size(text: str) -> int:
+    """--gpu-memory as bytes: a card's whole memory, so it must hold more than the CUDA context (else the allocator's
+    share would be negative)."""
+    from memlab.core.units import gib, parse_size
+
+    card = parse_size(text)
+    if card <= CUDA_CONTEXT_BYTES:
+        raise ConfigError(f"--gpu-memory {text} ({gib(card)}) is not more than the CUDA context and libraries a run holds "
+                          f"outside the allocator ({gib(CUDA_CONTEXT_BYTES)}); give the card's whole memory, e.g. --gpu-memory 24GiB")
+    return card
+
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
 # the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the
 # step allocates. Measured on the H100 (find-batch's probes that fitted at the searches'

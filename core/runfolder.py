@@ -10,7 +10,9 @@ open-run list, and memlab.core.runstore.mark_status. File names are in memlab.co
 
 from __future__ import annotations
 
+import errno
 import gzip
+import io
 import json
 import os
 import tempfile
@@ -27,8 +29,33 @@ from memlab.core.errors import MemlabError
 # ---------------------------------------------------------------------------------------------- writing
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file in `path`'s folder, with the mode a plain open() would give it: mkstemp makes it 0600, and a
+    rename keeps that, so colleagues on a shared host could not read the results."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except OSError:
+        pass  # a filesystem without modes (e.g. some network mounts): the file is still written
+    return fd, tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -43,14 +70,53 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pl.DataFrame) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """As atomic_write_bytes. The file is made in memory and written by Python, so that a full disk is an
+    OSError(ENOSPC) as from any other write: polars' own writer says `Invalid thrift: transport error` there."""
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+class DiskFull(Exception):
+    """A run's file could not be written for want of space; the message is the one line the user reads."""
+
+
+def disk_full_message(what: str, folder: Path, error: BaseException | None = None) -> str:
+    why = error.strerror if isinstance(error, OSError) and error.strerror else "No space left on device"
+    return f"disk full: {what} could not be written in {folder} ({why}); free space there, or pass another --runs-dir"
+
+
+def reserve_space(folder: Path, size: int = 1 << 20) -> Path | None:
+    """A file of `size` bytes that holds space for a run's last writes: freed when the disk fills up, it leaves room
+    for run.json and summary.parquet to say what happened. None when it cannot be made (the disk is full already)."""
+    path = folder / RESERVE
     try:
-        frame.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with open(path, "wb") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)  # blocks taken now, even on a filesystem that compresses zeros
+            except (AttributeError, OSError):
+                f.write(b"\0" * size)
+        return path
+    except OSError:
+        Path(path).unlink(missing_ok=True)
+        return None
+
+
+RESERVE = ".memlab-space-reserve"
+_DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_DISK_FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or what caused it) is a full disk or an exhausted quota, as OSError or as a library's own error."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, DiskFull) or isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(e) for t in _DISK_FULL_TEXT):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- finding
@@ -68,7 +134,7 @@ def _run_dirs_inside(d: str, depth: int, found: dict[str, Path]) -> None:
         return
     for e in entries:
         if is_run_dir(e.path):
-            found.setdefault(e.path, Path(e.path))
+            found.setdefault(os.path.realpath(e.path), Path(e.path))
         elif depth > 1:
             _run_dirs_inside(e.path, depth - 1, found)
 
@@ -76,7 +142,7 @@ def _run_dirs_inside(d: str, depth: int, found: dict[str, Path]) -> None:
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """Run folders under `paths`: a path that is a run folder itself, or the run folders inside it (two levels deep,
     so that `runs/` and `runs/<sweep>/` both work). A path that does not exist is a MemlabError."""
-    found: dict[str, Path] = {}  # insertion-ordered, no duplicates
+    found: dict[str, Path] = {}  # by real path (`runs/x` and `/home/me/runs/x` are one folder), insertion-ordered
     for p in paths:
         p = os.path.normpath(os.fspath(p))
         if not os.path.exists(p):
@@ -84,7 +150,7 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
         if not os.path.isdir(p):
             raise MemlabError(f"{p}: not a folder (give a run folder or a folder of runs)")
         if is_run_dir(p):
-            found.setdefault(p, Path(p))
+            found.setdefault(os.path.realpath(p), Path(p))
         else:
             _run_dirs_inside(p, 2, found)
     return list(found.values())

@@ -7,6 +7,7 @@ comes from `engine.prepare`, before the folder exists; once the folder exists th
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ import torch
 from memlab.core import distributed
 from memlab.core.config import Experiment, Profile, to_dict
 from memlab.core.engine import Interrupted, prepare, train
+from memlab.core.errors import MemlabError
 from memlab.core.events import MultiSink, Sink
+from memlab.core.runfolder import disk_full_message, is_disk_full
 from memlab.core.runstore import RunStore, create_run_dir
 
 
@@ -43,9 +46,7 @@ def run_profile(
     run_id = run_dir = store = None
     if distributed.env_rank() == 0:  # under torchrun only rank 0 writes the run folder; the others report to it
         run_id, run_dir = create_run_dir(Path(runs_dir), profile.name)
-        store = RunStore(run_dir, run_id)
-        # What was asked for is on disk from the start, so even a run that dies in setup says what it was.
-        store.write_run_json(profile=to_dict(profile), experiment=to_dict(experiment), experiment_id=experiment.fingerprint(), device=device.type)
+        store = _open_store(run_dir, run_id, experiment, profile, device)
     sink = MultiSink(store, *sinks)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _main_thread() else None
     # several ranks: SIGINT too raises the stop flag first (torchrun forwards a Ctrl-C to each rank as SIGINT)
@@ -61,6 +62,20 @@ def run_profile(
     if store is not None:
         store.close()
     return summary, run_dir
+
+
+def _open_store(run_dir: Path, run_id: str, experiment: Experiment, profile: Profile, device: torch.device) -> RunStore:
+    """The run's store with run.json written: what was asked for is on disk from the start, so even a run that dies
+    in setup says what it was. A disk too full for that is one line (MemlabError), and the empty folder goes."""
+    try:
+        store = RunStore(run_dir, run_id)
+        store.write_run_json(profile=to_dict(profile), experiment=to_dict(experiment), experiment_id=experiment.fingerprint(), device=device.type)
+        return store
+    except OSError as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if is_disk_full(e):
+            raise MemlabError(disk_full_message("run.json", run_dir.parent, e)) from None
+        raise MemlabError(f"cannot write the run folder {run_dir} ({e.strerror or e}); pass a writable --runs-dir") from None
 
 
 def _main_thread() -> bool:

@@ -20,7 +20,8 @@ import polars as pl
 from memlab.core import schema
 from memlab.core.errors import MemlabError
 from memlab.core.events import JsonLinesSink
-from memlab.core.runfolder import RunFolder, atomic_write_json, atomic_write_parquet, read_frame, read_run
+from memlab.core.runfolder import (RESERVE, DiskFull, RunFolder, atomic_write_json, atomic_write_parquet, disk_full_message,
+                                   is_disk_full, read_frame, read_run, reserve_space)
 
 
 def new_run_id(profile: str) -> str:
@@ -84,12 +85,25 @@ class RunStore:
         self._gpu: list[dict] = []
         self._last_flush = time.monotonic()
         self.run_json: dict[str, Any] = {"schema_version": schema.SCHEMA_VERSION, "run_id": run_id, "status": "running"}
+        self._reserve = reserve_space(self.path)  # room for the outcome, should the disk fill up during the run
+        self._writing = schema.EVENTS  # the file being written, for a full disk's message
 
     def write_run_json(self, **fields: Any) -> None:
         self.run_json.update(fields)
         atomic_write_json(self.path / schema.RUN_JSON, self.run_json)
 
     def emit(self, event: dict[str, Any]) -> None:
+        """Persist one event; a full disk is a DiskFull whose message names the file and the folder (the engine
+        ends the run with it, and finalize then writes the outcome into the space reserved for it)."""
+        self._writing = schema.EVENTS
+        try:
+            self._emit(event)
+        except Exception as e:
+            if isinstance(e, DiskFull) or not is_disk_full(e):
+                raise
+            raise DiskFull(disk_full_message(self._writing, self.path, e)) from e
+
+    def _emit(self, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind != "gpu_sample":  # samples go to gpu.parquet; events.jsonl keeps a thinned stream (see below)
             self._events.emit(event)
@@ -112,19 +126,22 @@ class RunStore:
             self.finalize(event)
 
     def flush(self) -> None:
+        self._writing = schema.STEPS
         if self._steps:
             atomic_write_parquet(self.path / schema.STEPS, frame(self._steps, schema.STEP_SCHEMA))
         if self._gpu:
+            self._writing = schema.GPU
             atomic_write_parquet(self.path / schema.GPU, frame(self._gpu, schema.GPU_SCHEMA))
         self._last_flush = time.monotonic()
 
     def finalize(self, event: dict[str, Any]) -> None:
         """Write the outcome. Never raises: on a full or failing disk each file is tried on its own, the
         earlier complete steps.parquet stays as it was (writes are atomic), and run.json says what failed."""
+        self._release_reserve()  # on a full disk, the room for what follows
         summary = dict(event.get("summary") or {})
         status = "finished" if event["event"] == "finished" else event.get("reason", "error")
         summary.update(schema_version=schema.SCHEMA_VERSION, run_id=self.run_id, status=status)
-        problems = []
+        problems, full = [], str(event.get("message") or "").startswith("disk full")
         ranks = event.get("ranks")  # distributed runs: every rank's own figures, gathered on rank 0
         for what, write in (
             ("steps", self.flush),
@@ -135,11 +152,16 @@ class RunStore:
                 write()
             except OSError as e:
                 problems.append(f"{what} not written ({e.strerror or e})")
+                full = full or is_disk_full(e)
+                if what == "summary":
+                    status = "error"  # the figures are lost: not a finished run, whatever training did
         message = "; ".join(filter(None, [event.get("message"), *problems]))
+        if full and not message.startswith("disk full"):
+            message = f"disk full: {message}"
         try:
             self.write_run_json(
                 status=status,
-                reason=event.get("reason"),
+                reason="disk full" if full else event.get("reason"),
                 message=message or None,
                 ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 attention_kernel=summary.get("attention_kernel", self.run_json.get("attention_kernel")),
@@ -148,7 +170,16 @@ class RunStore:
             pass  # nothing more can be written here; the supervisor marks a silent child as crashed
 
     def close(self) -> None:
-        self._events.close()
+        self._release_reserve()
+        try:
+            self._events.close()
+        except OSError:
+            pass  # its last lines could not be flushed (a full disk): run.json says how the run ended
+
+    def _release_reserve(self) -> None:
+        if self._reserve is not None:
+            self._reserve.unlink(missing_ok=True)
+            self._reserve = None
 
 
 def mark_status(run_dir: Path, status: str, message: str, replace: bool = False) -> bool:
@@ -175,6 +206,7 @@ def _mark_status(run_dir: Path, status: str, message: str, replace: bool = False
         run = RunFolder(run_dir, {"schema_version": schema.SCHEMA_VERSION, "run_id": run_dir.name})
     if run.info.get("status") not in (None, "running") and not replace:
         return False
+    (run_dir / RESERVE).unlink(missing_ok=True)  # the space a killed run held for its outcome
     run.info.update(status=status, message=message, ended_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     atomic_write_json(run_dir / schema.RUN_JSON, run.info)
     summary = read_frame(run_dir / schema.SUMMARY) if replace else None

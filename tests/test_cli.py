@@ -57,6 +57,17 @@ def test_profile_from_a_file_that_extends_a_builtin(tmp_path):
         (["run", "--profile", "bf16", "--bogus"], "No such option: --bogus"),
         (["run"], "Missing option '--profile'"),
         (["run", "--profile", "bf16", "--batch-size", "lots"], "--batch-size 'lots': expected a positive integer or 'max'"),
+        # issue 50: a flag's error names the flag (not "--set:"), an empty or mis-cased name, a flag and --set at odds
+        (["run", "--profile", "bf16", "--batch-size", "0"], "--batch-size '0': expected a positive integer or 'max'"),
+        (["run", "--profile", "bf16", "--epochs", "-1"], "Invalid value for '--epochs': must be positive, got -1"),
+        (["run", "--profile", "bf16", "--max-docs", "-3"], "Invalid value for '--max-docs': must be 0 (= every document) or more"),
+        (["run", "--profile", ""], "the profile name is empty; give a built-in profile (memlab profiles) or a path"),
+        (["run", "--profile", "BF16"], "unknown profile 'BF16' (did you mean bf16?); built-in profiles: accum"),
+        (["run", "--profile", "gradcp_bf61"], "unknown profile 'gradcp_bf61' (did you mean gradcp_bf16?)"),
+        (["run", "--profile", "bf16", "--steps", "4", "--set", "train.steps=6"], "--steps 4 and --set train.steps=6 both set train.steps; give one of them"),
+        (["run", "--profile", "bf16", "--epochs", "1", "--set", "train.steps=6"], "--epochs 1.0 and --set train.steps=6 both set train.steps"),
+        (["run", "--profile", "bf16", "--batch-size", "4", "--set", "train.batch_size=8"], "--batch-size 4 and --set train.batch_size=8 both set"),
+        (["run", "--profile", "bf16", "--no-streaming", "--set", "data.streaming=true"], "--no-streaming and --set data.streaming=true both set"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_traceback(args, expect, tmp_path, capsys):

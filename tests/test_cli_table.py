@@ -310,3 +310,33 @@ def test_help_lists_the_options(capsys):
     out = capsys.readouterr().out
     for option in ("--all", "--baseline", "--format", "--sort", "--strict", "--experiment", "--out"):
         assert option in out
+
+
+def test_a_comparison_parquet_that_cannot_be_written_is_a_warning_and_the_table_still_prints(tmp_path, capsys, monkeypatch):
+    """Issue 50: on a full disk `memlab table` died with a traceback writing comparison.parquet."""
+    import errno
+
+    import memlab.core.runfolder as runfolder
+
+    write_run(tmp_path, "baseline")
+    write_run(tmp_path, "gradcp")
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runfolder, "atomic_write_bytes", no_space)
+    assert memlab("table", tmp_path, "-f", "markdown") == 0
+    out, err = capsys.readouterr()
+    assert set(markdown_rows(out)) == {"baseline", "gradcp"}
+    assert err.strip() == f"warning could not write {tmp_path / 'comparison.parquet'}: No space left on device"
+    assert not (tmp_path / "comparison.parquet").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_table_shows_the_finished_run_behind_a_later_interrupted_one_and_says_so(tmp_path, capsys):
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00")
+    retry = write_run(tmp_path, "baseline", started_at="2026-01-02T00:00:00+00:00", status="interrupted", reason="interrupted")
+    assert memlab("table", tmp_path, "-f", "markdown") == 0
+    out = capsys.readouterr().out
+    assert markdown_rows(out)["baseline"]["status"] == "finished"
+    assert f"baseline: its latest finished run is shown; a later run was interrupted ({retry.name}) (--all shows every run)" in out
+    assert "no finished runs in this experiment" not in out

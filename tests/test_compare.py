@@ -59,6 +59,17 @@ def test_read_runs_accepts_a_run_folder_and_nested_folders(tmp_path):
     assert frame["profile"].to_list() == ["baseline"]
 
 
+def test_a_folder_named_twice_is_read_and_reported_once(tmp_path, monkeypatch):
+    """Issue 50: `memlab table runs /abs/path/runs` warned twice about one bad summary.parquet (and counted runs twice)."""
+    write_run(tmp_path / "runs", "baseline")
+    bad = write_run(tmp_path / "runs", "gradcp")
+    (bad / schema.SUMMARY).write_bytes(b"junk")
+    monkeypatch.chdir(tmp_path)
+    frame, skipped = compare.read_runs(["runs", tmp_path / "runs", f"runs/{bad.name}", tmp_path / "runs" / ".." / "runs"])
+    assert frame["profile"].to_list() == ["baseline"]
+    assert [folder for folder, _ in skipped] == [f"runs/{bad.name}"]
+
+
 def test_read_runs_missing_path_is_an_error(tmp_path):
     with pytest.raises(MemlabError, match="no such folder"):
         compare.read_runs([tmp_path / "nope"])
@@ -281,6 +292,39 @@ def test_latest_of_each_profile_unless_all(tmp_path):
     # Rows in run order; the baseline is the latest baseline run.
     assert every["step_ms_median"].to_list() == [90.0, 200.0, 100.0]
     assert every["is_baseline"].to_list() == [False, False, True]
+
+
+@pytest.mark.parametrize("later", [
+    {"status": "interrupted", "reason": "interrupted"},
+    {"status": "error", "reason": "disk full: steps.parquet could not be written"},
+    {"status": "running", "summary": False},  # killed mid-run: no summary, its process gone
+])
+def test_a_later_run_that_did_not_finish_does_not_hide_the_finished_one(later, tmp_path):
+    """Issue 50: an interrupted retry hid the finished run before it ("no finished runs in this experiment")."""
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00", step_ms_median=90.0)
+    write_run(tmp_path, "gradcp", started_at="2026-01-01T01:00:00+00:00", step_ms_median=150.0)
+    retry = write_run(tmp_path, "gradcp", started_at="2026-01-02T00:00:00+00:00", step_ms_median=5.0, **later)
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert table.height == 2
+    g = row(table, "gradcp")
+    assert (g["status"], g["step_ms_median"], g["later_run"]) == ("finished", 150.0, f"{row_status(later)} ({retry.name})")
+    assert row(table, "baseline")["later_run"] is None
+    notes = compare.group_notes(table, [])
+    assert f"gradcp: its latest finished run is shown; a later run was {row_status(later)} ({retry.name}) (--all shows every run)" in notes
+    assert "no finished runs in this experiment" not in notes
+    every = compare.comparison(compare.read_runs([tmp_path])[0], latest_only=False)
+    assert every.height == 3 and every["later_run"].null_count() == 3
+
+
+def row_status(written: dict) -> str:
+    return "incomplete" if written["status"] == "running" else written["status"]
+
+
+def test_a_profile_that_never_finished_shows_its_latest_run(tmp_path):
+    write_run(tmp_path, "baseline", started_at="2026-01-01T00:00:00+00:00", status="oom", reason="oom")
+    last = write_run(tmp_path, "baseline", started_at="2026-01-02T00:00:00+00:00", status="interrupted", reason="interrupted")
+    table = compare.comparison(compare.read_runs([tmp_path])[0])
+    assert table["run_id"].to_list() == [last.name] and table["later_run"].to_list() == [None]
 
 
 def test_experiments_and_hardware_are_never_mixed(tmp_path):

@@ -64,6 +64,9 @@ def test_an_extends_cycle_between_files_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="forms a cycle") as err:
         C.load_profile(str(tmp_path / "a.toml"))
     assert "\n" not in str(err.value)
+    # the chain once, from the file asked for (issue 50: each file along it used to wrap it again)
+    a, b = str(tmp_path / "a.toml"), str(tmp_path / "b.toml")
+    assert str(err.value) == f"{a}: `extends` forms a cycle: {a} -> {b} -> {a}"
 
 
 def test_builtin_experiments():

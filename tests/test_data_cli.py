@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from data_helpers import sentences, write_jsonl
 from memlab.cli import data as data_cli
-from memlab.core.errors import ConfigError, DataError
+from memlab.core.errors import DataError
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +74,17 @@ def test_prepare_refuses_knobs_stdlib_does_not_have(app, flag):
     assert isinstance(result.exception, DataError) and "does not apply to the built-in stdlib corpus" in str(result.exception)
 
 
-def test_prepare_starts_from_an_experiment_and_validates_options(app):
-    result = CliRunner().invoke(app, ["data", "prepare", "--experiment", "tiny", "--max-docs", "-1"])
-    assert isinstance(result.exception, ConfigError) and "data.max_docs must be >= 0" in str(result.exception)
+@pytest.mark.parametrize("args, expect", [
+    (["--max-docs", "-1"], "Invalid value for '--max-docs': must be 0 (= every document) or more, got -1"),
+    (["--val-tokens", "0"], "Invalid value for '--val-tokens': must be at least 1, got 0"),  # the flag, not "--set:" (issue 50)
+])
+def test_prepare_starts_from_an_experiment_and_validates_options(args, expect, capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "prepare", "--experiment", "tiny", *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("memlab: error: ") and expect in err and "\n" not in err
 
 
 def test_memlab_main_prints_one_line_and_exits_2(tmp_path, capsys):

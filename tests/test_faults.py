@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from memlab.core import schema
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError
+from memlab.core.runfolder import RESERVE
 from memlab.core.runner import run_profile
 from memlab.core.runstore import RunStore
 
@@ -98,6 +99,50 @@ def test_disk_full_while_writing_keeps_a_readable_folder(tiny, tmp_path, monkeyp
     assert steps.height >= 1 and steps["step"].to_list() == list(range(steps.height))
     assert not list(run_dir.glob(".*.tmp"))
     assert (other / "keep.txt").read_text() == "untouched" and sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, run_dir.name])
+    assert meta["reason"] == "disk full" and meta["message"].startswith("disk full: steps.parquet could not be written in ")
+    assert not (run_dir / RESERVE).exists()
+
+
+def test_a_disk_that_fills_up_mid_run_still_gets_the_outcome_written(tmp_path, capsys, monkeypatch):
+    """Issue 50: a full disk left run.json saying `running` (the table: "killed mid-run?"). Here every write fails
+    from step 4 on, as on a full disk, until the run frees the space it reserved at its start."""
+    import memlab.core.runfolder as runfolder
+
+    real, step_rows = runfolder.atomic_write_bytes, {"n": 0}
+
+    def full_disk(path, data):
+        full = step_rows["n"] >= 4 and any(p.name == RESERVE for p in path.parent.iterdir())
+        if path.name == schema.STEPS:
+            step_rows["n"] += 1
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(runfolder, "atomic_write_bytes", full_disk)
+    monkeypatch.setattr(RunStore, "FLUSH_EVERY_S", 0.0)
+    runs = tmp_path / "runs"
+    code, lines = _run_tiny(["--runs-dir", str(runs), "--steps", "10"], capsys)
+    (run_dir,) = runs.iterdir()
+    said = [ln for ln in lines if "disk full" in ln]
+    assert code == 1 and len(said) == 1 and said[0].startswith(f"error: disk full: steps.parquet could not be written in {run_dir}"), lines
+    meta = json.loads((run_dir / schema.RUN_JSON).read_text())
+    assert (meta["status"], meta["reason"]) == ("error", "disk full") and meta["message"] == said[0].removeprefix("error: ")
+    summary = pl.read_parquet(run_dir / schema.SUMMARY).row(0, named=True)
+    assert summary["status"] == "error" and summary["steps"] >= 3  # written into the space the reserve gave back
+    assert not (run_dir / RESERVE).exists() and not list(run_dir.glob(".*.tmp"))
+
+
+def test_a_disk_full_before_the_run_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    import memlab.core.runfolder as runfolder
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runfolder, "atomic_write_bytes", no_space)
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and lines == [f"memlab: error: disk full: run.json could not be written in {tmp_path / 'runs'} "
+                                   "(No space left on device); free space there, or pass another --runs-dir"]
+    assert not any((tmp_path / "runs").iterdir())
 
 
 # ------------------------------------------------------------------------------------------- fp16 overflow
@@ -152,6 +197,60 @@ def test_runs_folder_that_cannot_be_created_is_one_line(tmp_path, capsys):
         main(["run", "--profile", "baseline", "--device", "cpu", "--experiment", "tiny", "--runs-dir", str(blocker / "runs")])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.startswith("memlab: error: runs folder") and "--runs-dir" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------------------------------- the token cache
+
+
+def _run_tiny(args: list[str], capsys) -> tuple[int, list[str]]:
+    from memlab.cli import main
+
+    try:
+        main(["run", "--profile", "baseline", "--device", "cpu", "--experiment", "tiny", "--steps", "1", *args])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    return code, [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/cache"])
+def test_a_token_cache_that_is_not_a_folder_is_one_line_naming_the_variable(where, tmp_path, capsys, monkeypatch):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / where))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert f"MEMLAB_CACHE={tmp_path / where}" in lines[0] and f"{tmp_path / 'a-file'} is a file, not a folder" in lines[0]
+    from memlab.cli import main
+
+    for command in (["sweep", "--profiles", "baseline,bf16", "--runs-dir", str(tmp_path / "runs")],  # once, not a child each
+                    ["study", "--profiles", "baseline,bf16", "--out", str(tmp_path / "study")]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--device", "cpu", "--experiment", "tiny"])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and "\n" not in err and f"MEMLAB_CACHE={tmp_path / where}" in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "study").exists()
+
+
+def test_a_read_only_token_cache_is_refused_when_cold_and_serves_when_warm(tmp_path, capsys, monkeypatch):
+    """A read-only mount is simulated (the tests may run as root, who writes anywhere): os.access says no there."""
+    import os
+
+    from memlab.core.data import load_tokens
+
+    real_access = os.access
+    warm = Path(os.environ["MEMLAB_CACHE"])
+    load_tokens(load_experiment("tiny").data)  # the session's cache holds tiny's tokens
+    cold = tmp_path / "ro-cache"
+    (cold / "tokens").mkdir(parents=True)
+    read_only = (str(cold), str(warm))
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p).startswith(read_only) and mode & os.W_OK else real_access(p, mode, **kw))
+    monkeypatch.setenv("MEMLAB_CACHE", str(cold))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 2 and len(lines) == 1 and f"token cache {cold / 'tokens'} is not writable (MEMLAB_CACHE={cold})" in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("MEMLAB_CACHE", str(warm))
+    code, lines = _run_tiny(["--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 0, lines  # a warm cache is only read
 
 
 # ------------------------------------------------------------------------------------------- fuzzing the loader

@@ -692,3 +692,109 @@ def test_the_report_names_the_memlab_commits_its_max_batch_searches_ran(tmp_path
     moved = Item("max/bf16", "max", "bf16", predicted_max_batch=36, searched_on="NVIDIA H200", searched_with=["66f2cd9a1b2c"])
     find_max(plan, moved, lambda line: None, lambda: False)
     assert moved.searched_with == ["a5db0201c3d4"]
+
+
+def test_resuming_with_other_profiles_adds_them_and_keeps_the_measured_ones(tmp_path, capsys, monkeypatch):
+    """Issue 50: `--profiles` given again used to replace the study's list, dropping measured profiles from the
+    report. The work itself is left out here (Study.run, the report): only what the study records is the point."""
+    from memlab.core import study as st
+
+    monkeypatch.setattr(st.Study, "run", lambda self: None)
+    monkeypatch.setattr(st, "write_report", lambda *a, **k: None)
+    out = tmp_path / "s"
+    _study([*STUDY, "--profiles", "baseline,gradcp", "--out", str(out)])
+    capsys.readouterr()
+    _study([*STUDY, "--profiles", "bf16,baseline", "--out", str(out)])
+    assert _state(out)["options"]["profiles"] == ["baseline", "gradcp", "bf16"]
+    assert "study: adding bf16 to this study's profiles (baseline, gradcp)" in capsys.readouterr().err
+    _study(["study", "--out", str(out)])  # no --profiles: the study's own list
+    assert _state(out)["options"]["profiles"] == ["baseline", "gradcp", "bf16"]
+
+
+def test_an_out_that_holds_other_files_and_no_study_is_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "runs"
+    (out / "20261128-012343-baseline-cdb5").mkdir(parents=True)
+    (out / "comparison.parquet").write_bytes(b"x")
+    assert _study([*STUDY, "--profiles", "baseline", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out} is not empty and holds no study" in err and "no study.json" in err
+    assert sorted(p.name for p in out.iterdir()) == ["20261128-012343-baseline-cdb5", "comparison.parquet"]
+
+
+def _findings_frame(saved: dict[str, float]) -> pl.DataFrame:
+    """A study's frame of finished common runs on the CPU: each profile's saving against baseline (in %), from which
+    its peak follows; gradcp_bf16 checkpoints, chunked_ce chunks the loss."""
+    base_peak, base_ms = 400 * 2**20, 100.0
+    rows = []
+    for i, (name, pct) in enumerate({"baseline": 0.0, **saved}.items()):
+        ms = base_ms * (1 + 0.1 * i)
+        rows.append({"profile": name, "study_kind": "common", "status": "finished", "study_status": "finished", "study_message": None,
+                     "mem_saved_pct": pct, "peak_host_rss_bytes": int(base_peak * (1 - pct / 100)), "peak_alloc_bytes": None,
+                     "step_ms_median": ms, "tokens_per_s": 8 * 64 * 1000 / ms, "speedup_x": base_ms / ms,
+                     "checkpointing": "full" if name.startswith("gradcp") else "none", "attention_kernel": "sdpa",
+                     "seq_len": 64, "micro_batch": 8, "batch_size": 8, "estimate_error_pct": None})
+    return pl.DataFrame(rows)
+
+
+def _breakdown(top: str):
+    from memlab.core.estimate import Estimate
+
+    parts = {"logits_loss": 10, "activations": 10, "weights": 5, "gradients": 5, "optimizer_state": 5, "temporaries": 1, "workspace": 1}
+    parts[top] = 100
+    return {"baseline": Estimate("baseline", "tiny", 8, 1, 512, 1000, {k: v * 2**20 for k, v in parts.items()}, "backward", {})}
+
+
+@pytest.mark.parametrize("top", ["logits_loss", "activations"])
+@pytest.mark.parametrize("saved", [
+    {"gradcp_bf16": 30.0, "chunked_ce": 55.0, "tf32": 0.4},
+    {"gradcp_bf16": -3.8, "chunked_ce": -12.0, "tf32": -0.4},  # issue 50: "gradcp_bf16 measured -4% less"
+])
+def test_every_findings_sentence_says_the_direction_the_figures_have(top, saved):
+    import re
+
+    from memlab.core.study.findings import findings
+
+    pct = {"baseline": 0.0, **saved}
+    text = "\n".join(findings(_findings_frame(saved), _breakdown(top), "baseline"))
+    assert not re.search(r"-\d[\d.]*% (less|more)", text), text
+    claims = 0
+    for name, n, way in re.findall(r"(\w+) measured (\d+)% (less|more)", text):
+        assert way == ("less" if pct[name] > 0 else "more") and int(n) == round(abs(pct[name])), text
+        claims += 1
+    for name, n in re.findall(r"\*\*(\w+)\*\* saves the most memory: .*?\(([\d.]+)% less\)", text):
+        assert pct[name] == max(pct.values()) > 0 and float(n) == pytest.approx(pct[name], abs=0.05)
+        claims += 1
+    for name, change in re.findall(r"(\w+): no effect on memory \(([+-][\d.]+)% against", text):
+        assert float(change) == pytest.approx(-pct[name], abs=0.05), text  # + is more memory, as the estimator's
+        claims += 1
+    for technique, verb in re.findall(r"(chunked cross-entropy|checkpointing and activation offload) (does|should)", text):
+        mover = "chunked_ce" if technique.startswith("chunked") else "gradcp_bf16"
+        assert (verb == "does") == (pct[mover] >= 1), text
+        claims += 1
+    for name, n in re.findall(r"\*\*(\w+)\*\* saves the most memory: .*?, (\d+)% slower", text):
+        assert int(n) > 0  # every profile here is slower than the baseline, by construction
+    assert claims >= 3, text  # the sentences checked were there to check
+
+
+def test_study_figures_tick_plain_numbers_and_keep_their_labels_inside():
+    """Issue 50: ppl_vs_memory.png showed `+4.8651e2` and ticks of 0.0025; max_batch.png cut its y label."""
+    from memlab.core.study import figures as F
+
+    rows = [{"profile": p, "peak_host_rss_bytes": int(g * 2**30), "val_ppl": v, "step_ms_median": 10.0 + i,
+             "max_batch_measured": False, "max_batch": None, "predicted_max_batch": b}
+            for i, (p, g, v, b) in enumerate([("baseline", 0.3550, 486.51951, 7), ("gradcp", 0.3578, 486.51950, None), ("bf16", 0.3664, 486.51782, 10)])]
+    fig = F.figure("ppl", lambda ax: F._scatter(ax, rows, "peak_host_rss_bytes", "val_ppl", "peak", "val ppl", front=False))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    for axis, values in ((ax.yaxis, [r["val_ppl"] for r in rows]), (ax.xaxis, [r["peak_host_rss_bytes"] / 2**30 for r in rows])):
+        assert axis.get_offset_text().get_text() == ""
+        labels = [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+        ticks = [float(t.replace(",", "")) for t in labels]
+        assert len(set(labels)) == len(labels) >= 3 and not any("e" in t for t in labels)  # each tick its own number
+        assert min(ticks) <= max(values) and max(ticks) >= min(values)  # the values themselves, not offsets from one
+    fig = F.figure("max", lambda ax: F._max_batch(ax, rows))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    label = fig.axes[0].yaxis.label.get_window_extent(renderer)
+    page = fig.bbox
+    assert page.y0 <= label.y0 and label.y1 <= page.y1 and page.x0 <= label.x0  # the y label is whole on the page

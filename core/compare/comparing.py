@@ -125,8 +125,9 @@ def comparison(
     latest_only: bool = True,
     sort: str | None = None,
 ) -> pl.DataFrame:
-    """The comparison frame: one row per run (the latest of each profile per group unless `latest_only=False`),
-    grouped by experiment and hardware, with the baseline's profile and the relative columns.
+    """The comparison frame: one row per run (the latest finished run of each profile per group, else its latest,
+    unless `latest_only=False`), grouped by experiment and hardware, with the baseline's profile, the relative
+    columns, and `later_run`: how a later run of the profile ended when one did not finish (else null).
 
     baseline: profile name; default "baseline" where a group has it, else the group's first row (oldest run).
     A name no group has is a MemlabError listing the profiles present; a group that lacks it has null relative
@@ -150,8 +151,7 @@ def comparison(
     df = df.with_columns([pl.when(measured).then(pl.col(c)).otherwise(None).alias(c) for c in figures])
 
     df = df.sort([*GROUP_KEYS, "_order", "run_id"], nulls_last=True)
-    if latest_only:
-        df = df.unique(subset=[*GROUP_KEYS, "profile"], keep="last", maintain_order=True)
+    df = _latest_finished(df) if latest_only else df.with_columns(pl.lit(None, dtype=pl.String).alias("later_run"))
 
     parts = [g for _, g in df.group_by(list(GROUP_KEYS), maintain_order=True)]
     if baseline is not None and baseline not in set(df["profile"].to_list()):
@@ -166,8 +166,29 @@ def comparison(
         # Sort within each group, keeping the groups in their order; ties stay in run order.
         column, descending = resolve_sort(sort)
         result = result.sort(["group_index", column, "_order"], descending=[False, descending, False], nulls_last=True, maintain_order=True)
-    keep = ["group", "group_index", "baseline", "is_baseline", *FRAME_SCHEMA, *RELATIVE_COLUMNS]
+    keep = ["group", "group_index", "baseline", "is_baseline", *FRAME_SCHEMA, *RELATIVE_COLUMNS, "later_run"]
     return result.select([c for c in keep if c in result.columns and c not in HIDDEN_COLUMNS])
+
+
+def _latest_finished(df: pl.DataFrame) -> pl.DataFrame:
+    """One row per profile and group (`df` in run order): its latest finished run, else its latest run. When a later
+    run of it did not finish, `later_run` says how that one ended and which it was (the notes under the table say
+    so), so that an interrupted retry never hides the figures of the run before it."""
+    keys = [*GROUP_KEYS, "profile"]
+    df = df.with_row_index("_idx")
+    picks = df.group_by(keys, maintain_order=True).agg(
+        pl.col("_idx").filter(pl.col("status") == "finished").max().alias("_finished"),
+        pl.col("_idx").max().alias("_last"),
+        pl.col("status").last().alias("_last_status"),
+        pl.col("run_id").last().alias("_last_run"),
+    ).with_columns(pl.coalesce("_finished", "_last").alias("_keep"))
+    picks = picks.select(
+        "_keep",
+        pl.when(pl.col("_keep") != pl.col("_last"))
+        .then(pl.format("{} ({})", pl.col("_last_status").fill_null("?"), pl.col("_last_run").fill_null("?")))
+        .otherwise(None).alias("later_run"),
+    )
+    return df.join(picks, left_on="_idx", right_on="_keep", how="inner", maintain_order="left").drop("_idx")
 
 
 def _relative(g: pl.DataFrame, baseline: str | None, label: str) -> pl.DataFrame:
@@ -223,7 +244,7 @@ def _empty_comparison(frame: pl.DataFrame) -> pl.DataFrame:
     extra = {"group": pl.String, "group_index": pl.Int64, "baseline": pl.String, "is_baseline": pl.Boolean}
     rel = {c: pl.Float64 for c in RELATIVE_COLUMNS}
     frame_cols = {c: t for c, t in FRAME_SCHEMA.items() if c not in HIDDEN_COLUMNS}
-    return pl.DataFrame(schema={**extra, **frame_cols, **rel})
+    return pl.DataFrame(schema={**extra, **frame_cols, **rel, "later_run": pl.String})
 
 
 def load(

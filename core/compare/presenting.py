@@ -89,6 +89,9 @@ def group_notes(g: pl.DataFrame, hidden: list[metrics.Metric]) -> list[str]:
         notes.append(f"runs here differ in {mixed}: their figures may not compare")
     if host_memory_only(g):
         notes.append("memory here is the host process's peak RSS (no device memory on CPU); mem saved compares it")
+    if "later_run" in g.columns:
+        for r in g.filter(g["later_run"].is_not_null()).select("profile", "later_run").iter_rows(named=True):
+            notes.append(f"{r['profile']}: its latest finished run is shown; a later run was {r['later_run']} (--all shows every run)")
     for r in g.filter(g["status"] != "finished").select("profile", "status", "reason", "steps").iter_rows(named=True):
         if r["status"] == "interrupted":
             steps = f"{r['steps']:,} steps" if r["steps"] is not None else "the steps"

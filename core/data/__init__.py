@@ -11,7 +11,7 @@ fast offline), tokenizer (train / load), cache (the on-disk entries), tokens (lo
 
 from memlab.core.data.batches import batch_iterator, n_windows, steps_per_epoch, val_batches
 from memlab.core.data.cache import cache_root
-from memlab.core.data.tokens import TokenData, cache_entry, holdout_warning, load_tokens
+from memlab.core.data.tokens import TokenData, cache_entry, holdout_warning, is_cached, load_tokens
 
 __all__ = [
     "TokenData",
@@ -19,6 +19,7 @@ __all__ = [
     "cache_entry",
     "cache_root",
     "holdout_warning",
+    "is_cached",
     "load_tokens",
     "n_windows",
     "steps_per_epoch",

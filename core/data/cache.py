@@ -44,6 +44,32 @@ def tokens_dir() -> Path:
     return cache_root() / "tokens"
 
 
+def _root_setting() -> str:
+    """Which setting put the cache where it is, as a user would change it."""
+    if os.environ.get("MEMLAB_CACHE"):
+        return f"MEMLAB_CACHE={os.environ['MEMLAB_CACHE']}"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return f"XDG_CACHE_HOME={os.environ['XDG_CACHE_HOME']} (the cache is its memlab/)"
+    return f"the default {cache_root()} (from HOME)"
+
+
+def writable_tokens_dir() -> Path:
+    """The tokens folder, made if missing; a DataError in one line, naming the setting and the path, when it is not a
+    folder this process can write (MEMLAB_CACHE pointing at a file, or into a read-only mount), before any work."""
+    root = tokens_dir()
+    blocker = next((p for p in (root, *root.parents) if p.exists()), None)
+    fix = "point MEMLAB_CACHE at a writable folder, e.g. export MEMLAB_CACHE=$HOME/.cache/memlab"
+    if blocker is not None and not blocker.is_dir():
+        raise DataError(f"token cache {root} cannot be made: {blocker} is a file, not a folder ({_root_setting()}); {fix}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"token cache {root} cannot be made ({e.strerror or e}; {_root_setting()}); {fix}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise DataError(f"token cache {root} is not writable ({_root_setting()}); {fix}")
+    return root
+
+
 def entry_name(slug: str, key: dict) -> str:
     digest = hashlib.sha256(json.dumps({"format": FORMAT, **key}, sort_keys=True).encode()).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", slug).strip("-.")[:48] or "data"
@@ -80,8 +106,7 @@ def locked(name: str) -> Iterator[None]:
     The lock file is removed when the lock is released, so that no empty `.lock` file outlives the build. A waiter
     may then hold a lock on the removed file: after locking it checks that the path still names the file it
     locked, and otherwise locks again (the usual flock + unlink protocol)."""
-    root = tokens_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_tokens_dir()
     try:
         import fcntl
     except ImportError:
@@ -134,8 +159,7 @@ def clean_stale() -> None:
 def staging(name: str) -> Iterator[Path]:
     """A temp folder to build entry `name` in; renamed to the entry when the block ends normally, removed otherwise.
     The block should hold `locked(name)`."""
-    root = tokens_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_tokens_dir()
     clean_stale()
     tmp = root / f".tmp-{name}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()

@@ -65,6 +65,16 @@ def cache_entry(cfg: DataConfig) -> tuple[Corpus, TokenizerSpec, str]:
     return corpus, spec, cache.entry_name(f"{corpus.name}-{tok_slug}", key)
 
 
+def is_cached(cfg: DataConfig) -> bool:
+    """Whether `cfg`'s tokens are in the cache already; when not, whether they could be (a DataError in one line
+    naming MEMLAB_CACHE and the path when the cache folder cannot be written), before any tokenizing."""
+    entry = cache.tokens_dir() / cache_entry(cfg)[2]
+    if cache.read_meta(entry) is not None:
+        return True  # a warm cache is only read: a read-only one serves
+    cache.writable_tokens_dir()
+    return False
+
+
 def load_tokens(cfg: DataConfig, *, progress: Progress | None = None) -> TokenData:
     """The tokens of `cfg`: from the cache when an entry exists, else tokenized now and cached."""
     corpus, spec, name = cache_entry(cfg)

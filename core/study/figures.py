@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def write_figures(frame: pl.DataFrame, folder: Path) -> list[tuple[str, Path]]:
     return drawn
 
 
-def _save(path: Path, title: str, draw) -> Path:
+def figure(title: str, draw):
+    """The figure `draw(ax)` makes, titled and laid out (what _save writes; tests read its axes)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -51,6 +53,11 @@ def _save(path: Path, title: str, draw) -> Path:
     draw(ax)
     ax.set_title(title)
     fig.tight_layout()
+    return fig
+
+
+def _save(path: Path, title: str, draw) -> Path:
+    fig = figure(title, draw)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     fig.savefig(tmp, dpi=DPI, format="png")
     os.replace(tmp, path)
@@ -88,6 +95,8 @@ def _bars(ax, rows: list[dict], column: str, ylabel: str) -> None:
 
 
 def _max_batch(ax, rows: list[dict]) -> None:
+    from matplotlib.patches import Patch
+
     xs = _names(ax, rows)
     for x, r in zip(xs, rows):
         if r["max_batch_measured"] and r["max_batch"]:
@@ -96,7 +105,12 @@ def _max_batch(ax, rows: list[dict]) -> None:
         elif r["predicted_max_batch"]:
             ax.bar(x, r["predicted_max_batch"], color="white", edgecolor="tab:gray", hatch="//")
             ax.text(x, r["predicted_max_batch"], f"~{r['predicted_max_batch']}", ha="center", va="bottom", fontsize=7)
-    ax.set_ylabel("micro-batch (solid: measured; hatched: predicted, not measured)")
+        else:  # neither measured nor predicted: say so, rather than a gap that reads as zero
+            ax.text(x, 0, "none", ha="center", va="bottom", fontsize=7, color="tab:gray")
+    # the key in a legend: as the y label it was longer than the axis and was cut at both ends
+    ax.legend(handles=[Patch(color="tab:green", label="measured"),
+                       Patch(facecolor="white", edgecolor="tab:gray", hatch="//", label="predicted, not measured")], fontsize=8)
+    ax.set_ylabel("max micro-batch")
 
 
 def _scatter(ax, rows: list[dict], xcol: str, ycol: str, xlabel: str, ylabel: str, front: bool) -> None:
@@ -110,8 +124,28 @@ def _scatter(ax, rows: list[dict], xcol: str, ycol: str, xlabel: str, ylabel: st
         ax.plot([p[0] for p in line], [p[1] for p in line], color="tab:red", marker="o", fillstyle="none", drawstyle="steps-post",
                 label="Pareto front (nothing both smaller and faster)")
         ax.legend(fontsize=8)
+    for axis in (ax.xaxis, ax.yaxis):
+        _plain_ticks(axis)
     ax.set_xlabel(xlabel + (" (GiB)" if xcol.endswith("_bytes") else ""))
     ax.set_ylabel(ylabel + (" (GiB)" if ycol.endswith("_bytes") else ""))
+
+
+def _plain_ticks(axis) -> None:
+    """Tick labels that read as the values themselves: matplotlib shows close values (perplexities 486.517 and 486.519)
+    as an offset (`+4.8651e2`) and ticks of 0.0075; here each tick is the number, with as many decimals as tell the
+    ticks apart."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(value, _pos):
+        ticks = axis.get_ticklocs()
+        step = min((b - a for a, b in zip(ticks, ticks[1:]) if b > a), default=1.0)
+        decimals = -math.floor(math.log10(step))
+        if abs(step * 10**decimals - round(step * 10**decimals)) > 1e-6:  # a step of 2.5e-4 needs 5 decimals
+            decimals += 1
+        decimals = max(0, min(8, decimals))
+        return f"{value:,.{decimals}f}"
+
+    axis.set_major_formatter(FuncFormatter(label))
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

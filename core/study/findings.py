@@ -97,22 +97,45 @@ def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> 
         seq = rows[0]["seq_len"] if rows else "T"
         chunked = _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
         line += (f" The B×T×V logits (B={est.micro_batch}, T={seq}, V={est.vocab_size:,}) are {pct:.0f}% of the peak, so attention "
-                 "kernels cannot move it; " + (f"chunked cross-entropy does: {chunked}." if chunked else "chunked cross-entropy (loss.chunked = true) would."))
+                 "kernels cannot move it; " + _what_moves_it("chunked cross-entropy", chunked, "chunked cross-entropy (loss.chunked = true) would."))
     elif top == "saved activations":
         ckpt = _best(rows, base, lambda r: (r["checkpointing"] or "none") != "none")
-        line += f" Saved activations are {pct:.0f}% of the peak: checkpointing and activation offload move it" + (f" ({ckpt})." if ckpt else ".")
+        line += f" Saved activations are {pct:.0f}% of the peak: " + _what_moves_it("checkpointing and activation offload", ckpt, "checkpointing and activation offload move it.")
     elif top.startswith("weights"):
         line += f" Weights, gradients and optimizer state are {pct:.0f}% of the peak: activation techniques cannot move it; a smaller optimizer state, optimizer offload or FSDP can."
     return [line]
 
 
-def _best(rows: list[dict], base: dict | None, which) -> str | None:
-    """`profile measured -N%` for the row among `which` that saved most against the baseline."""
+def _what_moves_it(technique: str, best: tuple[str, float] | None, untried: str) -> str:
+    """The clause on what would lower the peak, told by what the study measured: `does` only where it saved memory."""
+    if best is None:
+        return untried
+    said, saved = best
+    if saved >= SMALL_PCT:
+        return f"{technique} does: {said}."
+    return f"{technique} should, but here {said}."
+
+
+def _best(rows: list[dict], base: dict | None, which) -> tuple[str, float] | None:
+    """(`profile measured N% less`, the saving in %) for the row among `which` that saved most against the baseline;
+    a row that used more memory says `N% more`, never a negative "less"."""
     cands = [r for r in rows if r is not base and which(r) and r.get("mem_saved_pct") is not None]
     if not cands:
         return None
     r = max(cands, key=lambda r: r["mem_saved_pct"])
-    return f"{r['profile']} measured {r['mem_saved_pct']:.0f}% less"
+    return f"{r['profile']} measured {change_in_words(r['mem_saved_pct'])}", r["mem_saved_pct"]
+
+
+def change_in_words(saved_pct: float) -> str:
+    """A memory saving in % as words with its direction: `72% less`, `4% more`, `about the same (+0.3%)`."""
+    if abs(saved_pct) < SMALL_PCT:
+        return f"about the same ({_memory_change(saved_pct)})"
+    return f"{abs(saved_pct):.0f}% {'less' if saved_pct > 0 else 'more'}"
+
+
+def _memory_change(saved_pct: float) -> str:
+    """The change in memory a saving means, signed as the estimator's figures are: +0.3% is more memory."""
+    return f"{round(-saved_pct, 1) + 0.0:+.1f}%"  # + 0.0: never "-0.0%"
 
 
 def _no_effect(rows: list[dict], base: dict | None, frame: pl.DataFrame, breakdown: dict[str, Estimate]) -> list[str]:
@@ -124,7 +147,7 @@ def _no_effect(rows: list[dict], base: dict | None, frame: pl.DataFrame, breakdo
                        f"kernel that ran: {r['attention_kernel'].split(' (')[0]}).")
         elif base is not None and r is not base and r.get("mem_saved_pct") is not None and abs(r["mem_saved_pct"]) < SMALL_PCT:
             why = _same_prediction(r["profile"], base["profile"], breakdown)
-            out.append(f"{r['profile']}: no effect on memory ({r['mem_saved_pct']:+.1f}% against {base['profile']}){why}.")
+            out.append(f"{r['profile']}: no effect on memory ({_memory_change(r['mem_saved_pct'])} against {base['profile']}){why}.")
     return out
 
 

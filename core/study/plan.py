@@ -13,8 +13,9 @@ from pathlib import Path
 
 from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
-from memlab.core.study.state import Options
-from memlab.core.units import gib, parse_size
+from memlab.core.estimate import card_size
+from memlab.core.study.state import STATE_FILE, Options
+from memlab.core.units import gib
 
 BATCH_MODES = ("experiment", "baseline-max")
 CPU_MEMORY = "80GiB"  # what the CPU's predicted max batch assumes without --gpu-memory: an 80 GB H100
@@ -40,7 +41,7 @@ class Plan:
 
 
 def check_out(out: Path) -> None:
-    """--out must be a folder this process can write (it is created when missing)."""
+    """--out must be a folder this process can write (it is created when missing), new, empty or a study's."""
     if out.exists() and not out.is_dir():
         raise MemlabError(f"--out {out} is a file; give a folder for the study")
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
@@ -48,6 +49,12 @@ def check_out(out: Path) -> None:
         raise MemlabError(f"--out {out}: {probe} is a file, so the folder cannot be made; give another --out")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise MemlabError(f"--out {out}: {probe} is not writable; give a folder you can write")
+    if out.is_dir() and not (out / STATE_FILE).exists():
+        held = sorted(p.name for p in out.iterdir())
+        if held:  # e.g. a sweep's runs folder: a study would write its report and runs among them
+            more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+            raise MemlabError(f"--out {out} is not empty and holds no study ({', '.join(held[:3])}{more}; no {STATE_FILE}); "
+                              "give a new or empty folder, or the folder of a study to resume it")
 
 
 def check_batch(batch: str) -> str:
@@ -78,7 +85,7 @@ def make_plan(options: Options) -> Plan:
     baseline = "baseline" if "baseline" in profiles else options.profiles[0]
     if options.batch == "baseline-max" and "baseline" not in profiles:
         raise ConfigError("--batch baseline-max trains at the largest batch the baseline fits: add baseline to --profiles")
-    cap = parse_size(options.gpu_memory) if options.gpu_memory else None
+    cap = card_size(options.gpu_memory) if options.gpu_memory else None
     gpu_name, gpu_total = _check_card(cap, options.gpu_memory) if options.device == "cuda" else (None, None)
     return Plan(options, exp, profiles, baseline, cap, gpu_name, gpu_total)
 

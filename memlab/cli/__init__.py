@@ -62,6 +62,26 @@ def _flags_show_no_type() -> None:
     option.display_type_rich = display_type_rich
 
 
+def _help_folds_long_words() -> None:
+    """Typer's help column cuts a word longer than the column with "…" (a path, a URL, `section.key=value`), which
+    loses what the help says at 80 columns: fold such a word onto the next line instead. Older typer: nothing to do."""
+    from typer import rich_utils
+
+    original = getattr(rich_utils, "_get_parameter_help", None)
+    if original is None or getattr(original, "_memlab", False):
+        return
+
+    def get_parameter_help(*args, **kwargs):
+        columns = original(*args, **kwargs)
+        for part in getattr(columns, "renderables", []):
+            if hasattr(part, "overflow"):
+                part.overflow = "fold"
+        return columns
+
+    get_parameter_help._memlab = True
+    rich_utils._get_parameter_help = get_parameter_help
+
+
 def _register_commands() -> None:
     # Once per process: each call appends every command to the app again, and Typer rebuilds all the copies on every
     # main(), so in-process callers (the tests) paid more on each call.
@@ -88,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = [a for a in argv if a != "--debug"]
     _register_commands()
     _flags_show_no_type()
+    _help_folds_long_words()
     try:
         code = app(args=argv, prog_name="memlab", standalone_mode=False)
         if isinstance(code, int) and code:  # without standalone mode, click returns typer.Exit's code
@@ -101,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     except _click_exc.UsageError as e:
         if debug:
             raise
-        hint = f" (see: memlab {e.ctx.command.name} --help)" if e.ctx and e.ctx.command and e.ctx.command.name != "memlab" else " (see: memlab --help)"
+        path = e.ctx.command_path if e.ctx and e.ctx.command else "memlab"  # `memlab data prepare`, not `memlab prepare`
+        hint = f" (see: {path} --help)" if path.startswith("memlab ") else " (see: memlab --help)"
         fail(e.format_message().replace("\n", " ") + hint)
     except typer.Abort:
         typer.echo("memlab: aborted", err=True)

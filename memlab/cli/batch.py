@@ -72,6 +72,9 @@ def estimate(
         raise ConfigError(f"--method {method!r} is not valid; choose one of: auto, analytic, fake")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
+    from memlab.cli.options import refuse_flag_and_set
+
+    refuse_flag_and_set(set_, batch_size=batch_size)
     world = 1 if nproc is None else nproc
     if world < 1:
         raise ConfigError(f"--nproc must be at least 1, got {nproc}")
@@ -123,7 +126,9 @@ def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
     from memlab.core.batchfind import gpu_info
 
     if gpu_memory is not None:
-        return parse_size(gpu_memory), f"--gpu-memory {gpu_memory}"
+        from memlab.core.estimate import card_size
+
+        return card_size(gpu_memory), f"--gpu-memory {gpu_memory}"
     info = gpu_info() if _cuda_visible() else None
     if info is not None:
         return info.total_bytes, info.name
@@ -234,7 +239,9 @@ def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
 
     if gpu_memory is None:
         return None
-    cap = parse_size(gpu_memory)
+    from memlab.core.estimate import card_size
+
+    cap = card_size(gpu_memory)
     if gpu is not None and cap > gpu.total_bytes:
         raise DeviceError(f"--gpu-memory {gpu_memory} ({gib(cap)}) is more than this GPU has ({gpu.name}: {gib(gpu.total_bytes)})")
     return cap

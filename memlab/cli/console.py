@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from memlab.core.config import warmup_warning
 from memlab.core.units import gib
 
 
@@ -60,9 +61,11 @@ class ConsoleSink:
             self.console.print(f"  data: {d.get('source')} · {d.get('tokenizer')} · {d.get('train_tokens', 0):,} train / {d.get('val_tokens', 0):,} val tokens")
             from memlab.core.data.tokens import holdout_warning  # the data package imports torch: only when a run starts
 
-            warning = holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0)
-            if warning:
-                self.console.print(f"  [yellow]warning[/] {warning}")
+            train = ev["experiment"].get("train", {})
+            for warning in (holdout_warning(d.get("train_tokens") or 0, d.get("val_tokens") or 0),
+                            warmup_warning(train.get("warmup_steps") or 0, self.total)):
+                if warning:
+                    self.console.print(f"  [yellow]warning[/] {warning}", soft_wrap=True)
             if ev.get("run_dir"):
                 self.console.print(f"  run folder: {ev['run_dir']}")
         elif kind == "step":

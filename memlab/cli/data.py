@@ -7,16 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt
+from memlab.cli.options import DeviceOpt, docs_cap
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="stdlib, a file or folder (.txt .md .jsonl .json .parquet .csv), or hf:NAME[:CONFIG].")]
 FieldOpt = Annotated[Optional[str], typer.Option("--text-field", help="The column that holds the text (json, parquet, csv, hf:).")]
 TokenizerOpt = Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N (train on the corpus), a tokenizer.json, or hf:NAME.")]
-MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Take only the first N documents (0 = all).")]
+MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Take only the first N documents (0 = all).", callback=docs_cap)]
 SplitOpt = Annotated[Optional[str], typer.Option("--split", help="Dataset split, e.g. train or train[:10%].")]
 StreamingOpt = Annotated[Optional[bool], typer.Option("--streaming/--no-streaming", help="Stream the dataset instead of downloading it whole.")]
-ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).")]
-ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from the [data] table of this experiment (built-in name or TOML path); auto = the one `memlab run` picks: gpt2s on CUDA, tiny on CPU.")]
+def _positive_tokens(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"must be at least 1, got {value}")
+    return value
+
+
+ValTokensOpt = Annotated[Optional[int], typer.Option("--val-tokens", help="Size of the held-out validation slice (tokens).", callback=_positive_tokens)]
+ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Start from the \\[data] table of this experiment (built-in name or TOML path); auto = the one `memlab run` picks: gpt2s on CUDA, tiny on CPU.")]
 
 
 def prepare(
@@ -51,11 +57,12 @@ def prepare(
         return exp
 
     refuse_early(experiment, resolved)  # a bad name or value: one line before torch is imported
-    from memlab.core.data import holdout_warning, load_tokens
+    from memlab.core.data import holdout_warning, is_cached, load_tokens
     from memlab.core.environment import resolve_device
 
     # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
     cfg = resolved(resolve_device(device).type).data
+    is_cached(cfg)  # a token cache that cannot be written: one line before the progress bar
 
     console = make_console(stderr=True)
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -19,6 +19,18 @@ def _positive_steps(value: int | None) -> int | None:
     return value
 
 
+def _positive_epochs(value: float | None) -> float | None:
+    if value is not None and not value > 0:  # NaN too
+        raise typer.BadParameter(f"must be positive, got {value:g} (e.g. --epochs 1 or --epochs 0.5)")
+    return value
+
+
+def docs_cap(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise typer.BadParameter(f"must be 0 (= every document) or more, got {value}")
+    return value
+
+
 def _nonempty_folder(value: str) -> str:
     if not value.strip():
         raise typer.BadParameter("is empty; give a folder, e.g. --runs-dir runs")
@@ -27,6 +39,8 @@ def _nonempty_folder(value: str) -> str:
 
 GpusOpt = Annotated[Optional[str], typer.Option("--gpus", help="GPUs to run on, one lane each, e.g. 0,1,2,3 (default: every visible GPU; 0 for one); each run is pinned with CUDA_VISIBLE_DEVICES; --nproc N takes N GPUs a run.")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (overrides train.steps).", callback=_positive_steps)]
+EpochsOpt = Annotated[Optional[float], typer.Option("--epochs", help="Train for this many epochs (sets train.steps = 0).", callback=_positive_epochs)]
+MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Read at most this many documents (0 = all).", callback=docs_cap)]
 RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.", callback=_nonempty_folder)]
 
 
@@ -67,6 +81,63 @@ def model_overrides(model: str | None) -> list[str]:
     path = Path(model).expanduser()
     source = str(path.resolve()) if path.exists() else model  # a folder stays the same folder in child processes
     return ['model.family="hf"', f"model.source={_toml_string(source)}"]
+
+
+# The knobs each convenience flag sets (as --set items): the same knob in --set too would leave one of them unheard.
+FLAG_KNOBS = {
+    "--steps": ("train.steps",), "--epochs": ("train.epochs", "train.steps"), "--batch-size": ("train.batch_size",),
+    "--data": ("data.source",), "--text-field": ("data.text_field",), "--tokenizer": ("data.tokenizer",),
+    "--max-docs": ("data.max_docs",), "--streaming": ("data.streaming",),
+}
+
+
+def refuse_flag_and_set(set_items: list[str] | None, **flags: object) -> None:
+    """A flag and a --set item for the same knob (`--steps 4 --set train.steps=6`): which one the user meant is a
+    guess, so neither wins; one line naming both. `flags` by option name without dashes (batch_size=8)."""
+    from memlab.core.config import parse_set
+    from memlab.core.errors import ConfigError
+
+    by_knob = {}
+    for item in set_items or []:
+        section, key, _ = parse_set(item)
+        by_knob[f"{section}.{key}"] = item
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        for knob in FLAG_KNOBS[flag] if value is not None else ():
+            if knob in by_knob:
+                given = (flag if value else flag.replace("--", "--no-", 1)) if isinstance(value, bool) else f"{flag} {value}"
+                raise ConfigError(f"{given} and --set {by_knob[knob]} both set {knob}; give one of them")
+
+
+def profile_list(text: str, flag: str = "--profiles") -> list[str]:
+    """`a,b,c` -> names; an empty name (`baseline,,bf16`) or one listed twice is refused: each is one run of a
+    comparison, and a silently dropped or doubled entry would be a different comparison than the one asked for."""
+    from memlab.core.errors import ConfigError
+
+    names = [p.strip() for p in text.split(",")]
+    if not any(names):
+        raise ConfigError(f"{flag} is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
+    if not all(names):
+        raise ConfigError(f"{flag} {text!r} has an empty name between commas; list each profile once, e.g. baseline,bf16")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{flag} {text!r} lists {', '.join(twice)} more than once; list each profile once")
+    return names
+
+
+def check_token_cache(datas: list) -> None:
+    """For a command that starts runs in children (sweep, study): a token cache they could not write (MEMLAB_CACHE a
+    file, a read-only mount) is one line now, not a rejected child per run; a corpus already cached is only read."""
+    from memlab.core.data import is_cached
+    from memlab.core.errors import MemlabError
+
+    for data in datas:
+        try:
+            is_cached(data)
+        except MemlabError:
+            raise
+        except Exception:  # noqa: BLE001 (the corpus cannot be looked up from here: each run says why, as before)
+            continue
 
 
 def _toml_string(value: str) -> str:

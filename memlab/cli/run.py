@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, ExperimentOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt, data_overrides, model_overrides, refuse_early, resolve
+from memlab.cli.options import (DeviceOpt, EpochsOpt, ExperimentOpt, MaxDocsOpt, ModelOpt, RunsDirOpt, SetOpt, StepsOpt,
+                                data_overrides, model_overrides, refuse_early, refuse_flag_and_set, resolve)
 
 EXIT_BY_STATUS = {"finished": 0, "interrupted": 130, "oom": 1, "nan": 1, "error": 1}
 
@@ -24,21 +25,23 @@ def run(
     set_: SetOpt = None,
     batch_size: Annotated[Optional[str], typer.Option("--batch-size", help="Effective batch (train.batch_size), or 'max': find the largest micro-batch that fits and lower accumulation to match.")] = None,
     data: Annotated[Optional[str], typer.Option("--data", help="stdlib | a file or folder | hf:NAME[:CONFIG]")] = None,
-    text_field: Annotated[Optional[str], typer.Option("--text-field", help="Field holding the text (json/parquet/csv/hf).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N | path/to/tokenizer.json | hf:NAME")] = None,
+    text_field: Annotated[Optional[str], typer.Option("--text-field", help="Field holding the text (json, parquet, csv or hf: data).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe:N | a tokenizer.json file | hf:NAME")] = None,
     streaming: Annotated[Optional[bool], typer.Option("--streaming/--no-streaming", help="Stream an hf: dataset.")] = None,
-    max_docs: Annotated[Optional[int], typer.Option("--max-docs", help="Read at most this many documents (0 = all).")] = None,
-    epochs: Annotated[Optional[float], typer.Option("--epochs", help="Train for this many epochs (sets train.steps = 0).")] = None,
+    max_docs: MaxDocsOpt = None,
+    epochs: EpochsOpt = None,
     events: Annotated[Optional[str], typer.Option("--events", help="Stream events as JSON lines: '-' for stdout, or a file path.")] = None,
     no_meters: Annotated[bool, typer.Option("--no-meters", help="Turn off per-phase memory resets and the NVML sampler (to measure the meters' cost).")] = False,
-    memory_snapshot: Annotated[bool, typer.Option("--memory-snapshot", help="CUDA: record the allocator over the first measured steps; writes memory_snapshot.pickle (pytorch.org/memory_viz) and a breakdown beside the estimate.")] = False,
-    label: Annotated[Optional[str], typer.Option("--label", help="Name the run's profile in results (default: the profile's name), e.g. compile_budget@budget=0.25; sweep --vary sets it.")] = None,
+    memory_snapshot: Annotated[bool, typer.Option("--memory-snapshot", help="CUDA: record the allocator over the first measured steps; writes a memory snapshot (open it at pytorch.org/memory_viz) and a breakdown beside the estimate.")] = False,
+    label: Annotated[Optional[str], typer.Option("--label", help="Name the run's profile in results (default: the profile's name), e.g. gradcp@b16; sweep --vary sets it.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run N ranks on this host through torchrun (one GPU each on CUDA); the profile picks ddp or fsdp (e.g. ddp_bf16, fsdp_bf16).")] = None,
 ) -> None:
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
     from memlab.core.environment import check_device_name
 
     check_device_name(device)
+    refuse_flag_and_set(set_, steps=steps, epochs=epochs, batch_size=batch_size, data=data, text_field=text_field,
+                        tokenizer=tokenizer, max_docs=max_docs, streaming=streaming)
     overrides = model_overrides(model) + list(set_ or []) + data_overrides(data, text_field, tokenizer, streaming, max_docs, epochs, steps)
     overrides += _batch_size_items(batch_size)
     refuse_early(experiment, lambda device_type: resolve(experiment, profile, device_type, overrides))
@@ -98,7 +101,9 @@ def _batch_size_items(batch_size: str | None) -> list[str]:
     try:
         value = int(batch_size)
     except ValueError:
-        raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'") from None
+        value = 0
+    if value < 1:  # said as the flag, not as the --set item it becomes
+        raise MemlabError(f"--batch-size {batch_size!r}: expected a positive integer or 'max'")
     return [f"train.batch_size={value}"]
 
 

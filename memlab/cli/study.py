@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from memlab.cli.options import DeviceOpt, GpusOpt, SetOpt, StepsOpt, data_overrides
+from memlab.cli.options import (DeviceOpt, GpusOpt, SetOpt, StepsOpt, check_token_cache, data_overrides, profile_list,
+                                refuse_flag_and_set)
 
 if TYPE_CHECKING:
     from memlab.core.study import Options, StudyState
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 def study(
     out: Annotated[str, typer.Option("--out", "-o", help="The study folder: study.json (state), runs/, report.md, report.html, comparison.parquet, commands.txt. Run again with the same --out to resume.")],
-    profiles: Annotated[Optional[str], typer.Option("--profiles", help="Comma-separated profile names or TOML paths; all = every built-in single-GPU profile. Required for a new study.")] = None,
+    profiles: Annotated[Optional[str], typer.Option("--profiles", help="Comma-separated profile names or TOML paths; all = every built-in single-GPU profile. Required for a new study; resuming, profiles not yet in it are added (it keeps the ones it has).")] = None,
     experiment: Annotated[Optional[str], typer.Option("--experiment", "-e", help="Built-in experiment or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="One of the seeds' setups (seed-so-posts, seed-plwiki, seed-shopping); instead of --experiment.")] = None,
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Study as on a card of this size, e.g. 24GiB: on CUDA the max-batch probes and the runs are capped at it; on the CPU the predicted max batch assumes it.")] = None,
@@ -47,6 +48,7 @@ def study(
     from memlab.core import study as st
     from memlab.core.lanes import plan_lanes
 
+    refuse_flag_and_set(set_, steps=steps, data=data, tokenizer=tokenizer)
     out_path = Path(out)
     st.check_out(out_path)
     stored = st.load_state(out_path) if out_path.is_dir() else None
@@ -60,6 +62,10 @@ def study(
     redone = _redo_list(redo, options, stored)
     redone_max = _redo_list(redo_max, options, stored, flag="--redo-max")
     st.check_reachable(plan.experiment, _args(options, out, offline=True))
+    check_token_cache([plan.experiment.data])
+    added = [p for p in options.profiles if stored is not None and p not in stored.options.profiles]
+    if added:
+        typer.echo(f"study: adding {', '.join(added)} to this study's profiles ({', '.join(stored.options.profiles)})", err=True)
     state = stored or st.StudyState(options, identity)
     state.options = options
     state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
@@ -105,14 +111,14 @@ def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory
     """The options of this invocation: what is given, else what the stored study had."""
     from memlab.core.environment import device_type
     from memlab.core.errors import ConfigError
-    from memlab.core.study import Options, check_recipe, single_gpu_profiles
+    from memlab.core.study import Options, check_recipe
 
     if recipe is not None and experiment is not None:
         raise ConfigError("--recipe and --experiment both name the experiment; give one")
     old = stored.options if stored is not None else None
     if profiles is None and old is None:
         raise ConfigError("--profiles is required for a new study (e.g. --profiles baseline,bf16,gradcp_bf16, or all)")
-    names = (sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else [p.strip() for p in profiles.split(",") if p.strip()]) if profiles is not None else old.profiles
+    names = _profile_names(profiles, old.profiles if old is not None else None)
     dev = device_type(device) if device != "auto" or old is None else old.device
     if recipe is not None:
         exp_ref = check_recipe(recipe)
@@ -130,6 +136,17 @@ def _options(stored: StudyState | None, profiles, experiment, recipe, gpu_memory
         steps=steps if steps is not None else (old.steps if old else None),
         overrides=overrides if overrides or old is None else old.overrides,
     )
+
+
+def _profile_names(profiles: str | None, studied: list[str] | None) -> list[str]:
+    """--profiles for a new study; on a resumed one, the profiles it has and then any new ones (a study never drops
+    what it measured: its runs stay in the report; another --out starts a study of other profiles)."""
+    from memlab.core.study import single_gpu_profiles
+
+    if profiles is None:
+        return list(studied or [])
+    given = sorted(single_gpu_profiles(), key=lambda n: n != "baseline") if profiles.strip() == "all" else profile_list(profiles)
+    return list(studied or []) + [p for p in given if p not in (studied or [])]
 
 
 def _args(o: Options, out: str, offline: bool = False) -> str:

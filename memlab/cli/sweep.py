@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -48,7 +48,10 @@ def sweep(
     """
     from memlab.core.environment import check_device_name
 
+    from memlab.cli.options import check_token_cache, refuse_flag_and_set
+
     check_device_name(device)
+    refuse_flag_and_set(set_, steps=steps)
     overrides = model_overrides(model) + list(set_ or []) + ([f"train.steps={steps}"] if steps is not None else [])
     names = _profile_names(profiles)
     items = [(name, label, overrides + extra) for name in names for label, extra in vary_items(name, vary)]
@@ -62,7 +65,9 @@ def sweep(
     from memlab.core.supervisor import ChildSpec
 
     dev_type = device_type(device)  # the children import torch; this process, on the CPU, need not
-    keys = _resolve_all(items, experiment, dev_type, vary, nproc)  # what `auto` means here decides what refuse_early could not
+    resolved = _resolve_all(items, experiment, dev_type, vary, nproc)  # what `auto` means here decides what refuse_early could not
+    keys = [key for key, _ in resolved]
+    check_token_cache([data for i, (_, data) in enumerate(resolved) if data not in [d for _, d in resolved[:i]]])
     lanes = plan_lanes(gpus, dev_type, nproc)  # a GPU not visible, listed twice, fewer GPUs than ranks: exit 2 here
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
@@ -100,12 +105,9 @@ def _not_finished_yet(numbered: list[tuple[int, ChildSpec]], keys: list[tuple[st
 
 
 def _profile_names(profiles: str) -> list[str]:
-    from memlab.core.errors import MemlabError
+    from memlab.cli.options import profile_list
 
-    names = [p.strip() for p in profiles.split(",") if p.strip()]
-    if not names:
-        raise MemlabError("--profiles is empty; give a comma-separated list, e.g. baseline,bf16,gradcp_bf16")
-    return names
+    return profile_list(profiles)
 
 
 def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
@@ -124,14 +126,14 @@ def vary_items(name: str, vary: str | None) -> list[tuple[str, list[str]]]:
 
 
 def _resolve_all(items: list[tuple[str, str, list[str]]], experiment: str, device_type: str, vary: str | None,
-                 nproc: int | None) -> list[tuple[str, str, int]]:
+                 nproc: int | None) -> list[tuple[tuple[str, str, int], Any]]:
     return [_resolve_one(name, label, experiment, device_type, item_overrides, vary, nproc) for name, label, item_overrides in items]
 
 
 def _resolve_one(name: str, label: str, experiment: str, device_type: str, overrides: list[str], vary: str | None,
-                 nproc: int | None) -> tuple[str, str, int]:
-    """Resolve one run (a bad input fails here); its identity in the runs folder: (profile name as the run records
-    it, experiment id, ranks)."""
+                 nproc: int | None) -> tuple[tuple[str, str, int], Any]:
+    """Resolve one run (a bad input fails here): its identity in the runs folder (profile name as the run records
+    it, experiment id, ranks), and its data (whose token cache must be writable)."""
     from memlab.cli.options import resolve
     from memlab.core.errors import MemlabError
 
@@ -139,7 +141,7 @@ def _resolve_one(name: str, label: str, experiment: str, device_type: str, overr
         exp, prof = resolve(experiment, name, device_type, overrides)
     except MemlabError as e:
         raise MemlabError(f"--vary {vary}: {e}" if vary else str(e)) from None
-    return label or prof.name, exp.fingerprint(), nproc or 1
+    return (label or prof.name, exp.fingerprint(), nproc or 1), exp.data
 
 
 def _make_queue(total: int, lanes: list[Lane]) -> LaneQueue:
