@@ -50,7 +50,7 @@ REFUSALS = [  # (argv, what the one-line error says)
     (["estimate", "--profile", "bf16", "--gpu-memory", "lots"], "lots"),
     (["find-batch", "--profile", "nope"], "unknown profile 'nope'"),
     (["study", "--out", "{tmp}/s", "--profiles", "baseline,nope"], "unknown profile 'nope'"),
-    (["data", "prepare", "--val-tokens", "0"], "data.val_tokens must be at least 1, got 0"),
+    (["data", "prepare", "--val-tokens", "0"], "--val-tokens': must be at least 1, got 0"),
     (["tui", "--set", "foo.bar=1"], "unknown section 'foo'"),
     (["tui", "--device", "tpu"], "--device 'tpu' is not valid"),
 ]
