@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    from memlab.core import memsnapshot
+    from memlab.core.predict import fake as memsnapshot
 
     if a.without_lock:
         memsnapshot.FAKE_STEP_LOCK = contextlib.nullcontext()

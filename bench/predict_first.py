@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from memlab.core import batchfind as bf
-from memlab.core.allocation_trace import replayed_max_batch
-from memlab.core import estimate as est
+from memlab.core.predict.trace import replayed_max_batch
+from memlab.core.predict import analytic as est
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import MemlabError
 

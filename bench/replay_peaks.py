@@ -1,5 +1,5 @@
 """The allocator replay's peaks at given micro-batches, beside the analytic estimate's tensors: what find-batch's
-prediction replays (memlab.core.allocation_trace.step_peaks, under --gpu-memory's cap as its probes run), to set
+prediction replays (memlab.core.predict.trace.step_peaks, under --gpu-memory's cap as its probes run), to set
 against a find-batch log's "peak" and "reserved" at the same batches. On a CPU machine or on the GPU itself (a
 compiled step is traced by the local torch release: bench/results/prediction-check/float8-traced/NOTE.md).
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from memlab.core import estimate as est
-from memlab.core.allocation_trace import step_peaks
+from memlab.core.predict import analytic as est
+from memlab.core.predict.trace import step_peaks
 from memlab.core.config import load_experiment, load_profile
 
 GIB = 2**30

@@ -26,8 +26,9 @@ CASES = [f"{e}:{p}" for e in ("heldout_deep", "heldout_wide", "heldout_long", "h
 
 def searched(case: str, lines: bool) -> tuple[int | str, int, float]:
     """(answer, traces, seconds) of one search, `lines` on or off."""
-    from memlab.core import allocation_trace, batchfind, trace_lines
-    from memlab.core import estimate as est
+    from memlab.core import batchfind
+    from memlab.core.predict import trace as allocation_trace, trace_lines
+    from memlab.core.predict import analytic as est
     from memlab.core.config import apply_overrides, load_experiment, load_profile
 
     name, profile_name, *mode = case.split(":")

@@ -688,7 +688,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
     pattern (estimate.FRAGMENTATION_MARGIN: 5% plain, 13% recompute, 22% offload). With `replay` (where find-batch
     and the study search on a GPU: seconds to a minute of CPU) and a step the allocator replay can run
-    (memlab.core.allocation_trace), the smaller of the replayed figure (stepped down to leave REPLAY_MARGIN of the
+    (memlab.core.predict.trace), the smaller of the replayed figure (stepped down to leave REPLAY_MARGIN of the
     budget free) and the analytic one with the plain margin only. The replay lays out the step's own blocks, so it
     models the fragmentation the larger margins stood in for (those held the deep shape's leanest 13% below the
     batch found); the analytic bound stays as a guard for what the replay misses in the tensors themselves (the
@@ -700,7 +700,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     between the replay's traces and within them; allocation_trace.SearchStopped when it says so (no prediction, not the analytic one)."""
     import dataclasses
 
-    from memlab.core import estimate as est
+    from memlab.core.predict import analytic as est
 
     single = dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
     try:
@@ -717,7 +717,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
 def guarded(experiment: Any, profile: Any, vocab: int, memory_bytes: int, replayed: int) -> int:
     """The prediction from the replay's max batch (REPLAY_MARGIN left free): no more than the analytic figure with
     the plain fragmentation margin (predicted_max_batch says why). `memlab estimate` plans with it too."""
-    from memlab.core import estimate as est
+    from memlab.core.predict import analytic as est
 
     return min(est.predict_max_batch(experiment, profile, vocab_size=vocab, memory_bytes=memory_bytes, pattern="plain"), replayed)
 
@@ -729,7 +729,7 @@ def context_bytes_here() -> int:
     shape predicted one above the batch found (bench/results/prediction-check/). No GPU or no NVML v2: the H100's."""
     import torch
 
-    from memlab.core import estimate as est
+    from memlab.core.predict import analytic as est
 
     if not torch.cuda.is_available():
         return est.CUDA_CONTEXT_BYTES
@@ -750,8 +750,8 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes:
     """The allocator replay's max micro-batch, None where the step cannot be replayed (a compiled step
     compile_budget_model cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the
     stock compiled step, float8 as traced with torchao (allocation_trace.float8_peaks where torchao is not installed),
-    offload and the CUDA-only libraries through memlab.core.replay_standins)."""
-    from memlab.core.allocation_trace import SearchStopped
+    offload and the CUDA-only libraries through memlab.core.predict.standins)."""
+    from memlab.core.predict.trace import SearchStopped
 
     try:
         return replay_search(experiment, profile, vocab, budget_bytes, near, capped, should_stop) or None
@@ -765,7 +765,7 @@ def replay_search(experiment: Any, profile: Any, vocab: int, budget_bytes: int, 
                   should_stop: Callable[[], bool] | None = None) -> int:
     """The replay's search as the prediction asks it (from half the analytic figure `near`, with its margin); raises
     what the trace raises (bench/trace_lines_check.py reports it)."""
-    from memlab.core.allocation_trace import replayed_max_batch
+    from memlab.core.predict.trace import replayed_max_batch
 
     return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
                               margin=REPLAY_MARGIN, capped=capped, should_stop=should_stop)

@@ -75,7 +75,7 @@ def test_limit():
 
 def test_search_over_the_estimator_finds_what_it_predicts():
     """A simulated card: probe(b) fits when the estimator's peak fits; the search and predict_max_batch agree."""
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
 
     e, p = load_experiment("gpt2s"), load_profile("gradcp_bf16")
     budget = E.usable_bytes(40 * 2**30, profile=p)
@@ -544,7 +544,7 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     """With replay (a real GPU's find-batch and study), the smaller of the replayed figure and the analytic one with
     the plain fragmentation margin only (the replay lays the blocks out itself); the analytic figure with its
     pattern's own margin where the step cannot be replayed (None)."""
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
 
     exp, prof = load_experiment("tiny"), load_profile(profile)
     analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)

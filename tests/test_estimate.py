@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core.config import Experiment, ModelConfig, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
 
@@ -131,7 +131,7 @@ FAKE_CASES = [
 @pytest.mark.parametrize("name, sets", FAKE_CASES, ids=[f"{n}{'+' if s else ''}{','.join(s)}" for n, s in FAKE_CASES])
 def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
     """The same step measured tensor by tensor (FakeTensorMode + MemTracker, CPU kernels): within 1 %."""
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e, p = small(L=3, C=64, H=4, T=128, V=1024, batch=16), load_profile(name)
     apply_overrides(e, p, sets)
@@ -142,7 +142,7 @@ def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
 
 @pytest.mark.slow
 def test_gpt2_small_bf16_matches_the_fake_measurement():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e, p = load_experiment("gpt2s"), load_profile("bf16")
     measured = fake_estimate(e, p, vocab_size=8192).total_bytes
@@ -224,7 +224,7 @@ def test_engine_records_the_estimate_beside_the_measurement(tiny):
 
 
 def test_fake_method_refuses_offload_without_cuda():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     with pytest.raises(DeviceError, match="offloading"):
         fake_estimate(small(), load_profile("act_offload"), vocab_size=512)
@@ -239,7 +239,7 @@ def _frames(*items):
 
 def test_snapshot_breakdown_sorts_the_peak_into_categories():
     from memlab.core import model
-    from memlab.core.memsnapshot import breakdown
+    from memlab.core.predict.fake import breakdown
 
     P = _frames(("torch/nn/modules/module.py", "_apply"), ("memlab/core/engine.py", "_train"))
     OPT = _frames(("torch/optim/adamw.py", "_init_group"))
@@ -276,7 +276,7 @@ def test_snapshot_breakdown_sorts_the_peak_into_categories():
 
 
 def test_snapshot_breakdown_copes_with_a_wrapped_trace():
-    from memlab.core.memsnapshot import breakdown
+    from memlab.core.predict.fake import breakdown
 
     ev = [{"action": "free_requested", "addr": 9, "size": 40, "frames": []}, {"action": "alloc", "addr": 2, "size": 5, "frames": []}]
     snapshot = {"device_traces": [ev], "segments": [{"device": 0, "blocks": [{"address": 1, "size": 100, "state": "active_allocated", "frames": []}, {"address": 2, "size": 5, "state": "active_allocated", "frames": []}]}]}
@@ -464,7 +464,7 @@ def test_fp32_eager_backward_holds_three_score_gradients():
 
 
 def test_fake_method_warns_where_it_undercounts_fp32_eager_attention():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e = load_experiment("tiny")
     warned = [any("third fp32 T x T" in n for n in fake_estimate(e, load_profile(name), vocab_size=512).notes) for name in ("gradcp", "bf16")]

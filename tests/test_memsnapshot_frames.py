@@ -1,11 +1,11 @@
-"""The snapshot classifier (memlab.core.memsnapshot.classify) knows memlab's own frames by module, not by a path
+"""The snapshot classifier (memlab.core.predict.fake.classify) knows memlab's own frames by module, not by a path
 spelled out: `pip install -e .` keeps the engine in a top-level core/, a wheel in site-packages/memlab/core/."""
 
 from __future__ import annotations
 
 import pytest
 
-from memlab.core import memsnapshot as M
+from memlab.core.predict import fake as M
 
 EDITABLE = "/home/me/src/checkout/core/"
 WHEEL = "/home/me/.venv/lib/python3.11/site-packages/memlab/core/"

@@ -312,7 +312,7 @@ def test_a_stop_cuts_the_replayed_prediction_short_between_traces(tmp_path, monk
     """On a GPU the prediction replays the step's trace for up to minutes (compile_budget held a stop on the H100 past
     timeout's grace): a stop now ends it at the next trace, the item interrupted, with no prediction recorded (not
     the analytic figure it would otherwise fall back to), and no probe run."""
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core import batchfind as bf
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.study.maxbatch import find_max

@@ -8,7 +8,7 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
-from memlab.core.allocation_trace import SearchStopped
+from memlab.core.predict.trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
 from memlab.core.study.state import Item
 from memlab.core.units import gib, parse_size

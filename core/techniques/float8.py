@@ -5,7 +5,7 @@ on the fly, each with one dynamic scale. The weights stay fp32 masters and the c
 compiled (Inductor fuses the casts and scale reductions), and only where the matmuls are large: on the H100 at
 gpt2s's 768-wide blocks it was 19-35% slower than `compile` (two machines). Compiled, it also saves less for
 backward (27% lower peak there): the partitioner recomputes the LayerNorm and GELU outputs rather than keep them
-(memlab.core.estimate).
+(memlab.core.predict.analytic).
 
 Left in high precision: the LM head (the tied embedding matrix: its V x C matmul feeds the loss) and any Linear
 whose in or out features are not multiples of 16 (float8 matmuls need them). kernels.fused would bypass the

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from memlab.core.batchfind import GpuInfo, ProbeResult
     from memlab.core.config import Experiment, Profile
-    from memlab.core.estimate import Estimate
+    from memlab.core.predict.analytic import Estimate
 
 DEFAULT_CARD = "80GiB"  # what `memlab estimate` assumes without a GPU to ask: an 80 GB H100
 FRAGMENTATION_HINT = 0.10
@@ -63,7 +63,7 @@ def estimate(
     set_: SetOpt = None,
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
-    from memlab.core import estimate as est_mod
+    from memlab.core.predict import analytic as est_mod
     from memlab.core.batchfind import guarded
     from memlab.core.errors import ConfigError
 
@@ -89,7 +89,7 @@ def estimate(
     max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, world_size=world)
     replayed, no_replay = None, ""
     if method == "fake":
-        from memlab.core.memsnapshot import fake_estimate
+        from memlab.core.predict.fake import fake_estimate
 
         result = fake_estimate(exp, prof, vocab_size=vocab)
     # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
@@ -130,7 +130,7 @@ def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
 def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int, capped: bool):
     """(the allocator model over the fake trace, None) or (None, why not). `capped`: --gpu-memory names the card,
     which find-batch and the study emulate under a cap."""
-    from memlab.core.allocation_trace import replay_for_card
+    from memlab.core.predict.trace import replay_for_card
     from memlab.core.batchfind import REPLAY_MARGIN
     from memlab.core.errors import MemlabError
 
@@ -185,7 +185,7 @@ def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, wh
     from memlab.cli.console import make_console
     from rich.table import Table
 
-    from memlab.core.estimate import COMPONENTS
+    from memlab.core.predict.analytic import COMPONENTS
 
     console = make_console()
     console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
@@ -514,7 +514,7 @@ def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, con
     from memlab.cli.console import make_console
     from rich.table import Table
 
-    from memlab.core.memsnapshot import CATEGORIES, estimate_categories
+    from memlab.core.predict.fake import CATEGORIES, estimate_categories
 
     console = console or make_console()
     if not result:

@@ -1,5 +1,5 @@
 """What CUDA kernels allocate from the caching allocator beyond their outputs, and free before they return: the
-blocks a fake step (memlab.core.allocation_trace) does not make by itself. Transient, they add nothing to the
+blocks a fake step (memlab.core.predict.trace) does not make by itself. Transient, they add nothing to the
 allocated peak, but each needs a free block of its size at that moment; on a shape without a large freed block
 to land in (no logits segment: liger_ce, cce, leanest) they fragment the reserve.
 

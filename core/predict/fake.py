@@ -1,4 +1,4 @@
-"""Measured memory breakdowns, to check the analytic estimate (memlab.core.estimate) against:
+"""Measured memory breakdowns, to check the analytic estimate (memlab.core.predict.analytic) against:
 
 1. `fake_estimate`: one training step on fake tensors (torch FakeTensorMode: shapes and dtypes, no storage) under
    torch.distributed._tools.mem_tracker.MemTracker, which follows every tensor's storage and sorts it into
@@ -27,7 +27,7 @@ from unittest import mock
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import DeviceError, MemlabError
-from memlab.core.estimate import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
+from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -161,7 +161,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
     `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
     save (unless `gpu_kernels` is False: this device's own). `attention_backward` names the GPU backend whose
-    backward workspace the fused SDPA allocates and frees (memlab.core.cuda_temporaries; "" for none)."""
+    backward workspace the fused SDPA allocates and frees (memlab.core.predict.cuda_temporaries; "" for none)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -220,8 +220,8 @@ def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
     inside the kernel (no mask). On a CPU, SDPA with dropout takes the math path, which saves the T x T
     probabilities and their mask (13% over the H100's peak on the seed shape). Left alone where the profile pins
     sdpa_backend = math, which saves T x T on a GPU too. With `backend`, backward also allocates and frees that
-    GPU kernel's workspace once the gradients exist (memlab.core.cuda_temporaries)."""
-    from memlab.core.cuda_temporaries import sdpa_backward_workspace_bytes
+    GPU kernel's workspace once the gradients exist (memlab.core.predict.cuda_temporaries)."""
+    from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 
     if p.attention.sdpa_backend == "math":
         return contextlib.nullcontext()
@@ -501,7 +501,7 @@ class SnapshotSink:
     @staticmethod
     def _estimate(ev: dict) -> Estimate | None:
         from memlab.core.config import experiment_from_dict, profile_from_dict
-        from memlab.core.estimate import estimate
+        from memlab.core.predict.analytic import estimate
 
         try:
             exp, prof = experiment_from_dict(ev["experiment"]), profile_from_dict(ev["profile"])

@@ -1,4 +1,4 @@
-"""Stand-ins for what the allocator replay's fake step (memlab.core.allocation_trace) cannot run: CUDA-only
+"""Stand-ins for what the allocator replay's fake step (memlab.core.predict.trace) cannot run: CUDA-only
 libraries and copies to the host. Each allocates on the device what the real one allocates there (the same
 tensors' sizes, dtypes and lifetimes, read from the library's source) and nothing else; what the real one keeps in
 host memory or in CUDA unified memory is not on the allocator's books, so it is left out.
@@ -67,9 +67,9 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
 
 
 def compiled_standin(profile: Profile) -> Profile:
-    """What a compiled step's trace (memlab.core.compile_budget_model) traces for `profile`: with kernels.fused, the
+    """What a compiled step's trace (memlab.core.predict.inductor) traces for `profile`: with kernels.fused, the
     stock compiled model. memlab's fused kernels allocate their outputs only and save what the ops they replace
-    save, in the same bytes (each norm's input instead of its output: memlab.core.estimate); on the seed shape the
+    save, in the same bytes (each norm's input instead of its output: memlab.core.predict.analytic); on the seed shape the
     H100 found the same max batch for both, 400 (bench/results/study-so-posts-h100/)."""
     if not profile.kernels.fused:
         return profile

@@ -83,7 +83,7 @@ class Estimate:
     peak_phase: str
     phases: dict[str, int]  # the peak of each candidate moment, for the curious
     notes: list[str] = field(default_factory=list)
-    method: str = "analytic"  # analytic | fake (measured on fake tensors, memlab.core.memsnapshot)
+    method: str = "analytic"  # analytic | fake (measured on fake tensors, memlab.core.predict.fake)
 
     @property
     def total_bytes(self) -> int:
@@ -458,7 +458,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 
 def _untraceable(st: _Step) -> str | None:
-    """Why memlab.core.compile_budget_model cannot trace this step compiled under checkpointing.budget (its model is
+    """Why memlab.core.predict.inductor cannot trace this step compiled under checkpointing.budget (its model is
     memlab's plain GPT on one CUDA GPU: SDPA attention, or flash-attn's, which saves the same tensors; bf16 autocast,
     full logits; float8's Linears where torchao is installed here), or None when it can."""
     p = st.profile
@@ -475,9 +475,9 @@ def _untraceable(st: _Step) -> str | None:
 
 
 def _graph_shape(st: _Step, experiment: Experiment):
-    """What memlab.core.compile_budget_model traces for this compiled step: the partitioner decides at the
+    """What memlab.core.predict.inductor traces for this compiled step: the partitioner decides at the
     experiment's own micro-batch (at least 2: torch.compile specializes a batch of 1)."""
-    from memlab.core.compile_budget_model import GraphShape
+    from memlab.core.predict.inductor import GraphShape
 
     s, p = st.s, st.profile
     # flash-attn's kernels are custom ops, in none of the partitioner's op lists: cuDNN attention's place
@@ -496,7 +496,7 @@ def torchao_installed() -> bool:
 
 
 def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int):
-    """The GraphShape of this compiled step on one CUDA GPU (memlab.core.compile_budget_model), or a MemlabError
+    """The GraphShape of this compiled step on one CUDA GPU (memlab.core.predict.inductor), or a MemlabError
     saying why it cannot be traced (_untraceable)."""
     st = _resolve_step(experiment, profile, vocab_size, None, 1, "cuda")
     why = _untraceable(st)
@@ -506,7 +506,7 @@ def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: i
 
 
 def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, model: _ModelSaved, notes: list[str]) -> dict[str, dict[str, int]]:
-    """A step compiled under checkpointing.budget < 1, traced on fake tensors (memlab.core.compile_budget_model): the
+    """A step compiled under checkpointing.budget < 1, traced on fake tensors (memlab.core.predict.inductor): the
     partitioner's own choice of what to save, and Inductor's own buffers for both graphs, replayed. The backward's
     peak is where the recompute lands: at budget 0 the backward rebuilds the whole forward before its first
     gradient, so it peaks about as high as no budget at all. Its gradients are made inside the compiled backward
@@ -515,7 +515,7 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     {} when not traced."""
     if st.profile.checkpointing.budget >= 1 or not st.compiled or _untraceable(st):
         return {}
-    from memlab.core.compile_budget_model import budget_peaks
+    from memlab.core.predict.inductor import budget_peaks
 
     s, p = st.s, st.profile
     shape = _graph_shape(st, experiment)

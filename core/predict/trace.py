@@ -1,4 +1,4 @@
-"""One training step's allocation trace, for the allocator model (memlab.core.allocator_model): which tensor
+"""One training step's allocation trace, for the allocator model (memlab.core.predict.allocator): which tensor
 storages are created and freed, in order, and how large.
 
 - `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; memsnapshot.fake_step, the machinery
@@ -7,7 +7,7 @@ storages are created and freed, in order, and how large.
   estimate does.
 - `compiled_trace`: a compiled step's (compile.enabled): the same two steps on fake tensors, the model's forward and
   backward replaced by the buffers Inductor's wrapper code allocates and frees for CUDA
-  (memlab.core.compile_budget_model.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
+  (memlab.core.predict.inductor.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (bench/results/study-so-posts-h100/). These figures were seen while writing this: not held out.
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from memlab.core import stopping
-from memlab.core.allocator_model import CAPTURE, OutOfMemory, replay
+from memlab.core.predict.allocator import CAPTURE, OutOfMemory, replay
 from memlab.core.config import Experiment, Profile
-from memlab.core.trace_lines import Sized, StepTraces
+from memlab.core.predict.trace_lines import Sized, StepTraces
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
 # replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
@@ -83,13 +83,13 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
 def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                    capped: bool = False) -> list[Event]:
     """fake_trace's two steps with the model's forward and backward replaced by the compiled graphs' own buffers
-    (memlab.core.compile_budget_model.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
+    (memlab.core.predict.inductor.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
     token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
     step's, on fake tensors as fake_trace records them. One symbolic trace (cached) serves every micro-batch. Raises
     a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
-    from memlab.core.compile_budget_model import step_events
-    from memlab.core.estimate import compiled_graph_shape
-    from memlab.core.replay_standins import float8_standin
+    from memlab.core.predict.inductor import step_events
+    from memlab.core.predict.analytic import compiled_graph_shape
+    from memlab.core.predict.standins import float8_standin
 
     graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
     # float8's casts and scaled matmuls are in the graphs; the eager step around them (which cannot build torchao's
@@ -105,9 +105,9 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
     import torch
 
-    from memlab.core import replay_standins
-    from memlab.core.cuda_temporaries import attention_backward_kernel
-    from memlab.core.memsnapshot import FAKE_STEP_LOCK, fake_runnable, fake_step
+    from memlab.core.predict import standins as replay_standins
+    from memlab.core.predict.cuda_temporaries import attention_backward_kernel
+    from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step
     from memlab.core.techniques.cuda_graph import WARM_STEPS
     from memlab.core.techniques.precision import compute_dtype
 
@@ -240,7 +240,7 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
     fake_trace's; `capped`: a run under --gpu-memory's cap."""
     if profile.compile.enabled:
-        from memlab.core.replay_standins import compiled_standin
+        from memlab.core.predict.standins import compiled_standin
 
         return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                               capped=capped)
@@ -271,7 +271,7 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     start = max(1, start)
 
     def traced(b: int) -> list:
-        from memlab.core.memsnapshot import FAKE_STEP_LOCK
+        from memlab.core.predict.fake import FAKE_STEP_LOCK
 
         # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
         with FAKE_STEP_LOCK, stopping.asking(should_stop):
@@ -349,7 +349,7 @@ FLOAT8_TENSOR_MARGIN = 0.05
 def float8_untraced(profile: Profile) -> bool:
     """float8's compiled step where torchao is not installed to trace it (estimate._untraceable): float8_peaks puts its
     reserve together instead. With torchao here, compiled_trace traces it as any compiled step."""
-    from memlab.core.estimate import torchao_installed
+    from memlab.core.predict.analytic import torchao_installed
 
     return profile.kernels.float8 and profile.compile.enabled and not torchao_installed()
 
@@ -365,8 +365,8 @@ def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, m
     217, the sum without the margin gave 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76. The
     margin came after the fat shape, where the analytic tensors were 3.6% under the GPU's peak (20.00 for 20.74 GiB
     at 103) and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
-    from memlab.core import estimate as est
-    from memlab.core.replay_standins import float8_standin
+    from memlab.core.predict import analytic as est
+    from memlab.core.predict.standins import float8_standin
 
     tensors = est.estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
     tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
@@ -491,7 +491,7 @@ class _TraceBook:
     go), the cuBLAS workspaces made so far, and the blocks a kernel makes and holds inside itself."""
 
     def __init__(self, torch: Any, events: list[Event]) -> None:
-        from memlab.core.cuda_temporaries import Sms
+        from memlab.core.predict.cuda_temporaries import Sms
 
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         self.torch, self.events = torch, events
@@ -672,7 +672,7 @@ def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
 
 
 def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
-    from memlab.core.cuda_temporaries import sum_staging_bytes
+    from memlab.core.predict.cuda_temporaries import sum_staging_bytes
 
     return sum_staging_bytes(shape, list(dims), double, sms)
 

@@ -37,7 +37,7 @@ The same walk gives the allocator model its events (`step_events`, at any budget
 partition): each buffer's allocation and free in both graphs, the forward's saved buffers carried into the backward
 (AOTAutograd's order: the forward returns [loss, saved tensors..., saved symints...], the backward takes [saved
 symints..., saved tensors..., tangents...]) and freed at the backward's last `del` of them, and the gradients it
-returns, which live on as .grad (memlab.core.allocation_trace.compiled_trace puts the two graphs in the eager step).
+returns, which live on as .grad (memlab.core.predict.trace.compiled_trace puts the two graphs in the eager step).
 
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
 device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
@@ -143,7 +143,7 @@ def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
 
 @functools.lru_cache(maxsize=64)
 def _remembered(shape: GraphShape) -> BudgetTrace:
-    from memlab.core.compile_budget_traces import TRACED
+    from memlab.core.predict.inductor_traces import TRACED
 
     key = _key(shape)
     known = TRACED.get(key) or _read_cache().get(key)
@@ -180,7 +180,7 @@ def _traced_in_child(shape: GraphShape) -> BudgetTrace:
 
 def _child_output(shape: GraphShape, *flags: str) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
-    cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(asdict(shape))]
+    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *flags, json.dumps(asdict(shape))]
     returncode, out, err = _run_child(cmd)
     lines = out.strip().splitlines()
     if returncode != 0 or not lines:
@@ -208,7 +208,7 @@ def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m memlab.core.compile_budget_model '{"n_layer": 12, ...}'`: trace one shape and print its
+    """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}'`: trace one shape and print its
     BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
     With `--events` first: its StepEvents instead (the allocator replay's child)."""
     args = argv or sys.argv[1:]
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
 @dataclass(frozen=True)
 class StepEvents:
     """One compiled training step's allocations and frees, each size a line in the batch, for the allocator model
-    (memlab.core.allocation_trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
+    (memlab.core.predict.trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
     ["matmul"] (where the graph's first cuBLAS matmul runs: its thread's workspace is allocated there, once). The
     backward frees the forward's saved buffers under the forward's keys. `loss`: the key of the buffer the forward
     returns as the loss; `gradients`: per parameter input of the forward, in order, [key, shape] of its gradient as
@@ -257,7 +257,7 @@ def step_events(shape: GraphShape) -> StepEvents:
 
 @functools.lru_cache(maxsize=16)
 def _remembered_events(shape: GraphShape) -> StepEvents:
-    from memlab.core.compile_budget_traces import EVENTS
+    from memlab.core.predict.inductor_traces import EVENTS
 
     key = _key(shape)
     known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
@@ -345,13 +345,13 @@ def _cache_file(name: str = _BUDGET_CACHE):
 
 
 @functools.lru_cache(maxsize=4)
-def tracer_fingerprint(root: Path = Path(__file__).resolve().parent) -> str:
+def tracer_fingerprint(root: Path = Path(__file__).resolve().parents[1]) -> str:
     """The source of memlab.core (`root`), hashed: the tracer, the model it builds and the techniques that change it all
-    live there. compile_budget_traces.py is left out: it is the tracer's output (its keys name their torch release, and
+    live there. predict/inductor_traces.py is left out: it is the tracer's output (its keys name their torch release, and
     bench/retrace_budget_table.py rewrites it after a change)."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        if path.name != "compile_budget_traces.py":
+        if path.name != "inductor_traces.py":
             digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
