@@ -1,4 +1,4 @@
-"""The max-batch prediction find-batch and the study start from on a GPU host (batchfind.predicted_max_batch with the
+"""The max-batch prediction find-batch and the study start from on a GPU host (maxbatch.predicted_max_batch with the
 allocator replay) beside the analytic one, for a few profiles on the seed shape under a 24 GiB card: run it on a CPU
 and on the GPU machine, and the two must agree (the replay's trace runs on fake tensors wherever it runs).
 
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from memlab.core import batchfind as bf
+from memlab.core.predict import maxbatch
 from memlab.core.config import load_experiment, load_profile
 
 GIB = 2**30
@@ -24,8 +24,8 @@ def main() -> None:
     for name in profiles:
         experiment, profile = load_experiment("bench/experiments/seed_shape.toml"), load_profile(name)
         t = time.monotonic()
-        replayed = bf.predicted_max_batch(experiment, profile, 24 * GIB, replay=True)
-        analytic = bf.predicted_max_batch(experiment, profile, 24 * GIB)
+        replayed = maxbatch.predicted_max_batch(experiment, profile, 24 * GIB, replay=True)
+        analytic = maxbatch.predicted_max_batch(experiment, profile, 24 * GIB)
         print(f"{name:<14} predicted with the replay {replayed} · analytic {analytic} · {time.monotonic() - t:.0f} s", flush=True)
 
 

@@ -502,19 +502,19 @@ def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_sma
     """`memlab estimate --gpu-memory` (analytic by default): the analytic max batch is an upper estimate, so the
     allocator replay runs as well and the batch to plan for is the smaller; without a card named, no replay."""
     from memlab.core.predict import analytic as E
-    from memlab.core.batchfind import REPLAY_MARGIN
+    from memlab.core.predict import REPLAY_MARGIN
     from memlab.core.config import load_experiment, load_profile
 
     out = _estimate_json(capsys, "--profile", "bf16", "--gpu-memory", "1.5GiB")
     replayed = out["replayed"]["max_batch"]
-    assert replayed >= 1 and out["max_batch_to_plan"] == min(out["max_batch"], replayed)
+    assert replayed >= 1 and out["max_batch"] == min(out["analytic_max_batch"], replayed)
     assert out["replayed"]["margin"] == REPLAY_MARGIN  # as find-batch's prediction takes the replay
     assert "replayed" not in _estimate_json(capsys, "--profile", "bf16")
     # a checkpointed profile: the analytic figure guards with the plain margin, not its pattern's larger one
     out = _estimate_json(capsys, "--profile", "gradcp_bf16", "--gpu-memory", "1.5GiB")
     experiment, profile = load_experiment("tiny"), load_profile("gradcp_bf16")
     guard = E.predict_max_batch(experiment, profile, vocab_size=E.vocab_for(experiment)[0], memory_bytes=3 * 2**29, pattern="plain")
-    assert guard > out["max_batch"] and out["max_batch_to_plan"] == min(guard, out["replayed"]["max_batch"])
+    assert guard > out["analytic_max_batch"] and out["max_batch"] == min(guard, out["replayed"]["max_batch"])
 
 
 PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100, False, "replay.log"), ("heldout_fat", "gradcp_every2", 101, False, "replay.log"),

@@ -545,18 +545,19 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     the plain fragmentation margin only (the replay lays the blocks out itself); the analytic figure with its
     pattern's own margin where the step cannot be replayed (None)."""
     from memlab.core.predict import analytic as E
+    from memlab.core.predict import maxbatch as P
 
     exp, prof = load_experiment("tiny"), load_profile(profile)
-    analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)
+    analytic = P.predicted_max_batch(exp, prof, 2 * 2**30)
     guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
-    monkeypatch.setattr(bf, "_replayed_max_batch",
+    monkeypatch.setattr(P, "_replayed_max_batch",
                         lambda e, p, vocab, budget, near, capped, should_stop=None: asked.append((budget, near, capped)) or replayed)
-    got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
+    got = P.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
     assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic, True)] and analytic > 100  # an emulated card by default
     assert (guard == analytic) == (E.allocation_pattern(prof) == "plain") and guard >= analytic
-    assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
+    assert P.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
 
 
 @pytest.mark.parametrize("reserve,expect_mib", [(None, 1247), (480 * 2**20, 1247), (615 * 2**20, 1382)])
@@ -567,4 +568,6 @@ def test_a_prediction_on_a_gpu_counts_its_own_driver_reserve_in_place_of_the_h10
     monkeypatch.setattr(bf, "_nvml_index", lambda index: index)
     monkeypatch.setattr(bf, "_nvml_handle", lambda index: object())
     monkeypatch.setattr(bf, "driver_reserved", lambda handle: reserve or 0)
-    assert bf.context_bytes_here() == expect_mib * 2**20
+    from memlab.core.predict import card
+
+    assert card.context_bytes_here() == expect_mib * 2**20

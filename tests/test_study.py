@@ -315,12 +315,13 @@ def test_a_stop_cuts_the_replayed_prediction_short_between_traces(tmp_path, monk
     from memlab.core.predict import trace as allocation_trace
     from memlab.core import batchfind as bf
     from memlab.core.config import load_experiment, load_profile
+    from memlab.core.predict import card
     from memlab.core.study.maxbatch import find_max
     from memlab.core.study.plan import Plan
     from memlab.core.study.state import Item, Options
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(bf, "cuda_here", lambda: True)
+    monkeypatch.setattr(card, "cuda_here", lambda: True)
     monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: pytest.fail("a probe ran after the stop"))
     traced, real = [], allocation_trace.step_trace
     monkeypatch.setattr(allocation_trace, "step_trace", lambda *a, **k: traced.append(k["micro_batch"]) or real(*a, **k))

@@ -29,29 +29,27 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from memlab.core.attention import declared, effective_window
 from memlab.core.config import Experiment, Profile
+from memlab.core.data import cache as cache_mod
+from memlab.core.data.tokens import cache_entry
 from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.offload import MIN_BYTES
+from memlab.core.predict.calibration import CALIBRATION, DEVICES
+from memlab.core.predict.inductor import GraphShape, budget_peaks
+from memlab.core.predict.search import LIMIT, largest_fitting
 
 MIB = 1024**2
 
 # ---------------------------------------------------------------------------------------------- measured constants
 
-# Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
-# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11,
-# bench/results/estimate-h100/estimate_vs_measured.json "workspace_bytes_by_family": the median over the profiles
-# of one kernel of measured - predicted-without-workspace, gpt2s at micro-batch 16): sdpa 74.6 MB (15 profiles),
-# flash (FA4) 73.2 MB (4), flex 74.5 MB (1). One figure serves them all.
-WORKSPACE_BYTES: dict[str, int] = {
-    "default": 71 * MIB,
-}
-
-# Device memory outside the allocator on a card used whole (the CUDA context, cuDNN / cuBLAS handles, loaded
-# kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every run of
-# bench/results/techniques-h100: 1231 .. 1263 MiB, median 1247.
-CUDA_CONTEXT_BYTES = 1247 * MIB
-# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card: bench/results/cap-check-h100/
-# NOTE.md); a GPU with another reserve (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
-H100_DRIVER_RESERVE_BYTES = 480 * MIB
+# Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here (cuBLAS / cuBLASLt
+# workspaces, attention scratch, block rounding), and device memory outside the allocator on a card used whole (the
+# CUDA context, handles, loaded kernels), of which the driver's own reserve: measured, so data keyed by GPU and torch
+# (memlab.core.predict.calibration). A GPU with another reserve takes its own in its place (card.context_bytes_here).
+WORKSPACE_BYTES: dict[str, int] = {"default": CALIBRATION.workspace_bytes}
+CUDA_CONTEXT_BYTES = CALIBRATION.cuda_context_bytes
+H100_DRIVER_RESERVE_BYTES = DEVICES[CALIBRATION.gpu].driver_reserve_bytes
 
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
 # the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the
@@ -282,7 +280,6 @@ def _attention_kind(profile: Profile) -> str:
     """The kernel's own declaration (memlab.core.attention): eager and SDPA's math backend materialize the T x T
     scores; every other kernel keeps O(T) per head. The estimator's one question to the attention kernel: every
     memory rule that depends on it reads this."""
-    from memlab.core.attention import declared
 
     return "materialized" if declared(profile.attention).materializes_scores else "fused"
 
@@ -341,7 +338,6 @@ def _block_mask_bytes(experiment: Experiment, profile: Profile, pr: _Precision, 
       FA4; flash windows without the mask only where FA2 is installed, which this plan does not assume). Each call
       turns the boolean mask into an additive one in q's dtype (ATen's convert_boolean_attn_mask: a new tensor per
       call) and _scaled_dot_product_efficient_attention saves it as attn_bias for its backward: e bytes."""
-    from memlab.core.attention import effective_window
 
     m = experiment.model
     if profile.attention.kernel == "eager":
@@ -477,7 +473,6 @@ def _untraceable(st: _Step) -> str | None:
 def _graph_shape(st: _Step, experiment: Experiment):
     """What memlab.core.predict.inductor traces for this compiled step: the partitioner decides at the
     experiment's own micro-batch (at least 2: torch.compile specializes a batch of 1)."""
-    from memlab.core.predict.inductor import GraphShape
 
     s, p = st.s, st.profile
     # flash-attn's kernels are custom ops, in none of the partitioner's op lists: cuDNN attention's place
@@ -515,7 +510,6 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     {} when not traced."""
     if st.profile.checkpointing.budget >= 1 or not st.compiled or _untraceable(st):
         return {}
-    from memlab.core.predict.inductor import budget_peaks
 
     s, p = st.s, st.profile
     shape = _graph_shape(st, experiment)
@@ -862,7 +856,6 @@ def _overlap_kept(s: _Shape, plain: dict[str, int]) -> int:
     """What an un-checkpointed block keeps on the GPU under offload_overlap (memlab.core.offload): the bf16 weight
     copies (weights are not moved), and the tensors too small to move: LayerNorm's mean and rstd (4 BT bytes each)
     and the attention's log-sum-exp (4 bHT), each under MIN_BYTES at ordinary shapes."""
-    from memlab.core.offload import MIN_BYTES
 
     kept = plain.get("weight_copies", 0)
     if 4 * s.BT < MIN_BYTES:
@@ -1102,7 +1095,7 @@ def usable_bytes(memory_bytes: int, *, profile: Profile | None = None, pattern: 
 
 
 def predict_max_batch(
-    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, limit: int = 1 << 20,
+    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, limit: int = LIMIT,
     world_size: int = 1, pattern: str | None = None,
 ) -> int:
     """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits), with the
@@ -1113,17 +1106,7 @@ def predict_max_batch(
     def fits(b: int) -> bool:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_fitting(fits, 1, limit)
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
@@ -1136,8 +1119,6 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
     if experiment.model.vocab_size:
         return experiment.model.vocab_size, "model.vocab_size"
     try:
-        from memlab.core.data import cache as cache_mod
-        from memlab.core.data.tokens import cache_entry
 
         _, spec, name = cache_entry(experiment.data)
         meta = cache_mod.read_meta(cache_mod.tokens_dir() / name)

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
+
 if TYPE_CHECKING:
     from memlab.core.config import Profile
 
@@ -35,8 +37,8 @@ MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD = 16, 256
 class Sms:
     """What the reduction's launch configuration reads of the device."""
 
-    count: int = 132  # H100 SXM
-    max_threads: int = 2048
+    count: int = DEVICES[ASSUMED_GPU].sm_count  # no GPU here: the card memlab estimate assumes
+    max_threads: int = DEVICES[ASSUMED_GPU].max_threads_per_sm
 
     @classmethod
     def of_this_device(cls) -> Sms:

@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from unittest import mock
 
-from memlab.core.config import Experiment, Profile
+from memlab.core import step as train_step
+from memlab.core.attention import kernel_for
+from memlab.core.config import Experiment, Profile, experiment_from_dict, profile_from_dict
 from memlab.core.errors import DeviceError, MemlabError
-from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
+from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, estimate, param_count
+from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
+from memlab.core.techniques import check_plan, check_techniques
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -62,7 +66,6 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     the notes say so. SDPA and dropout save what the GPU's fused kernels save (`gpu_kernels` False: this device's)."""
     import torch
 
-    from memlab.core.techniques import check_plan, check_techniques
 
     check_plan(experiment, profile)
     cuda = torch.cuda.is_available()
@@ -84,7 +87,6 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
 
 def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
     """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors; notes say what changed."""
-    from memlab.core.attention import kernel_for
 
     p = copy.deepcopy(profile)
     if not _kernel_runs_on_fake(experiment, p, device):
@@ -105,7 +107,6 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
 
 def _kernel_runs_on_fake(experiment: Experiment, profile: Profile, device: Any) -> bool:
     """The kernel's own declaration; a kernel that cannot even be built here (flash without a GPU) cannot either."""
-    from memlab.core.attention import kernel_for
 
     try:
         return kernel_for(experiment, profile, device).supports.fake_tensors
@@ -165,7 +166,6 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memlab.core.step import build_step
 
     T, k = experiment.model.seq_len, p.accumulation.steps
 
@@ -176,7 +176,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
         for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
             stack.enter_context(mode)
-        step = build_step(experiment, p, device, vocab_size, on_device=True)
+        step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         yield step, batch
 
@@ -221,7 +221,6 @@ def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
     probabilities and their mask (13% over the H100's peak on the seed shape). Left alone where the profile pins
     sdpa_backend = math, which saves T x T on a GPU too. With `backend`, backward also allocates and frees that
     GPU kernel's workspace once the gradients exist (memlab.core.predict.cuda_temporaries)."""
-    from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 
     if p.attention.sdpa_backend == "math":
         return contextlib.nullcontext()
@@ -500,8 +499,6 @@ class SnapshotSink:
 
     @staticmethod
     def _estimate(ev: dict) -> Estimate | None:
-        from memlab.core.config import experiment_from_dict, profile_from_dict
-        from memlab.core.predict.analytic import estimate
 
         try:
             exp, prof = experiment_from_dict(ev["experiment"]), profile_from_dict(ev["profile"])

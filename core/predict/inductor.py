@@ -61,12 +61,21 @@ from typing import Any, Callable
 from unittest import mock
 
 from memlab.core import stopping
+from memlab.core.data.cache import cache_root
+from memlab.core.model import GPT, GPTConfig
+from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
+from memlab.core.predict.inductor_traces import EVENTS, TRACED
+from memlab.core.runfolder import atomic_write_json
+from memlab.core.techniques.float8 import converts
 
-# What the H100 reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
-H100_PROPERTIES = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
-                       total_memory=85017493504, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
-                       max_threads_per_block=1024, warp_size=32, L2_cache_size=52428800,
-                       shared_memory_per_block_optin=232448, gcnArchName="")
+# What the assumed card reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
+_CARD = DEVICES[ASSUMED_GPU]
+H100_PROPERTIES = dict(name=_CARD.name, major=_CARD.capability[0], minor=_CARD.capability[1],
+                       multi_processor_count=_CARD.sm_count, total_memory=_CARD.total_memory,
+                       regs_per_multiprocessor=_CARD.regs_per_sm, max_threads_per_multi_processor=_CARD.max_threads_per_sm,
+                       max_threads_per_block=_CARD.max_threads_per_block, warp_size=_CARD.warp_size,
+                       L2_cache_size=_CARD.l2_cache_size, shared_memory_per_block_optin=_CARD.shared_memory_per_block_optin,
+                       gcnArchName="")
 TRACE_TIMEOUT_S = 900  # a GPT-2-small step traces in about 30 s on one core; a much larger model takes longer
 
 
@@ -143,7 +152,6 @@ def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
 
 @functools.lru_cache(maxsize=64)
 def _remembered(shape: GraphShape) -> BudgetTrace:
-    from memlab.core.predict.inductor_traces import TRACED
 
     key = _key(shape)
     known = TRACED.get(key) or _read_cache().get(key)
@@ -257,7 +265,6 @@ def step_events(shape: GraphShape) -> StepEvents:
 
 @functools.lru_cache(maxsize=16)
 def _remembered_events(shape: GraphShape) -> StepEvents:
-    from memlab.core.predict.inductor_traces import EVENTS
 
     key = _key(shape)
     known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
@@ -339,7 +346,6 @@ _BUDGET_CACHE, _EVENTS_CACHE = "compile-budget", "compile-events"
 def _cache_file(name: str = _BUDGET_CACHE):
     """One file per table and per version of the code that traced it (tracer_fingerprint): a folder kept across an
     upgrade, or across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
-    from memlab.core.data.cache import cache_root
 
     return cache_root() / f"{name}-{tracer_fingerprint()}.json"
 
@@ -365,7 +371,6 @@ def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:
 
 def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_CACHE) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
-    from memlab.core.runfolder import atomic_write_json
 
     path = _cache_file(name)
     try:
@@ -458,7 +463,6 @@ def _gpt(shape: GraphShape) -> Any:
     """memlab's GPT as the engine builds it, its weights allocated and never initialized (built on the meta device)."""
     import torch
 
-    from memlab.core.model import GPT, GPTConfig
 
     cfg = GPTConfig(shape.n_layer, shape.n_head, shape.d_model, shape.d_ff, shape.vocab, shape.seq_len, shape.dropout)
     with torch.device("meta"):
@@ -468,7 +472,6 @@ def _gpt(shape: GraphShape) -> Any:
     if shape.float8:  # as memlab.core.techniques.float8 converts it: torchao's casts and scaled matmuls in the graphs
         from torchao.float8 import convert_to_float8_training
 
-        from memlab.core.techniques.float8 import converts
 
         convert_to_float8_training(model, module_filter_fn=converts)
     return model

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-
 from memlab.core.config import Profile
-from memlab.core.offload import HostCopies
+from memlab.core.linear_ce import head_loss
+from memlab.core.offload import HostCopies, OverlapOffload
 
 LIBRARY_OPTIMIZERS = ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit")
 
@@ -92,14 +92,12 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
     if standins.optimizer is not None:
         step.optimizer = _optimizer(standins.optimizer, step.optimizer.param_groups)
     if standins.loss is not None:
-        from memlab.core.linear_ce import head_loss
 
         kernel = liger_fused_linear_cross_entropy if standins.loss == "liger" else cce_linear_cross_entropy
         step.model.loss_kernel = head_loss(standins.loss, compute_dtype, kernel=kernel)
     if standins.offload == "sync":
         step.offload = save_on_host
     elif standins.offload == "overlap":
-        from memlab.core.offload import OverlapOffload
 
         overlap = OverlapOffload(DeviceSideCopies())
         overlap.install(list(step.model.blocks), step.model.ln_f)  # as techniques.act_offload.apply does

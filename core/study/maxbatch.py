@@ -8,6 +8,7 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
+from memlab.core.predict import card, maxbatch
 from memlab.core.predict.trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
 from memlab.core.study.state import Item
@@ -51,8 +52,8 @@ def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = N
     the allocator replay traces the step for up to minutes: `stopping` is asked between its traces and within them (SearchStopped)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here(),
-                                  capped=bool(plan.cap_bytes), should_stop=stopping), where
+    return maxbatch.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and card.cuda_here(),
+                                        capped=bool(plan.cap_bytes), should_stop=stopping), where
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],

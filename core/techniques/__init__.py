@@ -78,6 +78,12 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     cuda_graph.check_plan(experiment, profile)
 
 
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose releases decide the profile's memory, as each technique declares them: a prediction
+    says whether it was calibrated for the releases installed (memlab.core.predict.calibration)."""
+    return tuple(dict.fromkeys(lib for t in TECHNIQUES if hasattr(t, "memory_libraries") for lib in t.memory_libraries(profile)))
+
+
 def apply_techniques(step: TrainStep) -> None:
     """Build `step` in the order above (its model, wrapped model, optimizer, scaler, autocast, offload)."""
     for technique in BEFORE_MODEL:

@@ -60,6 +60,11 @@ def converts(module: torch.nn.Module, fqn: str) -> bool:
     return fqn.split(".")[-1] not in SKIPPED and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (torchao's Float8Linear, traced or stood in for)."""
+    return ("torchao",) if profile.kernels.float8 else ()
+
+
 def apply(step: TrainStep) -> None:
     """After the fused-kernel switch, before checkpointing and compile (which must see the swapped modules)."""
     if not step.profile.kernels.float8:

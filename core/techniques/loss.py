@@ -39,6 +39,11 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
         raise ConfigError(f"loss.fused = cce needs 16-bit inputs (its backward takes bf16 or fp16 only): use precision.dtype = bf16 or fp16, not {profile.precision.dtype}")
 
 
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (the predictor's stand-in was read from one)."""
+    return (linear_ce.LIBRARIES[profile.loss.fused].distribution,) if profile.loss.fused in linear_ce.LIBRARIES else ()
+
+
 def apply(step: TrainStep) -> None:
     """A setting of the model's head; what ran goes to the summary (library and version for a fused kernel)."""
     loss = step.profile.loss

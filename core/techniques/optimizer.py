@@ -84,6 +84,11 @@ def describe(profile: Profile) -> str:
     return text
 
 
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (the predictor's stand-in was read from one)."""
+    return (PACKAGES[profile.optimizer.name][1],) if profile.optimizer.name in PACKAGES else ()
+
+
 def apply(step: TrainStep) -> None:
     """After every wrapper: FSDP2 swaps in sharded parameters, which the optimizer must hold."""
     step.optimizer = build_optimizer(step.model, step.profile.optimizer, step.experiment.train, step.device)
