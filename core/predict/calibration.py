@@ -80,9 +80,9 @@ INDUCTOR_WRAPPER_TORCH: tuple[str, ...] = ("2.11", "2.13")
 UNCALIBRATED_ERROR_PCT = {"torch": 25, "gpu": 10, "library": 25}
 
 
-def torch_release(version: str = torch.__version__) -> str:
-    """'2.13' for '2.13.0+cpu'."""
-    return ".".join(version.split("+")[0].split(".")[:2])
+def torch_release(version: str | None = None) -> str:
+    """'2.13' for '2.13.0+cpu' (default: the torch running here)."""
+    return ".".join((version or torch.__version__).split("+")[0].split(".")[:2])
 
 
 def gpu_key(name: str | None) -> str | None:
@@ -130,9 +130,9 @@ class ValidFor:
                 "note": self.note()}
 
 
-def valid_for(gpu: str | None, libraries: tuple[str, ...] = (), torch_version: str = torch.__version__) -> ValidFor:
-    """Whether a prediction for a card `gpu` (a device name; None: no GPU named, the ASSUMED_GPU), by this torch,
-    with the stand-ins of `libraries` (distributions), is inside a calibration."""
+def valid_for(gpu: str | None, libraries: tuple[str, ...] = (), torch_version: str | None = None) -> ValidFor:
+    """Whether a prediction for a card `gpu` (a device name; None: no GPU named, the ASSUMED_GPU), by `torch_version`
+    (default: this torch), with the stand-ins of `libraries` (distributions), is inside a calibration."""
     key = gpu_key(gpu) if gpu else ASSUMED_GPU
     release = torch_release(torch_version)
     calibrated = [c for c in CALIBRATIONS if c.gpu == key]

@@ -63,7 +63,8 @@ from unittest import mock
 from memlab.core import stopping
 from memlab.core.data.cache import cache_root
 from memlab.core.model import GPT, GPTConfig
-from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
+from memlab.core.errors import MemlabError
+from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
 from memlab.core.predict.inductor_traces import EVENTS, TRACED
 from memlab.core.runfolder import atomic_write_json
 from memlab.core.techniques.float8 import converts
@@ -822,8 +823,15 @@ def _envelope(moments: list[tuple[Line, Line]]) -> tuple[tuple[Line, Line], ...]
         kept.append(current)
 
 
+class WrapperFormatChanged(MemlabError):
+    """Inductor's wrapper code is not in the format this reader knows (a new torch release changed it)."""
+
+
 def _call_body(code: str) -> list[str]:
-    """The statements of the wrapper's call(), stripped, comments and asserts left out."""
+    """The statements of the wrapper's call(), stripped, comments and asserts left out; checked against the format
+    the reader knows (check_wrapper_format), so that a new release's wrapper fails loudly, never reads as nothing."""
+    if "def call(self, args):" not in code:
+        raise _format_changed("no `def call(self, args):`")
     lines = code[code.index("def call(self, args):"):].splitlines()[1:]
     indent = len(lines[0]) - len(lines[0].lstrip())
     body = []
@@ -833,7 +841,26 @@ def _call_body(code: str) -> list[str]:
         line = raw.strip()
         if line and not line.startswith(("#", "assert_")):
             body.append(line)
+    check_wrapper_format(body)
     return body
+
+
+def check_wrapper_format(body: list[str]) -> None:
+    """Every allocation and reuse the wrapper's call() makes must be one the reader parses, and the body must take
+    its arguments and return: anything else is a format this reader was not written for."""
+    if not any(line.endswith("= args") for line in body) or not any(line.startswith("return ") for line in body):
+        raise _format_changed("call() neither unpacks `args` nor returns")
+    for line in body:
+        if ("empty_strided" in line and not _ALLOC.match(line) and "reinterpret_tensor" not in line) or \
+                (line.endswith("# reuse") and not _REUSE.match(line)):
+            raise _format_changed(f"a line it cannot read: {line[:120]}")
+
+
+def _format_changed(what: str) -> WrapperFormatChanged:
+    release = torch_release()
+    return WrapperFormatChanged(
+        f"Inductor's wrapper code under torch {release} is not in the format memlab.core.predict.inductor reads "
+        f"(checked under torch {', '.join(INDUCTOR_WRAPPER_TORCH)}): {what}; predict a compiled step with --method analytic")
 
 
 def _itemsize(dtype: str) -> int:

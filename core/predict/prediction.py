@@ -137,16 +137,34 @@ def _analytic(experiment: Experiment, profile: Profile, micro: int, card: Card, 
 
 
 def _traced(experiment: Experiment, profile: Profile, micro: int, card: Card) -> Prediction:
+    """MemTracker's breakdown of the step on fake tensors, and the allocator replay's peaks over its trace. A step
+    that cannot be traced is refused; one whose allocations cannot be replayed keeps its breakdown, and says why."""
     vocab, _ = analytic.vocab_for(experiment)
     try:
         est = fake_estimate(experiment, profile, vocab_size=vocab, micro_batch=micro)
+    except MemlabError as e:
+        est = _breakdown_without_tracker(experiment, profile, micro, f"the trace method cannot run {profile.name}: {e}")
+    try:
         allocated, reserved = trace.step_peaks(experiment, profile, vocab_size=vocab, micro_batch=micro, capped=card.capped)
     except MemlabError as e:
-        raise ConfigError(f"the trace method cannot run {profile.name}: {e}") from None
-    except Exception as e:  # noqa: BLE001 (an op without a fake implementation: say which, and what to do)
-        raise ConfigError(f"the trace method cannot run {profile.name} ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                          "its kernel needs a fake-tensor stand-in, declared next to the technique; meanwhile use method analytic (gpt family)") from None
+        est.notes.append(f"allocator replay: {e}")
+        return _made(experiment, profile, est, card, allocated=est.total_bytes, reserved=None)
+    # what the allocator holds beyond the tensors MemTracker saw (workspaces, block rounding) is the workspace's
+    est.components["workspace"] += max(0, allocated - est.total_bytes)
     return _made(experiment, profile, est, card, allocated=allocated, reserved=reserved)
+
+
+def _breakdown_without_tracker(experiment: Experiment, profile: Profile, micro: int, why: str) -> analytic.Estimate:
+    """Where MemTracker cannot run a technique here (a CUDA-only library, offload with host and device one) but the
+    replay has its stand-in: the gpt family's breakdown from the formula; another family is refused with `why`."""
+    if family_of(experiment) not in ANALYTIC_FAMILIES:
+        raise ConfigError(f"{why.split('; use')[0]}; its kernel needs a fake-tensor stand-in declared next to the technique "
+                          "(memlab.core.techniques), or predict without that technique")
+    vocab, _ = analytic.vocab_for(experiment)
+    est = analytic.estimate(experiment, profile, vocab_size=vocab, micro_batch=micro)
+    est.notes.append(f"breakdown: the analytic formula's ({why.split(': ', 1)[1]}); the peaks: the allocator replay's")
+    est.method = "fake"
+    return est
 
 
 def _made(experiment: Experiment, profile: Profile, est: analytic.Estimate, card: Card, *, allocated: int,

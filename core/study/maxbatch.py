@@ -8,7 +8,7 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
-from memlab.core.predict import card, maxbatch
+from memlab.core.predict import card, maxbatch, valid_for
 from memlab.core.predict.trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
 from memlab.core.study.state import Item
@@ -71,7 +71,9 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
             return
     if not plan.on_cuda:
         item.status = "predicted" if item.predicted_max_batch else "error"
-        item.message = f"not measured (CPU): the estimator's prediction for {where}" if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it"
+        note = valid_for(plan.gpu_name if plan.on_cuda else None).note()
+        item.message = (f"not measured (CPU): the estimator's prediction for {where}" + (f" ({note})" if note else "")
+                        if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it")
         return
     item.command = _find_batch_command(plan, item.profile)
     _note_memlab(item)

@@ -279,7 +279,7 @@ def find_batch(
 ) -> None:
     """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe."""
     from memlab.core import batchfind as bf
-    from memlab.core.predict import card
+    from memlab.core import predict as P
 
     exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
     gpu = bf.gpu_info()
@@ -288,12 +288,14 @@ def find_batch(
     memory = cap or (gpu.total_bytes if gpu else 0)
     key = bf.cache_key(exp, prof, gpu_name, cap, steps=steps, allow_retries=allow_retries)
     fit, oom = (0, None) if refresh else bf.cached_bounds(key)[:2]
-    hint, predicted = _start_from_estimate(exp, prof, memory, card.cuda_here(), cap is not None) if memory else (1, None)
+    hint, predicted = _start_from_estimate(exp, prof, memory, P.card.cuda_here(), cap is not None) if memory else (1, None)
     start = start or hint
     err = _err_console()
     exp_ref = "gpt2s" if experiment == "auto" else experiment
     err.print(f"find-batch: {prof.name} on {exp.name} · {gpu_name}" + (f" capped at {gib(cap)}" if cap else "") + f" · {steps} steps a probe"
               + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
+    if predicted and (note := P.valid_for(gpu_name).note()):
+        err.print(f"the prediction it starts from (micro-batch {predicted}) is {note}")
     probe = bf.ChildProbe(profile, exp_ref, list(set_ or []), seq_len=exp.model.seq_len, steps=steps, cap_bytes=cap,
                           allow_retries=allow_retries)
     seen: list[ProbeResult] = []
