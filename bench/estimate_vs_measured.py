@@ -75,7 +75,7 @@ def estimate_row(name: str, batch: int, sets: list[str]) -> dict:
 
 
 def run_fixed(name: str, args, cap: int | None, runs_dir: Path, extra_args: list[str] | None = None) -> dict:
-    from memlab.core.batchfind import MEMORY_ENV
+    from memlab.core.gpu_memory import MEMORY_ENV
     from memlab.core.supervisor import ChildRun, ChildSpec
 
     from memlab.core.config import load_profile
@@ -234,7 +234,7 @@ def main() -> None:
     args = ap.parse_args()
     global EXPERIMENT, DEVICE
     if args.cpu_check:
-        from memlab.core.batchfind import GpuInfo
+        from memlab.core.gpu_memory import GpuInfo
 
         EXPERIMENT, DEVICE = "tiny", "cpu"
         args.snapshot, args.find_batch = "", ""
@@ -245,7 +245,7 @@ def main() -> None:
     runs_dir = Path(tempfile.mkdtemp(prefix="est-runs-"))
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
-    from memlab.core.batchfind import gpu_info
+    from memlab.core.gpu_memory import gpu_info
     from memlab.core.units import parse_size
 
     gpu = GpuInfo("cpu (check)", 8 * GIB) if args.cpu_check else gpu_info()

@@ -239,7 +239,7 @@ def _frames(*items):
 
 def test_snapshot_breakdown_sorts_the_peak_into_categories():
     from memlab.core import model
-    from memlab.core.predict.fake import breakdown
+    from memlab.core.memsnapshot import breakdown
 
     P = _frames(("torch/nn/modules/module.py", "_apply"), ("memlab/core/engine.py", "_train"))
     OPT = _frames(("torch/optim/adamw.py", "_init_group"))
@@ -276,7 +276,7 @@ def test_snapshot_breakdown_sorts_the_peak_into_categories():
 
 
 def test_snapshot_breakdown_copes_with_a_wrapped_trace():
-    from memlab.core.predict.fake import breakdown
+    from memlab.core.memsnapshot import breakdown
 
     ev = [{"action": "free_requested", "addr": 9, "size": 40, "frames": []}, {"action": "alloc", "addr": 2, "size": 5, "frames": []}]
     snapshot = {"device_traces": [ev], "segments": [{"device": 0, "blocks": [{"address": 1, "size": 100, "state": "active_allocated", "frames": []}, {"address": 2, "size": 5, "state": "active_allocated", "frames": []}]}]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memlab.core.predict import fake as M
+from memlab.core import memsnapshot as M
 
 EDITABLE = "/home/me/src/checkout/core/"
 WHEEL = "/home/me/.venv/lib/python3.11/site-packages/memlab/core/"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from memlab.core import batchfind
+from memlab.core import gpu_memory
 from memlab.core.errors import ConfigError
 from memlab.core.predict import analytic
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
@@ -33,11 +33,11 @@ def card_for(gpu_memory: str | None) -> Card:
     """--gpu-memory's card (emulated under a cap), else this machine's GPU, else an 80 GB H100."""
     if gpu_memory is not None:
         total = parse_size(gpu_memory)
-        gpu = batchfind.gpu_info() if cuda_here() else None
+        gpu = gpu_memory.gpu_info() if cuda_here() else None
         card = Card(total, gpu.name if gpu else None, f"--gpu-memory {gpu_memory}", capped=True, named=True)
         _refuse_smaller_than_the_context(card)
         return card
-    info = batchfind.gpu_info() if cuda_here() else None
+    info = gpu_memory.gpu_info() if cuda_here() else None
     if info is not None:
         return Card(info.total_bytes, info.name, info.name)
     return Card(parse_size(DEFAULT_CARD), None, f"no GPU here: an 80 GB {ASSUMED_GPU} assumed")
@@ -56,7 +56,7 @@ def context_bytes_here() -> int:
     shape predicted one above the batch found (bench/results/prediction-check/). No GPU or no NVML v2: the H100's."""
     if not torch.cuda.is_available():
         return analytic.CUDA_CONTEXT_BYTES
-    here = batchfind.driver_reserved(batchfind._nvml_handle(batchfind._nvml_index(0)))
+    here = gpu_memory.driver_reserved(gpu_memory._nvml_handle(gpu_memory._nvml_index(0)))
     return analytic.CUDA_CONTEXT_BYTES - DEVICES[ASSUMED_GPU].driver_reserve_bytes + here if here else analytic.CUDA_CONTEXT_BYTES
 
 

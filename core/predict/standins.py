@@ -32,38 +32,30 @@ from typing import Any, Iterator
 
 import torch
 from memlab.core.config import Profile
+from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
 
-LIBRARY_OPTIMIZERS = ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit")
-
-
 @dataclass(frozen=True)
 class StandIns:
-    """What stands in for the profile's CUDA-only parts; None where the profile's own runs."""
+    """What stands in for the profile's CUDA-only parts, as its techniques declare them; None where its own runs."""
 
-    optimizer: str | None = None  # an optimizer.name of LIBRARY_OPTIMIZERS, or "offload"
+    optimizer: str | None = None  # an optimizer.name of a CUDA-only library, or "offload"
     loss: str | None = None  # loss.fused: "liger" or "cce"
     offload: str | None = None  # checkpointing.offload: "sync" (save_on_cpu) or "overlap"
 
 
 def split(profile: Profile) -> tuple[Profile, StandIns]:
-    """A copy of `profile` that builds on fake tensors (plain AdamW, full logits, no offload where those were
-    CUDA-only), and the stand-ins that `install` puts in their place once the step is built."""
+    """A copy of `profile` that builds on fake tensors (the settings each technique's stand-in declares), and the
+    stand-ins that `install` puts in their place once the step is built."""
     p = copy.deepcopy(profile)
-    optimizer = loss = offload = None
-    if p.optimizer.offload:
-        optimizer, p.optimizer.offload = "offload", False
-    elif p.optimizer.name in LIBRARY_OPTIMIZERS:
-        optimizer, p.optimizer.name = p.optimizer.name, "adamw"
-    elif p.optimizer.name == "galore":  # AdamW's state bounds GaLore's rank-r state from above: the replay errs low
-        p.optimizer.name = "adamw"
-    if p.loss.fused != "none":
-        loss, p.loss.fused = p.loss.fused, "none"
-    if p.checkpointing.offload:
-        offload = "overlap" if p.checkpointing.offload_overlap else "sync"
-        p.checkpointing.offload = p.checkpointing.offload_overlap = False
-    return p, StandIns(optimizer, loss, offload)
+    installs: dict[str, str | None] = {}
+    for standin in memory_standins(profile):
+        for key, value in standin.settings.items():
+            section, name = key.split(".")
+            setattr(getattr(p, section), name, value)
+        installs[standin.kind] = standin.installs
+    return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"))
 
 
 def compiled_standin(profile: Profile) -> Profile:

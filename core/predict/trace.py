@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from memlab.core import stopping
-from memlab.core.batchfind import MEASURE_SIDE
+from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.model import GPT
@@ -143,12 +143,12 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
 
 def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
     """What a run under --gpu-memory's cap (MEMLAB_GPU_MEMORY_BYTES: find-batch's and the study's probes) allocates
-    before its model (batchfind._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
+    before its model (gpu_memory._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
     which the forward's matmuls then share, and a scalar; all but the workspace freed. The workspace then sits in a
     segment of its own, not in a freed logits segment: on the mid held-out shape the H100 reserved 20.42 GiB at
     micro-batch 27 with the cap and 22.18 without it (bench/results/replay-check-h100/)."""
 
-    where = "the memory cap's measurement (batchfind._used_outside_allocator)"
+    where = "the memory cap's measurement (gpu_memory._used_outside_allocator)"
     matrix = MEASURE_SIDE * MEASURE_SIDE * 4  # fp32
     events += [("alloc", "cap matrix", matrix, where), ("alloc", "cap square", matrix, where)]
     tracer.workspace("forward")

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-from memlab.core.batchfind import MEMORY_ENV
+from memlab.core.gpu_memory import MEMORY_ENV
 from memlab.core.queue import ChildQueue, QueueOutcome
 from memlab.core.study.maxbatch import LiveProbes, find_max
 from memlab.core.study.plan import Plan

@@ -8,6 +8,7 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
+from memlab.core import gpu_memory
 from memlab.core.predict import card, maxbatch, valid_for
 from memlab.core.predict.trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
@@ -120,7 +121,7 @@ def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: C
     fit, oom, _ = bf.cached_bounds(key)
     fit, oom = bf.merged_bounds((fit, oom), [item.known_fit or 0], [item.known_oom] if item.known_oom else [])
     start = bf.start_below(item.predicted_max_batch)
-    env = {bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {}  # lanes share the card: no device-wide figure
+    env = {gpu_memory.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {}  # lanes share the card: no device-wide figure
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes, env=env)
 

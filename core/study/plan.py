@@ -105,7 +105,7 @@ def run_items(options: Options) -> list[str]:
 
 
 def _check_card(cap: int | None, text: str | None) -> tuple[str | None, int | None]:
-    from memlab.core.batchfind import gpu_info
+    from memlab.core.gpu_memory import gpu_info
 
     gpu = gpu_info()
     if gpu is None:

@@ -47,6 +47,7 @@ from memlab.core.techniques import (
     precision,
     torch_compile,
 )
+from memlab.core.techniques.standin import StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -82,6 +83,12 @@ def memory_libraries(profile: Profile) -> tuple[str, ...]:
     """The libraries whose releases decide the profile's memory, as each technique declares them: a prediction
     says whether it was calibrated for the releases installed (memlab.core.predict.calibration)."""
     return tuple(dict.fromkeys(lib for t in TECHNIQUES if hasattr(t, "memory_libraries") for lib in t.memory_libraries(profile)))
+
+
+def memory_standins(profile: Profile) -> tuple[StandIn, ...]:
+    """The stand-ins the techniques declare for the predictor's fake step (memlab.core.techniques.standin)."""
+    found = (t.memory_standin(profile) for t in TECHNIQUES if hasattr(t, "memory_standin"))
+    return tuple(s for s in found if s is not None)
 
 
 def apply_techniques(step: TrainStep) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from memlab.core import linear_ce
 from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.techniques.standin import StandIn
 from memlab.core.techniques.precision import compute_dtype
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
         raise ConfigError(f"unknown loss.fused {fused!r}; valid: none, {', '.join(linear_ce.LIBRARIES)}")
     if fused == "cce" and profile.precision.dtype not in ("bf16", "fp16"):
         raise ConfigError(f"loss.fused = cce needs 16-bit inputs (its backward takes bf16 or fp16 only): use precision.dtype = bf16 or fp16, not {profile.precision.dtype}")
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """A library's fused linear cross-entropy runs Triton kernels: the fake step builds full logits, the stand-in
+    allocates what the library's kernels allocate."""
+    if profile.loss.fused == "none":
+        return None
+    return StandIn("loss", profile.loss.fused, {"loss.fused": "none"})
 
 
 def memory_libraries(profile: Profile) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError, DeviceError
+from memlab.core.techniques.standin import StandIn
 from memlab.core.optim import build_optimizer
 from memlab.core.optim_library import CUDA_ONLY, PACKAGES, library_version, require_package
 
@@ -82,6 +83,17 @@ def describe(profile: Profile) -> str:
     if cfg.name == "paged_adamw8bit":  # the summary's peak (the allocator's) does not include it: say so
         text += "; state in CUDA unified memory, outside the allocator's peak (NVML counts it)"
     return text
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """State kept on the host, or a library's CUDA-only optimizer: the fake step builds plain AdamW and the predictor
+    installs the stand-in. GaLore: AdamW's full-size state bounds its rank-r state from above (the max batch errs low)."""
+    if profile.optimizer.offload:
+        return StandIn("optimizer", "offload", {"optimizer.offload": False})
+    if profile.optimizer.name in PACKAGES:
+        return StandIn("optimizer", None if profile.optimizer.name == "galore" else profile.optimizer.name,
+                       {"optimizer.name": "adamw"})
+    return None
 
 
 def memory_libraries(profile: Profile) -> tuple[str, ...]:

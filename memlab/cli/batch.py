@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
-    from memlab.core.batchfind import GpuInfo, ProbeResult
+    from memlab.core.batchfind import ProbeResult
+    from memlab.core.gpu_memory import GpuInfo
     from memlab.core.config import Experiment, Profile
     from memlab.core.predict import Card, MaxBatch, Prediction
     from memlab.core.predict.analytic import Estimate
@@ -279,10 +280,11 @@ def find_batch(
 ) -> None:
     """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe."""
     from memlab.core import batchfind as bf
+    from memlab.core import gpu_memory as gpus
     from memlab.core import predict as P
 
     exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, start, max_, list(set_ or []))
-    gpu = bf.gpu_info()
+    gpu = gpus.gpu_info()
     cap = _cap_for(gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"
     memory = cap or (gpu.total_bytes if gpu else 0)
@@ -430,6 +432,7 @@ def resolve_max_batch(
     import os
 
     from memlab.core import batchfind as bf
+    from memlab.core import gpu_memory
 
     if dev.type != "cuda":
         from memlab.core.errors import DeviceError
@@ -437,10 +440,10 @@ def resolve_max_batch(
         raise DeviceError("--batch-size max measures what fits on the GPU and needs CUDA; on CPU give a number (memlab estimate --profile NAME predicts the max batch)")
     B = exp.train.batch_size
     cands = bf.divisors(B)
-    gpu = bf.gpu_info(dev.index or 0)
+    gpu = gpu_memory.gpu_info(dev.index or 0)
     gpu_name = gpu.name if gpu else "unknown GPU"
-    raw_cap = os.environ.get(bf.MEMORY_ENV)
-    cap = parse_size(raw_cap, bf.MEMORY_ENV) if raw_cap else None
+    raw_cap = os.environ.get(gpu_memory.MEMORY_ENV)
+    cap = parse_size(raw_cap, gpu_memory.MEMORY_ENV) if raw_cap else None
     err = _err_console()
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": 3}
     t0 = time.monotonic()
@@ -503,7 +506,7 @@ def print_memory_report(result: dict[str, Any] | None, est: Estimate | None, con
     from memlab.cli.console import make_console
     from rich.table import Table
 
-    from memlab.core.predict.fake import CATEGORIES, estimate_categories
+    from memlab.core.memsnapshot import CATEGORIES, estimate_categories
 
     console = console or make_console()
     if not result:

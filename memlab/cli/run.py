@@ -129,7 +129,7 @@ def _sinks(events: str | None, memory_snapshot: bool, dev) -> tuple[list, object
         sinks.append(ConsoleSink())
     snapshot = None
     if memory_snapshot and rank0:
-        from memlab.core.predict.fake import SnapshotSink  # issue 5: CUDA only (a DeviceError on CPU)
+        from memlab.core.memsnapshot import SnapshotSink  # issue 5: CUDA only (a DeviceError on CPU)
 
         snapshot = SnapshotSink(dev)
         sinks.append(snapshot)
