@@ -17,7 +17,7 @@ import torch
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.errors import ConfigError
 from memlab.core.predict import Card, card_for, max_seq_len, predict, valid_for
-from memlab.core.predict import analytic, calibration, host, inductor, maxbatch
+from memlab.core.predict import analytic, calibration, host, inductor, maxbatch, prediction
 from memlab.core.predict.inductor_traces import EVENTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,16 +63,20 @@ def test_a_cached_shape_answers_in_under_a_second_and_a_new_batch_is_a_new_entry
     t0 = time.perf_counter()
     again = predict(e, p, 4, card_for("2GiB"))
     assert time.perf_counter() - t0 < 1.0 and again == first
-    predict(e, p, 2, card_for("2GiB"), method="analytic")
+    predict(e, p, 2, card_for("2GiB"))
+    predict(e, p, 2, card_for("2GiB"), method="analytic")  # instant: not kept
     assert len(list((tmp_path / "cache" / "predictions").glob("*.json"))) == 2
+
+
+ERR = calibration.UNCALIBRATED_ERROR_PCT
 
 
 @pytest.mark.parametrize("gpu, version, note", [
     (None, "2.13.0+cpu", ""),
     ("NVIDIA H100 80GB HBM3", "2.11.0+cu130", ""),
-    ("NVIDIA A100-SXM4-80GB", "2.13.0", "not calibrated for an A100: expect +-10%"),
-    ("NVIDIA H100 80GB HBM3", "2.14.0", "not calibrated for torch 2.14: expect +-25%"),
-    ("Tesla T4", "2.14.0", "not calibrated for torch 2.14 / a T4: expect +-25%"),
+    ("NVIDIA A100-SXM4-80GB", "2.13.0", f"not calibrated for an A100: expect +-{ERR['gpu']}%"),
+    ("NVIDIA H100 80GB HBM3", "2.14.0", f"not calibrated for torch 2.14: expect +-{ERR['torch']}%"),
+    ("Tesla T4", "2.14.0", f"not calibrated for torch 2.14 / a T4: expect +-{max(ERR['torch'], ERR['gpu'])}%"),
 ])
 def test_outside_the_calibrated_gpu_and_torch_the_prediction_says_so(gpu, version, note):
     got = valid_for(gpu, torch_version=version)
@@ -81,7 +85,7 @@ def test_outside_the_calibrated_gpu_and_torch_the_prediction_says_so(gpu, versio
 
 def test_a_library_release_other_than_the_stand_ins_is_outside_the_calibration(monkeypatch):
     monkeypatch.setattr(calibration, "installed_version", lambda dist: "9.9.9")
-    assert valid_for(None, ("torchao",)).note() == "not calibrated for torchao 9.9.9: expect +-25%"
+    assert valid_for(None, ("torchao",)).note() == f"not calibrated for torchao 9.9.9: expect +-{ERR['library']}%"
     assert load_profile("adamw8bit").optimizer.name == "adamw8bit"
     from memlab.core.techniques import memory_libraries
 
@@ -90,11 +94,13 @@ def test_a_library_release_other_than_the_stand_ins_is_outside_the_calibration(m
 
 def test_every_view_of_estimate_says_when_it_is_not_calibrated(capsys, monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.14.0")
+    note = f"not calibrated for torch 2.14: expect +-{ERR['torch']}%"
     code, out, _ = _cli(capsys, "estimate", "--profile", "bf16", "--experiment", "tiny", "--method", "analytic")
-    assert code == 0 and "not calibrated for torch 2.14: expect +-25%" in out
+    assert code == 0 and note in out
     code, out, _ = _cli(capsys, "estimate", "--profile", "bf16", "--experiment", "tiny", "--method", "analytic", "--json")
-    assert code == 0 and json.loads(out)["valid_for"] == {"gpu": "H100", "torch": "2.14", "libraries": {},
-                                                          "calibrated": False, "note": "not calibrated for torch 2.14: expect +-25%"}
+    assert code == 0 and json.loads(out)["valid_for"] == {
+        "gpu": "H100", "torch": "2.14", "libraries": {}, "calibrated": False, "outside": ["torch 2.14"],
+        "error_pct": ERR["torch"], "note": note}
 
 
 def test_estimate_json_carries_one_max_batch_and_names_the_others(capsys):
@@ -114,7 +120,7 @@ def test_the_longest_sequence_is_the_last_multiple_that_fits(tiny):
 
     longest = max_seq_len(e, p, card, 8, fits=fits)
     assert longest % maxbatch.SEQ_GRANULE == 0 and longest > e.model.seq_len
-    assert fits(maxbatch.with_seq_len(e, longest)) and not fits(maxbatch.with_seq_len(e, longest + maxbatch.SEQ_GRANULE))
+    assert fits(prediction.with_seq_len(e, longest)) and not fits(prediction.with_seq_len(e, longest + maxbatch.SEQ_GRANULE))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -129,8 +135,10 @@ def test_bad_input_to_estimate_is_one_line_and_exit_2(capsys, args, message):
 
 
 def test_a_sequence_longer_than_the_models_positions_is_refused(tiny, monkeypatch):
+    from memlab.core.predict import prediction
+
     e, p = tiny
-    monkeypatch.setattr(maxbatch, "max_positions", lambda experiment: 32)  # as a transformers config would say
+    monkeypatch.setattr(prediction, "max_positions", lambda experiment: 32)  # as a transformers config would say
     with pytest.raises(ConfigError, match=r"model.seq_len = 64 is longer than the model's 32 positions"):
         predict(e, p, 1, card_for(None), method="analytic")
 
@@ -181,7 +189,7 @@ def test_the_cpu_backend_refuses_a_step_the_host_cannot_hold(capsys, monkeypatch
 
 def test_a_200_billion_parameter_gpt_is_more_than_this_host_has():
     e, p = load_experiment("tiny"), load_profile("baseline")
-    big = maxbatch.with_seq_len(e, 64)
+    big = prediction.with_seq_len(e, 64)
     big.model.d_model, big.model.n_head, big.model.n_layer = 16384, 16, 64
     assert host.host_peak_bytes(big, p) > host.host_available_bytes()
     with pytest.raises(ConfigError, match="host memory .* pass --force to try anyway"):

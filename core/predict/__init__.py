@@ -16,8 +16,9 @@ search.py (grow, then bisect). docs/predict.md says how accurate each is and whe
 
 from memlab.core.predict.calibration import ValidFor, valid_for
 from memlab.core.predict.card import Card, card_for
-from memlab.core.predict.maxbatch import REPLAY_MARGIN, MaxBatch, max_batch, max_seq_len, predicted_max_batch
+from memlab.core.predict.maxbatch import (REPLAY_MARGIN, MaxBatch, longest_sequence, max_batch, max_seq_len,
+                                         predicted_max_batch)
 from memlab.core.predict.prediction import METHODS, Prediction, predict
 
 __all__ = ["METHODS", "REPLAY_MARGIN", "Card", "MaxBatch", "Prediction", "ValidFor", "card_for", "max_batch",
-           "max_seq_len", "predict", "predicted_max_batch", "valid_for"]
+           "longest_sequence", "max_seq_len", "predict", "predicted_max_batch", "valid_for"]

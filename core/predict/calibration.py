@@ -127,7 +127,11 @@ class ValidFor:
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu, "torch": self.torch, "libraries": dict(self.libraries), "calibrated": self.calibrated,
-                "note": self.note()}
+                "outside": list(self.outside), "error_pct": self.error_pct, "note": self.note()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ValidFor:
+        return cls(d["gpu"], d["torch"], d["libraries"], tuple(d["outside"]), d["error_pct"])
 
 
 def valid_for(gpu: str | None, libraries: tuple[str, ...] = (), torch_version: str | None = None) -> ValidFor:

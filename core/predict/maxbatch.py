@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from memlab.core.config import Experiment, Profile
-from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic
 from memlab.core.predict.card import Card
+from memlab.core.predict.prediction import max_positions, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_multiple
 from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, replayed_max_batch
 
@@ -134,20 +135,13 @@ def max_seq_len(experiment: Experiment, profile: Profile, card: Card, micro_batc
     return largest_multiple(at, SEQ_GRANULE, max(SEQ_GRANULE, experiment.model.seq_len), limit)
 
 
-def with_seq_len(experiment: Experiment, seq_len: int) -> Experiment:
-    return dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, seq_len=seq_len))
+def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, method: str) -> int:
+    """max_seq_len with predict's own verdict: the analytic bound within its fragmentation margin, or the trace's
+    replayed reserve within the allocator budget (a trace for every length asked: seconds each)."""
+    budget = analytic.usable_bytes(card.total_bytes, profile=profile)
 
+    def fits(exp: Experiment) -> bool:
+        got = predict(exp, profile, micro_batch, card, method=method)
+        return got.allocated_bytes <= budget if method == "analytic" else got.fits
 
-def max_positions(experiment: Experiment) -> int | None:
-    """The longest sequence the model can take (its position table); None: no limit of its own. Hook for the model
-    families: memlab's GPT learns one position embedding per token of model.seq_len, so it sizes itself to any
-    length; a transformers model reads max_position_embeddings from its config (when that family is added)."""
-    return getattr(experiment.model, "max_positions", None)
-
-
-def refuse_longer_than_positions(experiment: Experiment) -> None:
-    positions = max_positions(experiment)
-    if positions and experiment.model.seq_len > positions:
-        raise ConfigError(f"model.seq_len = {experiment.model.seq_len} is longer than the model's {positions} positions; "
-                          f"choose model.seq_len <= {positions}")
-
+    return max_seq_len(experiment, profile, card, micro_batch, fits=fits)

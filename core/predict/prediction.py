@@ -11,6 +11,7 @@ Every Prediction says where it is calibrated (`valid_for`) and, outside, what er
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +22,6 @@ from memlab.core.predict import analytic, cache, trace
 from memlab.core.predict.calibration import ValidFor, valid_for
 from memlab.core.predict.card import Card, card_for, context_bytes_here
 from memlab.core.predict.fake import fake_estimate
-from memlab.core.predict.maxbatch import refuse_longer_than_positions
 from memlab.core.units import gib
 
 METHODS = ("trace", "analytic")
@@ -66,14 +66,10 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Prediction:
-        names = cls.__dataclass_fields__
-        comps = {k.removesuffix("_bytes"): v for k, v in d.items() if k.removesuffix("_bytes") in analytic.COMPONENTS}
-        v = d["valid_for"]
-        outside = tuple(v["note"].removeprefix("not calibrated for ").split(": expect")[0].split(" / ")) if v["note"] else ()
-        error = int(v["note"].rsplit("+-", 1)[1].rstrip("%")) if v["note"] else 0
-        kept = {k: d[k] for k in names if k in d and k not in ("components", "phases", "valid_for", "notes")}
+        comps = {c: d[f"{c}_bytes"] for c in analytic.COMPONENTS}
+        kept = {k: d[k] for k in cls.__dataclass_fields__ if k not in ("components", "phases", "valid_for", "notes")}
         return cls(**kept, components=comps, phases=d["phases_bytes"], notes=tuple(d["notes"]),
-                   valid_for=ValidFor(v["gpu"], v["torch"], v["libraries"], outside, error))
+                   valid_for=ValidFor.from_dict(d["valid_for"]))
 
 
 def predict(experiment: Experiment, profile: Profile, micro_batch: int | None = None, card: Card | None = None, *,
@@ -85,11 +81,13 @@ def predict(experiment: Experiment, profile: Profile, micro_batch: int | None = 
     card = card or card_for(None)
     refuse(experiment, profile, card, method, world_size)
     micro = micro_batch or max(1, experiment.train.batch_size // (profile.accumulation.steps * world_size))
+    if method == "analytic":  # instant: nothing to keep
+        return _analytic(experiment, profile, micro, card, world_size)
     name = cache.key(experiment, profile, micro, asdict(card), method, world_size)
     known = cache.read(name) if use_cache else None
     if known is not None:
         return Prediction.from_dict(known)
-    made = _traced(experiment, profile, micro, card) if method == "trace" else _analytic(experiment, profile, micro, card, world_size)
+    made = _traced(experiment, profile, micro, card)
     cache.write(name, made.to_dict())
     return made
 
@@ -174,3 +172,22 @@ def _made(experiment: Experiment, profile: Profile, est: analytic.Estimate, card
     return Prediction(experiment.name, profile.name, est.micro_batch, est.accumulation, experiment.model.seq_len,
                       est.vocab_size, est.params, "trace" if est.method == "fake" else est.method, allocated, reserved,
                       dict(est.components), dict(est.phases), est.peak_phase, card.total_bytes, card.where, valid, notes)
+
+
+def with_seq_len(experiment: Experiment, seq_len: int) -> Experiment:
+    return dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, seq_len=seq_len))
+
+
+def max_positions(experiment: Experiment) -> int | None:
+    """The longest sequence the model can take (its position table); None: no limit of its own. Hook for the model
+    families: memlab's GPT learns one position embedding per token of model.seq_len, so it sizes itself to any
+    length; a transformers model reads max_position_embeddings from its config (when that family is added)."""
+    return getattr(experiment.model, "max_positions", None)
+
+
+def refuse_longer_than_positions(experiment: Experiment) -> None:
+    positions = max_positions(experiment)
+    if positions and experiment.model.seq_len > positions:
+        raise ConfigError(f"model.seq_len = {experiment.model.seq_len} is longer than the model's {positions} positions; "
+                          f"choose model.seq_len <= {positions}")
+

@@ -60,6 +60,7 @@ def estimate(
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
     gpu_memory: EstimateMemoryOpt = None,
     method: Annotated[str, typer.Option("--method", help="auto (gpt: analytic, and with --gpu-memory the allocator replay too, seconds; other families: trace) | analytic (the GPT formula: an upper bound, instant) | trace (alias fake: one step of the real TrainStep on fake tensors, and the allocator replay: no GPU, no memory).")] = "auto",
+    longest_seq: Annotated[bool, typer.Option("--longest-seq", help="Also search the longest sequence (a multiple of 64) that fits at this micro-batch, by the same method.")] = False,
     as_json: JsonOpt = False,
     set_: SetOpt = None,
 ) -> None:
@@ -86,10 +87,15 @@ def estimate(
     replay_too = traced or (method == "auto" and gpu_memory is not None and world == 1)
     found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
     vocab_from = vocab_for(exp)[1]
+    longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     if as_json:
-        typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, replay_too)))
+        typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, replay_too)
+                              | ({"max_seq_len": longest} if longest_seq else {})))
         return
     _print_estimate(result, analytic, found, card, vocab_from, world, prof.distributed.mode)
+    if longest_seq:
+        typer.echo(f"longest sequence at micro-batch {result.micro_batch} in {gib(card.total_bytes)} ({card.where}): "
+                   f"{longest} tokens ({result.method}, a multiple of 64)")
     if replay_too:
         _print_replayed(found.replayed, found.not_replayed, card.where)
 
