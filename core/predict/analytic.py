@@ -1140,7 +1140,10 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
 
 
 def peak_for_run(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, device: str, world_size: int = 1) -> int | None:
-    """The engine's `estimate_peak_bytes`: the prediction recorded beside the measured peak. Never fails a run."""
+    """The engine's `estimate_peak_bytes`: the prediction recorded beside the measured peak (the formula's, so the gpt
+    family's only: None for another). Never fails a run."""
+    if getattr(experiment.model, "family", "gpt") != "gpt":
+        return None
     try:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, device=device, world_size=world_size).total_bytes
     except Exception:  # noqa: BLE001 (an estimate is a nicety; a run must not die of it)
