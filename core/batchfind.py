@@ -36,9 +36,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from memlab.core import supervisor
 from memlab.core.config import Experiment, Profile, to_dict
+from memlab.core.data import cache_root
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.gpu_memory import MEMORY_ENV
+from memlab.core.techniques.allocator import ENV
 from memlab.core.units import gib, parse_size  # noqa: F401 (parse_size: tests reach it as batchfind.parse_size)
 
 # ---------------------------------------------------------------------------------------------- the search
@@ -321,8 +324,6 @@ class ChildProbe:
         self._lock = threading.Lock()
 
     def spec(self, b: int):
-        from memlab.core.supervisor import ChildSpec
-
         a = self.accumulation
         items = self.overrides + [
             f"train.batch_size={b * a}",
@@ -333,14 +334,12 @@ class ChildProbe:
             f"data.val_tokens={self.seq_len + 1}",  # one window: the final eval costs one forward
         ]
         env = self.env | ({MEMORY_ENV: str(self.cap_bytes)} if self.cap_bytes else {})
-        return ChildSpec(profile=self.profile_ref, experiment=self.experiment_ref, device=self.device, runs_dir=str(self.runs_dir), overrides=items, env=env)
+        return supervisor.ChildSpec(profile=self.profile_ref, experiment=self.experiment_ref, device=self.device, runs_dir=str(self.runs_dir), overrides=items, env=env)
 
     def __call__(self, b: int) -> ProbeResult:
-        from memlab.core.supervisor import ChildRun
-
         t0 = time.monotonic()
         with self._lock:
-            self._child = ChildRun(self.spec(b))
+            self._child = supervisor.ChildRun(self.spec(b))  # a module lookup: tests stand in for it
             if self._cancelled:  # a stop that came while this probe was being set up
                 self._child.cancel(CANCEL_GRACE_S)
         result = self._child.wait()  # never raises: a crashed, refusing or babbling child is an outcome
@@ -383,8 +382,6 @@ def probe_result(b: int, result: Any, seconds: float, profile_ref: str) -> Probe
 def expandable_probe_env(expandable: bool) -> dict[str, str]:
     """The child's PYTORCH_CUDA_ALLOC_CONF with expandable segments set to `expandable` (the rest of this process's
     setting kept); the profile's own allocator.expandable_segments leaves a setting already there alone."""
-    from memlab.core.techniques.allocator import ENV
-
     kept = [item for item in os.environ.get(ENV, "").split(",") if item and not item.startswith("expandable_segments")]
     return {ENV: ",".join([*kept, f"expandable_segments:{expandable}"])}
 
@@ -398,8 +395,6 @@ def _count(value: Any) -> int | None:
 
 
 def cache_path() -> Path:
-    from memlab.core.data import cache_root
-
     return cache_root() / "max_batch.json"
 
 
