@@ -5,6 +5,8 @@ the same shape again from the prediction cache.
 
 The defaults are a Llama-3.1-8B-sized memlab GPT (bf16, gradient checkpointing, seq 4096, micro-batch 1): the hf
 family's Llama itself needs the family adapter; the trace path is the same. Prints wall and CPU seconds of each.
+2026-11-28, this 2-core CPU (torch 2.13): traced 22.6 s wall (22.5 s CPU), 120.18 GiB allocated, 126.13 GiB
+reserved; cached 0.0 s.
 """
 
 from __future__ import annotations
