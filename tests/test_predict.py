@@ -16,7 +16,7 @@ import torch
 
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.errors import ConfigError
-from memlab.core.predict import Card, card_for, max_seq_len, predict, valid_for
+from memlab.core.predict import Card, card_for, max_batch, max_seq_len, predict, valid_for
 from memlab.core.predict import analytic, calibration, host, inductor, maxbatch, prediction
 from memlab.core.predict.inductor_traces import EVENTS
 
@@ -152,6 +152,16 @@ def test_a_family_without_a_formula_is_refused_the_analytic_method_and_a_techniq
         predict(e, load_profile("bf16"), 1, card_for(None), method="analytic")
     with pytest.raises(ConfigError, match="act_offload: .*needs a fake-tensor stand-in declared next to the technique"):
         predict(e, load_profile("act_offload"), 1, card_for(None))
+
+
+def test_a_family_without_the_formula_plans_with_the_replay_alone(tiny, monkeypatch):
+    e, p = tiny
+    for module in (prediction, maxbatch):
+        monkeypatch.setattr(module, "family_of", lambda experiment: "hf")
+    found = max_batch(e, p, card_for("1.5GiB"), replay=False)
+    assert found.analytic_bound is None and found.replayed is not None
+    assert found.max_batch == found.replayed.max_batch >= 1
+    assert maxbatch.predicted_max_batch(e, p, 3 * 2**29) is None  # no formula and no replay: no hint, the search starts at 1
 
 
 def test_the_inductor_reader_refuses_a_wrapper_format_it_does_not_know():

@@ -12,7 +12,7 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic
 from memlab.core.predict.card import Card
-from memlab.core.predict.prediction import max_positions, predict, with_seq_len
+from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_positions, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_multiple
 from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, replayed_max_batch
 
@@ -21,7 +21,8 @@ from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, 
 # shape, 22.22 for 22.64 GiB at 136, every tensor right: bench/results/prediction-check/heldout-3/), enough to put
 # its figure one to three above.
 REPLAY_MARGIN = 0.03
-SEQ_GRANULE = 64  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
+SEQ_GRANULE = 64
+NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,20 @@ def analytic_bound(experiment: Experiment, profile: Profile, card: Card, *, worl
 def max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: bool, world_size: int = 1,
               at: int = 1) -> MaxBatch:
     """`memlab estimate`'s figures: the analytic bound, and with `replay` the allocator replay over the fake trace
-    (`at`: the micro-batch whose reserve it also reports), the smaller under the plain-margin guard (guarded)."""
-    bound = analytic_bound(experiment, profile, card, world_size=world_size)
-    if not replay:
+    (`at`: the micro-batch whose reserve it also reports), the smaller under the plain-margin guard (guarded). A
+    family without the formula has the replay's figure alone (always replayed)."""
+    formula = family_of(experiment) in ANALYTIC_FAMILIES
+    bound = analytic_bound(experiment, profile, card, world_size=world_size) if formula else None
+    if not replay and formula:
         return MaxBatch(bound, bound)
     try:
         replayed = replay_for_card(experiment, profile, vocab_size=analytic.vocab_for(experiment)[0], micro_batch=at,
-                                   memory_bytes=card.total_bytes, start=max(1, bound), margin=REPLAY_MARGIN,
-                                   capped=card.capped)
+                                   memory_bytes=card.total_bytes, start=max(1, bound or NO_FORMULA_START),
+                                   margin=REPLAY_MARGIN, capped=card.capped)
     except MemlabError as e:
-        return MaxBatch(bound, bound, None, str(e))
+        return MaxBatch(bound or 0, bound, None, str(e))
+    if not formula:
+        return MaxBatch(replayed.max_batch, None, replayed)
     plan = guarded(experiment, profile, card, replayed.max_batch) if bound else 0
     return MaxBatch(plan, bound, replayed)
 
@@ -88,15 +93,17 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     SearchStopped when it says so."""
     card = Card(memory_bytes, None, "", capped=capped)
     one = single(profile)
+    formula = family_of(experiment) in ANALYTIC_FAMILIES
     try:
-        bound = analytic_bound(experiment, one, card) or None
+        bound = analytic_bound(experiment, one, card) or None if formula else None
+        vocab, _ = analytic.vocab_for(experiment)
     except Exception:  # noqa: BLE001 (a prediction is a hint: the search runs without one)
         return None
-    if not replay or bound is None:
+    if not replay or (bound is None and formula):
         return bound
-    vocab, _ = analytic.vocab_for(experiment)
-    replayed = _replayed_max_batch(experiment, one, vocab, card.budget_bytes, bound, card.capped, should_stop)
-    return guarded(experiment, one, card, replayed) if replayed else bound
+    replayed = _replayed_max_batch(experiment, one, vocab, card.budget_bytes, bound or 2 * NO_FORMULA_START, card.capped,
+                                   should_stop)
+    return guarded(experiment, one, card, replayed) if replayed and bound else replayed or bound
 
 
 def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool,
