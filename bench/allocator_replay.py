@@ -1,4 +1,4 @@
-"""Replay an allocation trace through memlab's model of the CUDA caching allocator (memlab.core.allocator_model): the
+"""Replay an allocation trace through memlab's model of the CUDA caching allocator (memlab.core.predict.allocator): the
 memory the allocator would reserve.
 
 Two traces:
@@ -12,7 +12,7 @@ Two traces:
     python bench/allocator_replay.py runs/<run>/memory_snapshot.pickle [--cap 24GiB] [--expandable]
     python bench/allocator_replay.py --fake seed-so-posts bf16 64 [--set data.tokenizer="bpe:8192"] [--cap 23.26GiB]
     python bench/allocator_replay.py --against-h100     # the table below, from the committed runs
-    python bench/allocator_replay.py --against-h100 --standins   # the profiles memlab.core.replay_standins covers
+    python bench/allocator_replay.py --against-h100 --standins   # the profiles memlab.core.predict.standins covers
     python3 bench/allocator_replay.py --against-cuda    # on a GPU: the model beside this torch's own allocator
 
 Against the GPU (`python bench/allocator_replay.py --against-h100`, 2026-11-26 13:05 UTC, on a CPU machine: fake traces, each
@@ -24,7 +24,7 @@ tests/data/gpu/replay-check-h100/) or in PyTorch's source, none a fitted size: S
 kernels save them (no T x T; a bool mask), the two cuBLAS workspaces (32 MiB each on Hopper, kept for the process:
 the backward's landed in the first step's freed logits segment on the seed shape, which is what made it fragment
 31%), the fp32 temporary of CUDA's softmax backward (gpt2s gradcp), and the blocks kernels allocate and free inside
-one call (memlab.core.cuda_temporaries: a bias gradient's reduce staging buffer, cuDNN's and flash's backward
+one call (memlab.core.predict.cuda_temporaries: a bias gradient's reduce staging buffer, cuDNN's and flash's backward
 workspaces; tests/data/gpu/replay-check-h100/transients/). Before them the seed shape's SDPA-with-dropout profiles
 replayed 129 for find-batch's 102, and gpt2s gradcp 48 for 40.
 
@@ -110,9 +110,9 @@ find-batch's bisection, which assumes a monotone fit, may meet the same. Not mod
 plans its own buffers), several streams.
 
 `--standins` (2026-11-26): offload, the CUDA-only optimizers, the fused linear cross-entropies and bf16_pure replay
-through memlab.core.replay_standins (sizes from the libraries' source; seed-so-posts and gpt2s/bigvocab seen while
+through memlab.core.predict.standins (sizes from the libraries' source; seed-so-posts and gpt2s/bigvocab seen while
 it was written, deep and long held out). Reserved at the measured batch, with the kernels' own temporaries
-(memlab.core.cuda_temporaries, found on the long shape's liger_ce and cce traces: not held out there): within 1%
+(memlab.core.predict.cuda_temporaries, found on the long shape's liger_ce and cce traces: not held out there): within 1%
 everywhere but deep act_offload +3.2%, long cce -1.6% and bigvocab liger_ce +5.5% (before those temporaries
 liger_ce and cce were 10% low on the long shape, leanest 12.9% and 4.5% low on the long and deep shapes). Max
 micro-batch, searched: act_offload 136 / 136, act_offload_overlap 133 / 132, leanest 5108 / 5140, adamw8bit
@@ -130,20 +130,20 @@ import functools
 import pickle
 from pathlib import Path
 
-from memlab.core.allocation_trace import fake_trace as _trace_of
-from memlab.core.allocation_trace import snapshot_trace
-from memlab.core.allocator_model import OutOfMemory, replay
+from memlab.core.predict.trace import fake_trace as _trace_of
+from memlab.core.predict.trace import snapshot_trace
+from memlab.core.predict.allocator import OutOfMemory, replay
 
 GIB = 2**30
 
 
 def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
                gpu_kernels: bool = True) -> list[tuple]:
-    """memlab.core.allocation_trace.fake_trace for a built-in experiment and profile, as memlab run resolves them."""
+    """memlab.core.predict.trace.fake_trace for a built-in experiment and profile, as memlab run resolves them."""
     import torch
 
     from memlab.cli.options import resolve
-    from memlab.core.estimate import vocab_for
+    from memlab.core.predict.analytic import vocab_for
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     experiment, profile = resolve(experiment_name, profile_name, device, overrides)
@@ -156,7 +156,7 @@ SEED_DATA = ['data.tokenizer="bpe:8192"', 'data.source="stdlib"']  # the seed st
 AGAINST_H100 = [("gpt2s", p, 16, []) for p in ("bf16", "gradcp_bf16", "chunked_ce", "selective")] + \
     [("bigvocab", p, 24, []) for p in ("bf16", "chunked_ce")] + \
     [("seed-so-posts", p, 64, SEED_DATA) for p in ("baseline", "gradcp", "bf16", "fp16", "chunked_ce")]
-# The profiles the replay covers through memlab.core.replay_standins (offload, the CUDA-only optimizers, the fused
+# The profiles the replay covers through memlab.core.predict.standins (offload, the CUDA-only optimizers, the fused
 # linear cross-entropies, bf16_pure), beside every committed run of them; the deep and long shapes held out.
 STANDIN_PROFILES = ("act_offload", "act_offload_overlap", "optim_offload", "leanest", "adamw8bit", "adamw4bit",
                     "paged_adamw8bit", "bf16_sr", "liger_ce", "cce")
@@ -263,8 +263,8 @@ def found_max_batch(experiment: str, profile: str, where: str) -> int | None:
 
 def max_batch_against_h100(standins: bool = False) -> None:
     from memlab.cli.options import resolve
-    from memlab.core.allocation_trace import replayed_max_batch
-    from memlab.core.estimate import vocab_for
+    from memlab.core.predict.trace import replayed_max_batch
+    from memlab.core.predict.analytic import vocab_for
 
     print("| experiment, profile | allocator budget GiB | max micro-batch: replay / find-batch on the GPU |")
     print("|:--|--:|--:|")
@@ -324,7 +324,7 @@ def hand_traces() -> dict[str, tuple[list[tuple], int | None]]:
 
 def stepwise(events: list[tuple], cap: int | None, expandable: bool) -> dict:
     """The model's reserved bytes after each event, its retries, and the event it ran out of memory at."""
-    from memlab.core.allocator_model import Allocator, ExpandableAllocator
+    from memlab.core.predict.allocator import Allocator, ExpandableAllocator
 
     model = ExpandableAllocator(cap) if expandable else Allocator(cap)
     reserved: list[int] = []
@@ -414,7 +414,7 @@ def main() -> None:
     ap.add_argument("--expandable", action="store_true", help="replay with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
     ap.add_argument("--against-cuda", action="store_true", help="on a GPU: the model beside this torch's allocator on hand-made and random traces")
-    ap.add_argument("--standins", action="store_true", help="with --against-h100: the profiles memlab.core.replay_standins covers, instead")
+    ap.add_argument("--standins", action="store_true", help="with --against-h100: the profiles memlab.core.predict.standins covers, instead")
     ap.add_argument("--cuda-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.cuda_child:

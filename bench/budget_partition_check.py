@@ -1,4 +1,4 @@
-"""What AOTAutograd's partitioner saves for backward under checkpointing.budget, as memlab.core.compile_budget_model
+"""What AOTAutograd's partitioner saves for backward under checkpointing.budget, as memlab.core.predict.inductor
 traces it (the CPU graph under CPU autocast) and, on a machine with a GPU, as the real CUDA step makes it (CUDA
 autocast, the CUDA SDPA kernel): each saved value's dtype, shape and bytes at the shape's batch, and the total.
 Issue 19: at budget 0.75 the traced partition kept the bf16 logits on two held-out shapes where the H100's did not;
@@ -17,7 +17,7 @@ from unittest import mock
 
 import torch
 
-from memlab.core import compile_budget_model as cbm
+from memlab.core.predict import inductor as cbm
 
 SHAPES = {  # the held-out shapes of bench/results/frontier-h100 parts g, g2, and gpt2s (part c)
     "seed": cbm.GraphShape(4, 8, 256, 1024, 50304, 256, 0.1, 0.75, 64),

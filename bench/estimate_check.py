@@ -26,7 +26,7 @@ CAP_LINE = re.compile(r"find-batch (\S+) under ([0-9.]+)GiB")
 
 
 def _estimator():
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
     from memlab.core.config import load_experiment, load_profile
 
     exp = load_experiment(EXPERIMENT)

@@ -55,7 +55,7 @@ def family(profile) -> str:
 
 
 def estimate_row(name: str, batch: int, sets: list[str]) -> dict:
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
     from memlab.core.config import apply_overrides, load_experiment, load_profile
 
     exp, prof = load_experiment(EXPERIMENT), load_profile(name)
@@ -75,7 +75,7 @@ def estimate_row(name: str, batch: int, sets: list[str]) -> dict:
 
 
 def run_fixed(name: str, args, cap: int | None, runs_dir: Path, extra_args: list[str] | None = None) -> dict:
-    from memlab.core.batchfind import MEMORY_ENV
+    from memlab.core.gpu_memory import MEMORY_ENV
     from memlab.core.supervisor import ChildRun, ChildSpec
 
     from memlab.core.config import load_profile
@@ -122,7 +122,7 @@ def run_fixed(name: str, args, cap: int | None, runs_dir: Path, extra_args: list
 
 def run_find(name: str, args, cap: int, budget_end: float) -> dict:
     from memlab.core import batchfind as bf
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
     from memlab.core.config import load_experiment, load_profile
 
     exp, prof = load_experiment(EXPERIMENT), load_profile(name)
@@ -177,7 +177,7 @@ def run_find(name: str, args, cap: int, budget_end: float) -> dict:
 
 def calibration(rows: list[dict]) -> dict:
     """What to record in memlab/core/estimate.py, from these measurements."""
-    from memlab.core.estimate import FRAGMENTATION_MARGIN, WORKSPACE_BYTES
+    from memlab.core.predict.analytic import FRAGMENTATION_MARGIN, WORKSPACE_BYTES
 
     out: dict = {"workspace_bytes_by_family": {}, "current_workspace_bytes": WORKSPACE_BYTES, "current_fragmentation_margin": FRAGMENTATION_MARGIN}
     by: dict[str, list[int]] = {}
@@ -234,7 +234,7 @@ def main() -> None:
     args = ap.parse_args()
     global EXPERIMENT, DEVICE
     if args.cpu_check:
-        from memlab.core.batchfind import GpuInfo
+        from memlab.core.gpu_memory import GpuInfo
 
         EXPERIMENT, DEVICE = "tiny", "cpu"
         args.snapshot, args.find_batch = "", ""
@@ -245,7 +245,7 @@ def main() -> None:
     runs_dir = Path(tempfile.mkdtemp(prefix="est-runs-"))
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 
-    from memlab.core.batchfind import gpu_info
+    from memlab.core.gpu_memory import gpu_info
     from memlab.core.units import parse_size
 
     gpu = GpuInfo("cpu (check)", 8 * GIB) if args.cpu_check else gpu_info()

@@ -29,7 +29,7 @@ SUPERSEDED = {
 def rows(results: Path = RESULTS) -> list[dict]:
     import polars as pl
 
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
     from memlab.core.config import experiment_from_dict, profile_from_dict
 
     out = []

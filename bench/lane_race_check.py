@@ -20,10 +20,10 @@ BUDGET = 2 * 2**30  # tiny under a 2 GiB card: each prediction takes a few trace
 
 
 def predicted(name: str) -> int | None:
-    from memlab.core import batchfind as bf
+    from memlab.core.predict import maxbatch
     from memlab.core.config import load_experiment, load_profile
 
-    return bf.predicted_max_batch(load_experiment("tiny"), load_profile(name), BUDGET, replay=True, capped=True)
+    return maxbatch.predicted_max_batch(load_experiment("tiny"), load_profile(name), BUDGET, replay=True, capped=True)
 
 
 def patched_now() -> tuple:
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    from memlab.core import memsnapshot
+    from memlab.core.predict import fake as memsnapshot
 
     if a.without_lock:
         memsnapshot.FAKE_STEP_LOCK = contextlib.nullcontext()

@@ -1,7 +1,7 @@
 """Issue 17, max batch on the held-out shapes: every committed find-batch search of bench/results/prediction-check/
 heldout-*/ and float8-traced/ (a 24 GiB card on an H100), the batch it found beside the prediction it printed that day (the code of
 that set, committed before its searches: each set's predicted.md) and, with --now, the prediction of this tree
-(batchfind.predicted_max_batch with the allocator replay, as find-batch computes it on a GPU; here on fake tensors,
+(maxbatch.predicted_max_batch with the allocator replay, as find-batch computes it on a GPU; here on fake tensors,
 the H100's 1,247 MiB outside the allocator assumed). Only the newest set is held out from the code it checks: each
 earlier set's misses were looked into afterwards, so --now on those sets is a regression check, not a held-out one.
 
@@ -23,13 +23,13 @@ CARD = 24 * 2**30
 
 
 def predicted_now(search: Search) -> tuple[int | None, float]:
-    from memlab.core import batchfind as bf
+    from memlab.core.predict import maxbatch
     from memlab.core.config import apply_overrides, load_experiment, load_profile
 
     experiment, profile = load_experiment(str(EXPERIMENTS / f"{search.experiment}.toml")), load_profile(search.profile)
     apply_overrides(experiment, profile, ["allocator.expandable_segments=true"] if search.expandable else [])
     t = time.monotonic()
-    return bf.predicted_max_batch(experiment, profile, CARD, replay=True), time.monotonic() - t
+    return maxbatch.predicted_max_batch(experiment, profile, CARD, replay=True), time.monotonic() - t
 
 
 def off(predicted: int | None, found: int) -> str:

@@ -1,8 +1,8 @@
 """Issue 17, max batch held out: write down what find-batch will start from *before* the GPU searches run. For each
 case (an experiment, a profile, optional --set overrides) under a card of --gpu-memory, the prediction
-batchfind.predicted_max_batch(..., replay=True) gives on a GPU (the smaller of the allocator replay's figure and the
+maxbatch.predicted_max_batch(..., replay=True) gives on a GPU (the smaller of the allocator replay's figure and the
 analytic guard), beside its parts; the replay's column is its figure under the whole allocator budget, the
-prediction takes it under the budget less batchfind.REPLAY_MARGIN. Runs on a CPU (fake tensors; the H100's
+prediction takes it under the budget less maxbatch.REPLAY_MARGIN. Runs on a CPU (fake tensors; the H100's
 1,247 MiB outside the allocator assumed).
 
     python bench/predict_first.py --out FILE --gpu-memory 24 EXPERIMENT:PROFILE[:KEY=VALUE,...] ...
@@ -15,9 +15,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from memlab.core import batchfind as bf
-from memlab.core.allocation_trace import replayed_max_batch
-from memlab.core import estimate as est
+from memlab.core.predict import card as cards, maxbatch
+from memlab.core.predict.trace import replayed_max_batch
+from memlab.core.predict import analytic as est
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import MemlabError
 
@@ -31,11 +31,11 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
     try:
-        replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - bf.context_bytes_here(),
+        replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - cards.context_bytes_here(),
                                       start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
     except MemlabError:  # a compiled step the replay cannot trace (a chunked or fused loss): the analytic figure stands
         replayed = None
-    return analytic, guard, replayed, bf.predicted_max_batch(experiment, profile, card, replay=True)
+    return analytic, guard, replayed, maxbatch.predicted_max_batch(experiment, profile, card, replay=True)
 
 
 def main() -> None:

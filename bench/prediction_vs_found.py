@@ -1,4 +1,4 @@
-"""Issue 17, max batch: the prediction find-batch and the study start from on a GPU (batchfind.predicted_max_batch
+"""Issue 17, max batch: the prediction find-batch and the study start from on a GPU (maxbatch.predicted_max_batch
 with the allocator replay: the smaller of the analytic and replayed figures) against the max batch find-batch found
 on the H100, for every built-in single-GPU profile of the committed seeds' study (a 24 GiB card, the seeds' shape;
 bench/results/study-so-posts-h100/comparison.parquet), beside that study's own prediction (analytic, of its day).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from memlab.core import batchfind as bf
+from memlab.core.predict import maxbatch
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 
 STUDY = Path(__file__).parent / "results" / "study-so-posts-h100"
@@ -44,7 +44,7 @@ def main() -> None:
         exp, prof = load_experiment("seed-so-posts"), load_profile(r["profile"])
         apply_overrides(exp, prof, list(SEED_DATA))
         t = time.monotonic()
-        predicted = bf.predicted_max_batch(exp, prof, card, replay=True)
+        predicted = maxbatch.predicted_max_batch(exp, prof, card, replay=True)
         off = (predicted - found) / found if predicted else None
         counted += off is not None
         over += bool(off is not None and off > 0)

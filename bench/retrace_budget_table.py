@@ -1,6 +1,6 @@
 """Trace again every entry of core/compile_budget_traces.py under this torch release and rewrite its two tables (after
-a change to memlab.core.compile_budget_model: each entry must stay exactly what the module prints): TRACED, what
-`python -m memlab.core.compile_budget_model KEY` prints, and EVENTS, what it prints with `--events`.
+a change to memlab.core.predict.inductor: each entry must stay exactly what the module prints): TRACED, what
+`python -m memlab.core.predict.inductor KEY` prints, and EVENTS, what it prints with `--events`.
 
     python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached]
 
@@ -28,10 +28,10 @@ TABLES = {"TRACED": ((), json.dumps), "EVENTS": (("--events",), repr)}
 
 
 def traced(key: str, flags: tuple[str, ...]) -> str:
-    from memlab.core.compile_budget_model import shape_of
+    from memlab.core.predict.inductor import shape_of
 
     shape = dataclasses.asdict(shape_of(key))
-    done = subprocess.run([sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(shape)],
+    done = subprocess.run([sys.executable, "-m", "memlab.core.predict.inductor", *flags, json.dumps(shape)],
                           capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]
 
@@ -50,8 +50,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--add-cached", action="store_true")
     args = ap.parse_args()
-    from memlab.core import compile_budget_traces
-    from memlab.core.compile_budget_model import _BUDGET_CACHE, _EVENTS_CACHE, _read_cache
+    from memlab.core.predict import inductor_traces as compile_budget_traces
+    from memlab.core.predict.inductor import _BUDGET_CACHE, _EVENTS_CACHE, _read_cache
 
     release = torch.__version__.split("+")[0]
     text = TABLE.read_text()

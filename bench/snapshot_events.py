@@ -1,6 +1,6 @@
 """Every event of a `memlab run --memory-snapshot` pickle's allocator trace, frames left out, as gzipped JSON lines
 (action, addr, size, stream): the allocator's own segment events beside the allocations, to find where the
-allocator model (memlab.core.allocator_model) first reserves differently from the allocator on a real trace.
+allocator model (memlab.core.predict.allocator) first reserves differently from the allocator on a real trace.
 
     python3 bench/snapshot_events.py runs/<run>/memory_snapshot.pickle OUT.jsonl.gz
 """

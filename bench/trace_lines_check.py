@@ -1,7 +1,7 @@
 """The allocator replay's max-batch search with its traces off lines in the micro-batch (core/trace_lines.py) against
 the same search tracing the step at every batch it asks about: the answer, the traces each took, and the time. Run
 where find-batch predicts (on the GPU: its torch, its device's fake kernels and SM count), as find-batch asks
-(batchfind.replay_search: a 24 GiB card under --gpu-memory's cap, from half the analytic figure, its margin).
+(maxbatch.replay_search: a 24 GiB card under --gpu-memory's cap, from half the analytic figure, its margin).
 
     python3 bench/trace_lines_check.py --out FILE [--jobs 8] [EXPERIMENT:PROFILE[:expandable] ...]
 """
@@ -26,8 +26,9 @@ CASES = [f"{e}:{p}" for e in ("heldout_deep", "heldout_wide", "heldout_long", "h
 
 def searched(case: str, lines: bool) -> tuple[int | str, int, float]:
     """(answer, traces, seconds) of one search, `lines` on or off."""
-    from memlab.core import allocation_trace, batchfind, trace_lines
-    from memlab.core import estimate as est
+    from memlab.core.predict import card, maxbatch
+    from memlab.core.predict import trace as allocation_trace, trace_lines
+    from memlab.core.predict import analytic as est
     from memlab.core.config import apply_overrides, load_experiment, load_profile
 
     name, profile_name, *mode = case.split(":")
@@ -43,7 +44,7 @@ def searched(case: str, lines: bool) -> tuple[int | str, int, float]:
         trace_lines.StepTraces.fit = lambda self, batches: False
     t = time.monotonic()
     try:  # as the prediction asks, without its silence on a failure
-        answer = batchfind.replay_search(experiment, profile, vocab, CARD - batchfind.context_bytes_here(), near, capped=True)
+        answer = maxbatch.replay_search(experiment, profile, vocab, CARD - card.context_bytes_here(), near, capped=True)
     except Exception as e:  # noqa: BLE001
         answer = f"{e.__class__.__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     return answer, len(traced), time.monotonic() - t

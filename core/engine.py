@@ -25,7 +25,7 @@ from memlab.core import distributed
 from memlab.core.config import Experiment, Profile, describe_changes, describe_overrides, to_dict
 from memlab.core.environment import environment
 from memlab.core.errors import MemlabError
-from memlab.core.estimate import peak_for_run
+from memlab.core.predict.analytic import peak_for_run
 from memlab.core.events import Sink, make_event
 from memlab.core.flops import flops_per_token, mfu, mfu_at_bf16_peak
 from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, host_peak_rss_bytes, host_rss_bytes,

@@ -1,6 +1,6 @@
 """One training step, built once: the model, what forward runs (compiled / DDP / FSDP wrapper), the optimizer, the
 GradScaler, autocast, activation offload, accumulation and clipping. The engine, the fake-tensor estimator
-(memlab.core.memsnapshot) and the tests all build it with `build_step` and run it with `TrainStep.run`.
+(memlab.core.predict.fake) and the tests all build it with `build_step` and run it with `TrainStep.run`.
 
 Techniques fill it in through their one door (memlab.core.techniques), in the order that file explains.
 """

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core.attention import build_attention
 from memlab.core.config import AttentionConfig, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError

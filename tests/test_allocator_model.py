@@ -1,4 +1,4 @@
-"""memlab.core.allocator_model: the CUDA caching allocator's policy on hand-made traces, and fake-tensor traces of
+"""memlab.core.predict.allocator: the CUDA caching allocator's policy on hand-made traces, and fake-tensor traces of
 real profiles replayed through it against the H100's own reserved memory and max batch (tests/data/gpu/)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def model():
-    from memlab.core import allocator_model
+    from memlab.core.predict import allocator as allocator_model
 
     return allocator_model
 
@@ -122,7 +122,7 @@ def test_with_expandable_segments_growth_refills_the_lowest_unmapped_gap_that_ho
 def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypatch):
     """find-batch does not count a probe that fitted only after allocator retries; nor does fits_replayed, in either
     mode. Under a 200 MiB budget y needs the retry that releases x's memory in both modes; under 250 MiB it does not."""
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
 
     trace = [("alloc", "x", 100 * MIB, ""), ("free", "x", 0, ""), ("alloc", "y", 120 * MIB, "")]
@@ -136,7 +136,7 @@ def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypat
 
 
 def test_a_real_snapshots_trace_and_its_own_reserved_peak():
-    from memlab.core.allocation_trace import snapshot_trace
+    from memlab.core.predict.trace import snapshot_trace
 
     snapshot = {"device_traces": [[
         {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},
@@ -191,7 +191,7 @@ def test_the_cublas_workspaces_pin_a_freed_logits_segment_on_the_seed_shape(mode
 @pytest.mark.parametrize("config, capability, expect", [
     (None, (9, 0), 32 * MIB), (None, None, 32 * MIB), (None, (8, 0), 4096 * 1024 * 2 + 16 * 1024 * 8), (":1024:4", (9, 0), 4 * MIB)])
 def test_the_cublas_workspace_follows_the_gpu_and_cublas_workspace_config(config, capability, expect, monkeypatch):
-    from memlab.core.allocation_trace import cublas_workspace_bytes
+    from memlab.core.predict.trace import cublas_workspace_bytes
 
     if config is None:
         monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -201,7 +201,7 @@ def test_the_cublas_workspace_follows_the_gpu_and_cublas_workspace_config(config
 
 
 def test_the_largest_fitting_batch_is_found_from_above_or_below_the_start():
-    from memlab.core.allocation_trace import largest_fitting
+    from memlab.core.predict.trace import largest_fitting
 
     for limit_true in (0, 1, 7, 16, 17, 100):
         asked = []
@@ -216,7 +216,7 @@ def test_the_largest_fitting_batch_is_found_from_above_or_below_the_start():
 def test_a_fit_that_is_not_monotone_is_confirmed_below_so_the_answer_errs_low():
     """gpt2s gradcp_every2 under 12 GiB, replayed: 35 and 37 fit, 36 and 38 do not. Bisection from 35 says 37;
     confirming the two batches below it says 35, find-batch's answer on the H100."""
-    from memlab.core.allocation_trace import largest_fitting
+    from memlab.core.predict.trace import largest_fitting
 
     fits = lambda b: b <= 35 or b == 37  # noqa: E731
     assert largest_fitting(fits, 35, 1 << 10) == 37
@@ -229,7 +229,7 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
     """The replay's max batch leaves a share of the budget free by stepping its answer under the whole budget down to
     the largest that fits the smaller one, not by a second search with the non-monotone confirmation there (which
     only lowers the figure: 25 where 27 fits, here)."""
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
 
     budget = 1000
     tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
@@ -250,8 +250,8 @@ def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, fo
     the fake trace replayed under the same budget fits there and not one above (no constant of the model was
     fitted to these; `bench/allocator_replay.py --against-h100` has the rest)."""
     from memlab.cli.options import resolve
-    from memlab.core.allocation_trace import fits_replayed
-    from memlab.core.estimate import vocab_for
+    from memlab.core.predict.trace import fits_replayed
+    from memlab.core.predict.analytic import vocab_for
 
     experiment, prof = resolve("gpt2s", profile, "cpu", [])
     at = dict(vocab_size=vocab_for(experiment)[0], budget_bytes=12 * 2**30)
@@ -290,9 +290,9 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
     import torch
 
     from memlab.cli.batch import _print_replayed
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.estimate import CUDA_CONTEXT_BYTES
+    from memlab.core.predict.analytic import CUDA_CONTEXT_BYTES
 
     def trace(*args, micro_batch: int, **kwargs) -> list[tuple]:
         return [("alloc", "kept", 12 * MIB, ""), ("alloc", "activations", 8 * MIB * micro_batch, "")]
@@ -311,7 +311,7 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
 
 
 def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.errors import MemlabError
 
@@ -327,8 +327,8 @@ def test_the_fake_estimate_of_sdpa_with_dropout_saves_what_the_h100s_fused_kerne
     """On a CPU, SDPA with dropout takes the math path, which saves the T x T probabilities and their mask; the GPU's
     fused kernel saves its output and log-sum-exp. The fake estimate traces the latter (it was 13% over before)."""
     from memlab.cli.options import resolve
-    from memlab.core.estimate import vocab_for
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.analytic import vocab_for
+    from memlab.core.predict.fake import fake_estimate
 
     measured = _h100_run("seed-so-posts", "bf16", 64)
     experiment, prof = resolve("seed-so-posts", "bf16", "cpu", SEED)
@@ -343,10 +343,10 @@ def test_per_op_checkpointing_keeps_the_fused_attentions_outputs_in_the_fake_tra
     does). The trace's stand-in for the fused GPU kernel made its output with empty_like, which the policy
     recomputes: on the wide held-out shape the replay was 1.1 GiB (5%) under the H100's peak and its max batch two
     above find-batch's (bench/results/prediction-check/heldout-3/). Two steps of two layers; the per-layer calls."""
-    from memlab.core import allocation_trace
-    from memlab.core.allocator_model import replay
+    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict.allocator import replay
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.estimate import estimate
+    from memlab.core.predict.analytic import estimate
 
     experiment, prof = load_experiment(str(HELD_OUT / "heldout_wide.toml")), load_profile(profile)
     experiment.model.n_layer = 2
@@ -382,7 +382,7 @@ def _hand_made_compiled_step(params: list):
     """A compiled step's events as compile_budget_model.step_events gives them: the forward saves 1000 bytes a
     sample, runs a matmul, returns a 4-byte loss and frees a 3000-byte temporary; the backward frees the saved
     buffer and makes each parameter's fp32 gradient."""
-    from memlab.core.compile_budget_model import Line, StepEvents
+    from memlab.core.predict.inductor import Line, StepEvents
 
     grads = [("alloc", f"bw{i}", Line(0, 4 * p.numel()), f"grad{i}") for i, p in enumerate(params)]
     forward = (("alloc", "fw1", Line(1000, 0), "saved"), ("matmul",), ("alloc", "fw2", Line(0, 4), "loss"),
@@ -395,8 +395,8 @@ def test_a_compiled_step_replays_its_graphs_between_the_eager_parameters_tokens_
     """compiled_trace runs fake_trace's two steps with the model's forward and backward replaced by the graphs'
     events at the micro-batch: the forward's workspace at its first matmul, the loss freed once divided, and the
     gradients (the backward's outputs) kept as .grad until zero_grad, after the optimizer made its state."""
-    from memlab.core import allocation_trace
-    from memlab.core import compile_budget_model as M
+    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict import inductor as M
     from memlab.core.config import load_experiment, load_profile
 
     experiment = load_experiment("tiny")
@@ -418,8 +418,8 @@ def test_a_compiled_step_it_cannot_trace_is_refused_in_one_line(monkeypatch):
     """A chunked loss under compile is not traced; nor float8's step where torchao is not installed (the max batch
     puts its reserve together instead: float8_peaks, tested below). kernels.fused replays as the stock compiled model
     (replay_standins.compiled_standin)."""
-    from memlab.core import allocation_trace
-    from memlab.core import estimate as est
+    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict import analytic as est
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.errors import MemlabError
 
@@ -438,7 +438,7 @@ def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_
     import torch
 
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.memsnapshot import fake_runnable
+    from memlab.core.predict.fake import fake_runnable
     from memlab.core.techniques import check_techniques
 
     experiment, notes = load_experiment("tiny"), []
@@ -451,8 +451,8 @@ def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(m
     """The tiny experiment's compile step, its events from compile_budget_traces.EVENTS (traced by torch 2.13 at
     budget 1, the default partition): two steps replayed at micro-batch 8 peak at these bytes (64 MiB of them the
     two cuBLAS workspaces), below the eager bf16 step's; no child process traces."""
-    from memlab.core import allocation_trace, compile_budget_model
-    from memlab.core.allocator_model import replay
+    from memlab.core.predict import trace as allocation_trace, inductor as compile_budget_model
+    from memlab.core.predict.allocator import replay
     from memlab.core.config import load_experiment, load_profile
 
     if torch_release() != "2.13.0":
@@ -471,9 +471,9 @@ def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_with
     see fragmentation (292 for find-batch's 217 on the logits shape): a replay fit then counts its tensors, analytic
     and FLOAT8_TENSOR_MARGIN high, plus what the replay of the same compiled step without float8 reserves beyond its
     tensors at that batch."""
-    from memlab.core import allocation_trace, compile_budget_model
-    from memlab.core import estimate as est
-    from memlab.core.allocator_model import replay
+    from memlab.core.predict import trace as allocation_trace, inductor as compile_budget_model
+    from memlab.core.predict import analytic as est
+    from memlab.core.predict.allocator import replay
     from memlab.core.config import load_experiment, load_profile
 
     if torch_release() != "2.13.0":
@@ -501,20 +501,20 @@ def torch_release() -> str:
 def test_the_default_estimate_for_a_named_card_replays_too_and_plans_for_the_smaller_max_batch(capsys):
     """`memlab estimate --gpu-memory` (analytic by default): the analytic max batch is an upper estimate, so the
     allocator replay runs as well and the batch to plan for is the smaller; without a card named, no replay."""
-    from memlab.core import estimate as E
-    from memlab.core.batchfind import REPLAY_MARGIN
+    from memlab.core.predict import analytic as E
+    from memlab.core.predict import REPLAY_MARGIN
     from memlab.core.config import load_experiment, load_profile
 
     out = _estimate_json(capsys, "--profile", "bf16", "--gpu-memory", "1.5GiB")
     replayed = out["replayed"]["max_batch"]
-    assert replayed >= 1 and out["max_batch_to_plan"] == min(out["max_batch"], replayed)
+    assert replayed >= 1 and out["max_batch"] == min(out["analytic_max_batch"], replayed)
     assert out["replayed"]["margin"] == REPLAY_MARGIN  # as find-batch's prediction takes the replay
     assert "replayed" not in _estimate_json(capsys, "--profile", "bf16")
     # a checkpointed profile: the analytic figure guards with the plain margin, not its pattern's larger one
     out = _estimate_json(capsys, "--profile", "gradcp_bf16", "--gpu-memory", "1.5GiB")
     experiment, profile = load_experiment("tiny"), load_profile("gradcp_bf16")
     guard = E.predict_max_batch(experiment, profile, vocab_size=E.vocab_for(experiment)[0], memory_bytes=3 * 2**29, pattern="plain")
-    assert guard > out["max_batch"] and out["max_batch_to_plan"] == min(guard, out["replayed"]["max_batch"])
+    assert guard > out["analytic_max_batch"] and out["max_batch"] == min(guard, out["replayed"]["max_batch"])
 
 
 PROBE_TRACES = [("heldout_fat", "gradcp_every2", 100, False, "replay.log"), ("heldout_fat", "gradcp_every2", 101, False, "replay.log"),
@@ -562,8 +562,8 @@ def test_a_probes_fake_trace_reserves_what_its_h100_trace_reserved(experiment, p
     (MEMLAB_GPU_MEMORY_BYTES, as find-batch's probes): 20.42 GiB there and 22.18 uncapped, the cap's measurement
     having put the cuBLAS workspace in a segment of its own (allocation_trace._memory_cap_measurement)."""
     from memlab.cli.options import resolve
-    from memlab.core.allocation_trace import fake_trace
-    from memlab.core.estimate import vocab_for
+    from memlab.core.predict.trace import fake_trace
+    from memlab.core.predict.analytic import vocab_for
 
     real = model.replay(_probe_trace(experiment, profile, micro_batch, capped)).peak_reserved
     exp, prof = resolve(str(HELD_OUT / f"{experiment}.toml"), profile, "cpu", [])
@@ -576,7 +576,7 @@ def test_a_capped_runs_trace_starts_with_the_caps_measurement_and_its_workspace_
     matmul makes the main thread's cuBLAS workspace, which the forward's matmuls then use; the backward's thread
     makes its own at its first matmul."""
     from memlab.cli.options import resolve
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
 
     experiment, prof = resolve("tiny", "bf16", "cpu", [])
     plain = allocation_trace.fake_trace(experiment, prof, vocab_size=256, micro_batch=2)
@@ -597,7 +597,7 @@ def test_the_fake_trace_sums_two_gradients_of_one_tensor_in_place_as_the_engine_
     makes that add in place again, and the gradient is the same."""
     import torch
 
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
 
     def traced() -> tuple[list, torch.Tensor]:
         events: list = []
@@ -621,7 +621,7 @@ def test_the_fake_trace_makes_dropouts_mask_before_its_output_as_cudas_kernel_do
     """CUDA's native_dropout allocates its bool mask, then its output (the H100 trace of the mid held-out shape);
     the fake kernel the other way round, which put the two blocks in each other's places."""
     from memlab.cli.options import resolve
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
 
     experiment, prof = resolve("tiny", "bf16", "cpu", ["model.dropout=0.1"])
     events = allocation_trace.fake_trace(experiment, prof, vocab_size=256, micro_batch=4)
@@ -639,7 +639,7 @@ def test_the_fake_trace_holds_cudas_embedding_backward_buffers_sized_as_on_the_h
     import gzip
 
     from memlab.cli.options import resolve
-    from memlab.core.allocation_trace import fake_trace
+    from memlab.core.predict.trace import fake_trace
 
     dump = REPLAY_CHECK / "heldout_square_selective_48_capped.real.jsonl.gz"
     if not dump.is_file():
@@ -679,10 +679,10 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     pytest.importorskip("torchao.float8", reason="torchao not installed (the memlab[torchao] extra)")
     import torch
 
-    from memlab.core import allocation_trace, compile_budget_model
-    from memlab.core import estimate as est
-    from memlab.core.allocator_model import replay
-    from memlab.core.compile_budget_traces import EVENTS
+    from memlab.core.predict import trace as allocation_trace, inductor as compile_budget_model
+    from memlab.core.predict import analytic as est
+    from memlab.core.predict.allocator import replay
+    from memlab.core.predict.inductor_traces import EVENTS
     from memlab.core.config import load_experiment, load_profile
 
     if torch_release() != "2.13.0":
@@ -709,7 +709,7 @@ def test_float8s_traced_model_has_torchaos_linears_in_the_blocks_only():
     import torch
     from torchao.float8.float8_linear import Float8Linear
 
-    from memlab.core import compile_budget_model as M
+    from memlab.core.predict import inductor as M
 
     model = M._gpt(M.GraphShape(2, 2, 64, 256, 512, 64, 0.0, 1.0, 8, float8=True))
     converted = {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
@@ -728,7 +728,7 @@ def test_fake_steps_in_threads_take_turns_and_leave_torch_as_it_was():
     import torch.nn.functional as F
 
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.memsnapshot import fake_step
+    from memlab.core.predict.fake import fake_step
 
     experiment, profile = load_experiment("tiny"), load_profile("bf16")
     originals = (F.scaled_dot_product_attention, F.dropout)
@@ -765,7 +765,7 @@ def test_a_stop_ends_a_replayed_trace_in_progress_and_leaves_torch_as_it_was(mon
     the stop every STOP_EVERY ops and ends with SearchStopped, its patches undone and the next trace free to start."""
     import torch.nn.functional as F
 
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
 
     experiment, profile = load_experiment("tiny"), load_profile("bf16")
@@ -791,7 +791,8 @@ def test_a_stop_ends_the_compiled_steps_tracing_child():
     import sys
     import time
 
-    from memlab.core import compile_budget_model, stopping
+    from memlab.core import stopping
+    from memlab.core.predict import inductor as compile_budget_model
 
     t0 = time.monotonic()
     with stopping.asking(lambda: time.monotonic() - t0 > 1.0), pytest.raises(RuntimeError, match="asked to stop"):
@@ -802,7 +803,7 @@ def test_a_stop_ends_the_compiled_steps_tracing_child():
 
 def test_a_trace_that_fails_while_a_stop_is_asked_is_a_stop_and_otherwise_the_failure(monkeypatch):
     """The tracing child killed by a stop (or a stop raised on autograd's device thread) comes back as another error."""
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
 
     def killed(*a, **k):

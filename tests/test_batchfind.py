@@ -11,6 +11,7 @@ import torch
 from fake_children import fake_spec
 
 from memlab.core import batchfind as bf
+from memlab.core import gpu_memory
 from memlab.core import supervisor
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError
@@ -75,7 +76,7 @@ def test_limit():
 
 def test_search_over_the_estimator_finds_what_it_predicts():
     """A simulated card: probe(b) fits when the estimator's peak fits; the search and predict_max_batch agree."""
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
 
     e, p = load_experiment("gpt2s"), load_profile("gradcp_bf16")
     budget = E.usable_bytes(40 * 2**30, profile=p)
@@ -139,18 +140,18 @@ def test_child_probe_overrides_and_cap():
     assert spec.device == "cuda" and spec.overrides[0] == "attention.window=0"
     for item in ("train.batch_size=24", "accumulation.steps=2", "train.steps=3", "train.measure_after=1", "data.val_tokens=1025"):
         assert item in spec.overrides
-    assert spec.env == {bf.MEMORY_ENV: str(24 * 2**30)}
+    assert spec.env == {gpu_memory.MEMORY_ENV: str(24 * 2**30)}
 
 
 def test_memory_cap_env(monkeypatch):
-    monkeypatch.delenv(bf.MEMORY_ENV, raising=False)
-    assert bf.apply_memory_cap(torch.device("cpu")) is None
-    monkeypatch.setenv(bf.MEMORY_ENV, "24GiB")
+    monkeypatch.delenv(gpu_memory.MEMORY_ENV, raising=False)
+    assert gpu_memory.apply_memory_cap(torch.device("cpu")) is None
+    monkeypatch.setenv(gpu_memory.MEMORY_ENV, "24GiB")
     with pytest.raises(DeviceError, match="needs CUDA"):
-        bf.apply_memory_cap(torch.device("cpu"))
-    monkeypatch.setenv(bf.MEMORY_ENV, "nonsense")
-    with pytest.raises(ConfigError, match=bf.MEMORY_ENV):
-        bf.apply_memory_cap(torch.device("cpu"))
+        gpu_memory.apply_memory_cap(torch.device("cpu"))
+    monkeypatch.setenv(gpu_memory.MEMORY_ENV, "nonsense")
+    with pytest.raises(ConfigError, match=gpu_memory.MEMORY_ENV):
+        gpu_memory.apply_memory_cap(torch.device("cpu"))
 
 
 @pytest.mark.slow
@@ -184,8 +185,8 @@ def test_divisors():
 
 
 def test_env_name_is_documented():
-    assert bf.MEMORY_ENV == "MEMLAB_GPU_MEMORY_BYTES" and bf.MEMORY_ENV in (bf.__doc__ or "")
-    assert os.environ.get(bf.MEMORY_ENV) is None
+    assert gpu_memory.MEMORY_ENV == "MEMLAB_GPU_MEMORY_BYTES" and gpu_memory.MEMORY_ENV in (bf.__doc__ or "")
+    assert os.environ.get(gpu_memory.MEMORY_ENV) is None
 
 
 class FakeChildProbe:
@@ -215,7 +216,7 @@ def test_batch_size_max_keeps_the_effective_batch(limits, expect, monkeypatch, t
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(bf, "ChildProbe", FakeChildProbe)
-    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
     monkeypatch.setattr(FakeChildProbe, "limits", limits)
     FakeChildProbe.calls = []
     e, p = load_experiment("gpt2s"), load_profile("bf16")
@@ -232,8 +233,8 @@ def test_gpu_memory_larger_than_the_card_is_refused():
     from memlab.cli.batch import _cap_for
 
     with pytest.raises(DeviceError, match="more than this GPU has"):
-        _cap_for("100GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30))
-    assert _cap_for("24GiB", bf.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30)) == 24 * 2**30
+        _cap_for("100GiB", gpu_memory.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30))
+    assert _cap_for("24GiB", gpu_memory.GpuInfo("NVIDIA H100 80GB HBM3", 80 * 2**30)) == 24 * 2**30
 
 
 # ---------------------------------------------------------------------------------------------- probes that misbehave
@@ -277,7 +278,7 @@ def find_batch_with(kind_at, monkeypatch, capsys, tmp_path) -> tuple[int, str, s
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
-    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
     monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: FakeKindProbe(kind_at, tmp_path / "probes"))
     try:
         main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--start", "1", "--max", "8"])
@@ -315,11 +316,11 @@ def test_the_allocator_budget_is_the_card_less_what_the_process_holds_outside_th
     (CUDA context, cuBLAS workspace) comes off before the allocator is capped."""
     card = 24 * 2**30
     nvml_used, reserved = 600 * 2**20 + 2 * 2**20, 2 * 2**20  # context 600 MiB + one 2 MiB allocator block
-    assert bf.allocator_budget(card, nvml_used, reserved) == card - 600 * 2**20
-    assert bf.allocator_budget(card, None, reserved) == card  # NVML could not tell: the whole card, as before
-    assert bf.allocator_budget(card, reserved // 2, reserved) == card  # never more than the card
+    assert gpu_memory.allocator_budget(card, nvml_used, reserved) == card - 600 * 2**20
+    assert gpu_memory.allocator_budget(card, None, reserved) == card  # NVML could not tell: the whole card, as before
+    assert gpu_memory.allocator_budget(card, reserved // 2, reserved) == card  # never more than the card
     with pytest.raises(DeviceError, match="less than what this process holds outside the allocator"):
-        bf.allocator_budget(512 * 2**20, 600 * 2**20, 0)
+        gpu_memory.allocator_budget(512 * 2**20, 600 * 2**20, 0)
 
 
 def test_the_drivers_own_reserve_comes_off_the_card_too(monkeypatch):
@@ -329,14 +330,14 @@ def test_the_drivers_own_reserve_comes_off_the_card_too(monkeypatch):
     from types import SimpleNamespace
 
     card, context, driver = 24 * 2**30, 600 * 2**20, 480 * 2**20
-    assert bf.allocator_budget(card, context, 0, driver) == card - context - driver
-    cap = bf.MemoryCap(card, card - context - driver, context, driver_bytes=driver)
-    assert bf.tightened_budget(cap, context + 2**30, 0) == card - context - 2**30 - driver  # the context grew
+    assert gpu_memory.allocator_budget(card, context, 0, driver) == card - context - driver
+    cap = gpu_memory.MemoryCap(card, card - context - driver, context, driver_bytes=driver)
+    assert gpu_memory.tightened_budget(cap, context + 2**30, 0) == card - context - 2**30 - driver  # the context grew
     v2 = SimpleNamespace(nvmlMemory_v2=2, nvmlDeviceGetMemoryInfo=lambda h, version=1: SimpleNamespace(reserved=driver))
     monkeypatch.setitem(sys.modules, "pynvml", v2)
-    assert bf.driver_reserved(object()) == driver and bf.driver_reserved(None) == 0
+    assert gpu_memory.driver_reserved(object()) == driver and gpu_memory.driver_reserved(None) == 0
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace())  # a binding without v2 memory info
-    assert bf.driver_reserved(object()) == 0
+    assert gpu_memory.driver_reserved(object()) == 0
 
 
 def test_a_probe_reports_the_budget_its_child_measured():
@@ -360,7 +361,7 @@ def test_the_expandable_probe_sets_the_allocator_in_the_childs_env_keeping_the_r
     probe = bf.ChildProbe("bf16", "gpt2s", [], seq_len=1024, cap_bytes=24 * 2**30, env=bf.expandable_probe_env(True))
     spec = probe.spec(4)
     probe.close()
-    assert spec.env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True", bf.MEMORY_ENV: str(24 * 2**30)}
+    assert spec.env == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True", gpu_memory.MEMORY_ENV: str(24 * 2**30)}
 
 
 class RetryingChild:
@@ -394,7 +395,7 @@ def find_batch_fake(args, monkeypatch, capsys, tmp_path) -> tuple[str, str]:
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
-    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
     monkeypatch.setattr(supervisor, "ChildRun", RetryingChild)
     RetryingChild.made = []
     try:
@@ -456,7 +457,7 @@ def test_find_batch_prints_the_card_and_the_allocator_budget_and_what_expandable
     assert "memory: a card of 24.00 GiB in total assumed (--gpu-memory) · allocator budget 23.00 GiB (1.00 GiB outside it" in out
     assert "with expandable_segments:True at micro-batch 4: fits · reserved 10.00 GiB · fragmentation 20% · retries 0 (reserved -16.7% against the search's probe)" in out
     flipped = [m for m in RetryingChild.made if "PYTORCH_CUDA_ALLOC_CONF" in m["env"]]
-    assert len(flipped) == 1 and flipped[0]["env"][bf.MEMORY_ENV] == str(24 * 2**30)  # one extra probe, under the same cap
+    assert len(flipped) == 1 and flipped[0]["env"][gpu_memory.MEMORY_ENV] == str(24 * 2**30)  # one extra probe, under the same cap
     out, _ = find_batch_fake(["--json", "--refresh"], monkeypatch, capsys, tmp_path)
     got = json.loads(out)
     assert (got["device_total_bytes"], got["allocator_budget_bytes"]) == (24 * 2**30, 23 * 2**30)
@@ -467,13 +468,13 @@ def test_the_budget_tightens_when_the_context_grows_and_a_process_over_the_card_
     """Measured on the H100 (bench/results/study-so-posts-h100): 0.66 GiB outside the allocator after one matmul,
     1.20-1.23 GiB at every run's peak; the cap is measured again after the first steps, never loosened."""
     GiB = 2**30
-    cap = bf.MemoryCap(card_bytes=24 * GiB, budget_bytes=24 * GiB - 676 * 2**20, outside_bytes=676 * 2**20)
-    grown = bf.tightened_budget(cap, nvml_used_bytes=10 * GiB + 1260 * 2**20, reserved_bytes=10 * GiB)
+    cap = gpu_memory.MemoryCap(card_bytes=24 * GiB, budget_bytes=24 * GiB - 676 * 2**20, outside_bytes=676 * 2**20)
+    grown = gpu_memory.tightened_budget(cap, nvml_used_bytes=10 * GiB + 1260 * 2**20, reserved_bytes=10 * GiB)
     assert grown == 24 * GiB - 1260 * 2**20
-    assert bf.tightened_budget(cap, nvml_used_bytes=10 * GiB + 100 * 2**20, reserved_bytes=10 * GiB) == cap.budget_bytes
-    assert bf.tightened_budget(cap, None, 10 * GiB) == cap.budget_bytes  # NVML cannot tell: as before
-    with pytest.raises(bf.OverTheCard, match=r"this process holds 24\.13 GiB \(22\.90 GiB reserved by the allocator, 1\.23 GiB outside it\): more than the 24\.00 GiB card"):
-        bf.tightened_budget(cap, nvml_used_bytes=int(24.13 * GiB), reserved_bytes=int(22.9 * GiB))
+    assert gpu_memory.tightened_budget(cap, nvml_used_bytes=10 * GiB + 100 * 2**20, reserved_bytes=10 * GiB) == cap.budget_bytes
+    assert gpu_memory.tightened_budget(cap, None, 10 * GiB) == cap.budget_bytes  # NVML cannot tell: as before
+    with pytest.raises(gpu_memory.OverTheCard, match=r"this process holds 24\.13 GiB \(22\.90 GiB reserved by the allocator, 1\.23 GiB outside it\): more than the 24\.00 GiB card"):
+        gpu_memory.tightened_budget(cap, nvml_used_bytes=int(24.13 * GiB), reserved_bytes=int(22.9 * GiB))
 
 
 def test_the_memory_cap_is_measured_again_after_the_first_steps_only(monkeypatch):
@@ -484,13 +485,13 @@ def test_the_memory_cap_is_measured_again_after_the_first_steps_only(monkeypatch
     from memlab.core.techniques import memory_cap
 
     GiB = 2**30
-    first = bf.MemoryCap(24 * GiB, 23 * GiB, GiB)
+    first = gpu_memory.MemoryCap(24 * GiB, 23 * GiB, GiB)
     monkeypatch.setattr(memory_cap, "apply_memory_cap", lambda device: first)
     seen = []
 
     def tighten(cap):
         seen.append(cap.budget_bytes)
-        return bf.MemoryCap(cap.card_bytes, cap.budget_bytes - GiB // 4, cap.outside_bytes + GiB // 4)
+        return gpu_memory.MemoryCap(cap.card_bytes, cap.budget_bytes - GiB // 4, cap.outside_bytes + GiB // 4)
 
     monkeypatch.setattr(memory_cap, "tighten_memory_cap", tighten)
     step = SimpleNamespace(device=torch.device("cpu"), applied={}, after_step=[])
@@ -544,19 +545,20 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     """With replay (a real GPU's find-batch and study), the smaller of the replayed figure and the analytic one with
     the plain fragmentation margin only (the replay lays the blocks out itself); the analytic figure with its
     pattern's own margin where the step cannot be replayed (None)."""
-    from memlab.core import estimate as E
+    from memlab.core.predict import analytic as E
+    from memlab.core.predict import maxbatch as P
 
     exp, prof = load_experiment("tiny"), load_profile(profile)
-    analytic = bf.predicted_max_batch(exp, prof, 2 * 2**30)
+    analytic = P.predicted_max_batch(exp, prof, 2 * 2**30)
     guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
-    monkeypatch.setattr(bf, "_replayed_max_batch",
+    monkeypatch.setattr(P, "_replayed_max_batch",
                         lambda e, p, vocab, budget, near, capped, should_stop=None: asked.append((budget, near, capped)) or replayed)
-    got = bf.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
+    got = P.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
     assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic, True)] and analytic > 100  # an emulated card by default
     assert (guard == analytic) == (E.allocation_pattern(prof) == "plain") and guard >= analytic
-    assert bf.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
+    assert P.predicted_max_batch(exp, prof, 2 * 2**30) == analytic  # without replay, as before
 
 
 @pytest.mark.parametrize("reserve,expect_mib", [(None, 1247), (480 * 2**20, 1247), (615 * 2**20, 1382)])
@@ -564,10 +566,12 @@ def test_a_prediction_on_a_gpu_counts_its_own_driver_reserve_in_place_of_the_h10
     """The H100's 1,247 MiB outside the allocator hold its driver's 480 MiB reserve; an H200 reserves 615 MiB. No
     GPU, or no NVML v2 answer (0): the H100's figure."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: reserve is not None)
-    monkeypatch.setattr(bf, "_nvml_index", lambda index: index)
-    monkeypatch.setattr(bf, "_nvml_handle", lambda index: object())
-    monkeypatch.setattr(bf, "driver_reserved", lambda handle: reserve or 0)
-    assert bf.context_bytes_here() == expect_mib * 2**20
+    monkeypatch.setattr(gpu_memory, "_nvml_index", lambda index: index)
+    monkeypatch.setattr(gpu_memory, "_nvml_handle", lambda index: object())
+    monkeypatch.setattr(gpu_memory, "driver_reserved", lambda handle: reserve or 0)
+    from memlab.core.predict import card
+
+    assert card.context_bytes_here() == expect_mib * 2**20
 
 
 def test_find_batch_profiles_searches_each_profile_on_a_gpu_lane(monkeypatch, capsys, tmp_path):
@@ -578,7 +582,7 @@ def test_find_batch_profiles_searches_each_profile_on_a_gpu_lane(monkeypatch, ca
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MEMLAB_FAKE_GPU_COUNT", "2")
     monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
-    monkeypatch.setattr(bf, "gpu_info", lambda index=0: bf.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
     envs = []
     monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: envs.append(k.get("env", {})) or FakeKindProbe(lambda b: "finished" if b <= 3 else "oom", tmp_path / "probes"))
     main(["find-batch", "--profiles", "baseline,bf16", "--experiment", "tiny", "--start", "1", "--max", "8", "--gpus", "0,1"])

@@ -13,7 +13,7 @@ import torch
 from model_helpers import assert_same_loss_and_grads, make_model, small
 from run_helpers import GIB, png_size, table_of, write_run
 
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core.config import CheckpointingConfig, Experiment, apply_overrides, load_profile
 from memlab.core.step import TrainStep
 from memlab.core.techniques import torch_compile
@@ -105,9 +105,9 @@ def test_ops_mode_redraws_no_dropout_mask_when_a_kept_op_draws_random_numbers(mo
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_ops_mode_keeps_less_than_none_and_more_than_full_measured_on_fake_tensors(precision):
-    """Every tensor of one step followed on fake tensors (memlab.core.memsnapshot); the estimate's "ops" figure
+    """Every tensor of one step followed on fake tensors (memlab.core.predict.fake); the estimate's "ops" figure
     agrees where the loss is the peak (it was, within 0.01 %, when written)."""
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     peaks = {}
     for mode in ("none", "ops", "full"):

@@ -1,4 +1,4 @@
-"""memlab.core.compile_budget_model: the step torch.compile builds under checkpointing.budget, traced on fake tensors.
+"""memlab.core.predict.inductor: the step torch.compile builds under checkpointing.budget, traced on fake tensors.
 
 Its figures against the H100 are checked in tests/test_frontier_vs_h100.py (every point of the budget sweep); here:
 the replay of Inductor's wrapper code, the table of traces made ahead, and what the estimator does with a step it cannot trace.
@@ -15,9 +15,9 @@ import torch
 
 from model_helpers import small
 
-from memlab.core import compile_budget_model as M
-from memlab.core import estimate as E
-from memlab.core.compile_budget_traces import TRACED
+from memlab.core.predict import inductor as M
+from memlab.core.predict import analytic as E
+from memlab.core.predict.inductor_traces import TRACED
 from memlab.core.config import load_profile
 
 WRAPPER = textwrap.dedent("""
@@ -83,11 +83,11 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
     """A trace kept by another version of memlab.core (an upgrade, an edit to the tracer) is not read: the folder's
     file is named by the source's fingerprint, which the tables made ahead do not change."""
     core = tmp_path / "core"
-    shutil.copytree(M.Path(M.__file__).parent, core, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(M.Path(M.__file__).parents[1], core, ignore=shutil.ignore_patterns("__pycache__"))
     before = M.tracer_fingerprint(core)
-    (core / "compile_budget_traces.py").write_text((core / "compile_budget_traces.py").read_text() + "\n# retraced\n")
+    (core / "predict" / "inductor_traces.py").write_text((core / "predict" / "inductor_traces.py").read_text() + "\n# retraced\n")
     assert M.tracer_fingerprint.__wrapped__(core) == before
-    (core / "compile_budget_model.py").write_text((core / "compile_budget_model.py").read_text() + "\n# edited\n")
+    (core / "predict" / "inductor.py").write_text((core / "predict" / "inductor.py").read_text() + "\n# edited\n")
     assert M.tracer_fingerprint.__wrapped__(core) != before
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))

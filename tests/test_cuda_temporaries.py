@@ -1,4 +1,4 @@
-"""memlab.core.cuda_temporaries: the blocks CUDA kernels allocate and free within one call, against the H100's
+"""memlab.core.predict.cuda_temporaries: the blocks CUDA kernels allocate and free within one call, against the H100's
 allocator history of each op alone (bench/backward_transients.py, committed under
 tests/data/gpu/replay-check-h100/transients/), and what they change in the allocator replay."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.core.cuda_temporaries import (
+from memlab.core.predict.cuda_temporaries import (
     Sms,
     attention_backward_kernel,
     reduce_staging_bytes,

@@ -11,7 +11,7 @@ import torch
 
 from model_helpers import small
 
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core.config import Experiment, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
 
@@ -125,7 +125,7 @@ FAKE_CASES = [
 @pytest.mark.parametrize("name, sets", FAKE_CASES, ids=[f"{n}{'+' if s else ''}{','.join(s)}" for n, s in FAKE_CASES])
 def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
     """The same step measured tensor by tensor (FakeTensorMode + MemTracker, CPU kernels): within 1 %."""
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e, p = small(L=3, C=64, H=4, T=128, V=1024, batch=16), load_profile(name)
     apply_overrides(e, p, sets)
@@ -136,7 +136,7 @@ def test_analytic_peak_matches_a_fake_tensor_measurement(name, sets):
 
 @pytest.mark.slow
 def test_gpt2_small_bf16_matches_the_fake_measurement():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e, p = load_experiment("gpt2s"), load_profile("bf16")
     measured = fake_estimate(e, p, vocab_size=8192).total_bytes
@@ -218,7 +218,7 @@ def test_engine_records_the_estimate_beside_the_measurement(tiny):
 
 
 def test_fake_method_refuses_offload_without_cuda():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     with pytest.raises(DeviceError, match="offloading"):
         fake_estimate(small(), load_profile("act_offload"), vocab_size=512)
@@ -458,7 +458,7 @@ def test_fp32_eager_backward_holds_three_score_gradients():
 
 
 def test_fake_method_warns_where_it_undercounts_fp32_eager_attention():
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     e = load_experiment("tiny")
     warned = [any("third fp32 T x T" in n for n in fake_estimate(e, load_profile(name), vocab_size=512).notes) for name in ("gradcp", "bf16")]

@@ -64,7 +64,7 @@ def test_predicted_peak_is_within_five_percent_on_held_out_shapes(shape, run_dir
     import polars as pl
 
     from memlab.core.config import experiment_from_dict, profile_from_dict
-    from memlab.core.estimate import peak_for_run, vocab_for
+    from memlab.core.predict.analytic import peak_for_run, vocab_for
 
     info = json.loads((run_dir / "run.json").read_text())
     row = pl.read_parquet(run_dir / "summary.parquet").row(0, named=True)

@@ -1,5 +1,5 @@
 """The estimator's long-context attention terms (issue 17), each against the real training step measured on fake
-tensors (memlab.core.memsnapshot.fake_estimate) on a small shape of its own: 2 x 128, 2 heads, T 1024, batch 1, so
+tensors (memlab.core.predict.fake.fake_estimate) on a small shape of its own: 2 x 128, 2 heads, T 1024, batch 1, so
 the (T, T) tensors dominate the peak.
 
 The CUDA cases run on the CPU with the CUDA kernels' own allocations emulated, each a documented fact of ATen:
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core.config import Experiment, ModelConfig, load_profile
 
 MIB = 2**20
@@ -68,7 +68,7 @@ def cuda_kernels(monkeypatch):
 
 
 def _fake_vs_analytic(e: Experiment, profile, device: str) -> tuple[int, int]:
-    from memlab.core.memsnapshot import fake_estimate
+    from memlab.core.predict.fake import fake_estimate
 
     V = e.model.vocab_size
     measured = fake_estimate(e, profile, vocab_size=V).total_bytes

@@ -1,7 +1,7 @@
 """The estimator against what an H100 measured (tests/data/gpu/estimate-h100/, committed with its commands).
 
 The figures are real measurements kept in the repository; only the predictions are computed here, so a change to
-memlab.core.estimate that drifts from the hardware fails on a CPU. Issue 5's bar: every peak and every max batch
+memlab.core.predict.analytic that drifts from the hardware fails on a CPU. Issue 5's bar: every peak and every max batch
 within 10%.
 """
 

@@ -11,7 +11,7 @@ import torch
 
 from memlab.core.config import Experiment, Profile, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError
-from memlab.core.estimate import estimate
+from memlab.core.predict.analytic import estimate
 from memlab.core.requirements import cuda_only
 from memlab.core.techniques import check_plan, check_techniques, float8
 

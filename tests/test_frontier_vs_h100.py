@@ -1,7 +1,7 @@
 """The estimator against the issue-19 H100 runs (tests/data/gpu/frontier-h100/, committed with their commands).
 
 Only the predictions are computed here (bench/frontier_check.py re-estimates each run from its own run.json), so
-a change to memlab.core.estimate that drifts from these measurements fails on a CPU. Issue 19's bar: every new
+a change to memlab.core.predict.analytic that drifts from these measurements fails on a CPU. Issue 19's bar: every new
 technique's estimate within 10% of the measured peak.
 """
 

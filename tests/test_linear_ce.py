@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memlab.core import estimate as E
+from memlab.core.predict import analytic as E
 from memlab.core import linear_ce
 from memlab.core.attention import build_attention
 from memlab.core.config import AttentionConfig, Experiment, apply_overrides, load_experiment, load_profile

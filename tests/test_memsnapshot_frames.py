@@ -1,4 +1,4 @@
-"""The snapshot classifier (memlab.core.memsnapshot.classify) knows memlab's own frames by module, not by a path
+"""The snapshot classifier (memlab.core.predict.fake.classify) knows memlab's own frames by module, not by a path
 spelled out: `pip install -e .` keeps the engine in a top-level core/, a wheel in site-packages/memlab/core/."""
 
 from __future__ import annotations

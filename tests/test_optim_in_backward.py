@@ -12,7 +12,7 @@ import torch
 from memlab.core.config import Profile, apply_overrides, load_experiment, load_profile, profile_from_dict, to_dict
 from memlab.core.engine import train
 from memlab.core.errors import ConfigError
-from memlab.core.estimate import estimate
+from memlab.core.predict.analytic import estimate
 from memlab.core.events import ListSink
 from memlab.core.optim import lr_at, set_lr
 from memlab.core.step import build_step

@@ -16,7 +16,7 @@ from torch import nn
 
 from memlab.core.config import Experiment, OptimizerConfig, TrainConfig, load_experiment, load_profile
 from memlab.core.errors import ConfigError
-from memlab.core.estimate import optimizer_state_bytes, param_shapes
+from memlab.core.predict.analytic import optimizer_state_bytes, param_shapes
 from memlab.core.muon import MuonWithAdamW, build_muon, split_params
 from memlab.core.optim import build_optimizer, set_lr
 from memlab.core.techniques import check_techniques
@@ -253,7 +253,7 @@ def test_state_bytes_order_4bit_8bit_bf16_adamw_and_muon_below_adamw():
 
 
 def test_paged_state_is_outside_the_allocator_and_said_so():
-    from memlab.core.estimate import estimate
+    from memlab.core.predict.analytic import estimate
 
     est = estimate(load_experiment("gpt2s"), load_profile("paged_adamw8bit"), vocab_size=8192)
     assert est.components["optimizer_state"] < 10 * 2**20  # block scales and small tensors only

@@ -1,12 +1,12 @@
 """The allocator replay of a step captured as a CUDA graph (cuda_graph.enabled): the graph's private pool beside
-the general one (memlab.core.allocator_model.GraphedAllocator), the traced step (two launched steps, then the
+the general one (memlab.core.predict.allocator.GraphedAllocator), the traced step (two launched steps, then the
 captured one), and a graphed step replayed against the H100 (bench/results/graph-step-h100/NOTE.md, its 3-seed part)."""
 
 from __future__ import annotations
 
 import pytest
 
-from memlab.core.allocator_model import CAPTURE, GraphedAllocator, OutOfMemory, replay
+from memlab.core.predict.allocator import CAPTURE, GraphedAllocator, OutOfMemory, replay
 
 MIB = 2**20
 GIB = 2**30
@@ -39,7 +39,7 @@ def test_under_a_cap_the_graph_gets_what_the_general_pool_does_not_hold():
 
 
 def test_the_traced_graphed_step_is_two_launched_steps_then_a_capture_with_its_own_workspaces():
-    from memlab.core.allocation_trace import step_trace
+    from memlab.core.predict.trace import step_trace
     from memlab.core.config import load_experiment, load_profile
 
     profile = load_profile("bf16")
@@ -56,7 +56,7 @@ def test_a_graphed_bf16_step_replays_what_the_h100_reserved():
     """gpt2s bf16 with cuda_graph at micro-batch 21 under a 12 GiB card: the H100 reserved 10.67 GiB (find-batch's
     probe 4, bench/results/graph-step-h100/NOTE.md, its 3-seed part). Seen while the model was written (its
     workspaces on the capture's stream were added to close a 0.05 GiB gap): not held out."""
-    from memlab.core.allocation_trace import step_trace
+    from memlab.core.predict.trace import step_trace
     from memlab.core.config import load_experiment, load_profile
 
     profile = load_profile("bf16")
@@ -67,7 +67,7 @@ def test_a_graphed_bf16_step_replays_what_the_h100_reserved():
 
 def test_kernels_fused_replays_as_the_stock_compiled_model_and_other_profiles_as_they_are():
     from memlab.core.config import load_profile
-    from memlab.core.replay_standins import compiled_standin
+    from memlab.core.predict.standins import compiled_standin
 
     fastest = load_profile("fastest")
     stand_in = compiled_standin(fastest)

@@ -1,4 +1,4 @@
-"""memlab.core.replay_standins: what stands in, in the allocator replay's fake step, for the CUDA-only libraries and
+"""memlab.core.predict.standins: what stands in, in the allocator replay's fake step, for the CUDA-only libraries and
 the copies to the host. Tiny shapes against the libraries' own formulas (as their source reads, and as the analytic
 estimator counts them: two derivations that must agree), then the seed shape's fake traces against the H100."""
 
@@ -29,9 +29,9 @@ def _state_bytes(optimizer) -> int:
 def test_an_optimizer_stand_in_holds_the_state_the_estimator_counts(name):
     import torch
 
-    from memlab.core import replay_standins
+    from memlab.core.predict import standins as replay_standins
     from memlab.core.config import load_profile
-    from memlab.core.estimate import optimizer_state_bytes
+    from memlab.core.predict.analytic import optimizer_state_bytes
 
     dtype = torch.bfloat16 if name == "bf16_sr" else torch.float32
     params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in SHAPES]
@@ -46,7 +46,7 @@ def test_an_optimizer_stand_in_holds_the_state_the_estimator_counts(name):
 def test_torchaos_8_bit_state_is_codes_a_scale_per_block_and_a_map_and_smaller_tensors_stay_fp32():
     import torch
 
-    from memlab.core.replay_standins import TorchaoAdamWState
+    from memlab.core.predict.standins import TorchaoAdamWState
 
     quantized, small = torch.nn.Parameter(torch.zeros(64, 128)), torch.nn.Parameter(torch.zeros(128))
     for p in (quantized, small):
@@ -61,7 +61,7 @@ def test_torchaos_8_bit_state_is_codes_a_scale_per_block_and_a_map_and_smaller_t
 def test_the_offloaded_optimizer_keeps_nothing_on_the_device():
     import torch
 
-    from memlab.core.replay_standins import HostSteppedOptimizer
+    from memlab.core.predict.standins import HostSteppedOptimizer
 
     p = torch.nn.Parameter(torch.zeros(64, 128))
     p.grad = torch.zeros_like(p)
@@ -72,8 +72,8 @@ def test_the_offloaded_optimizer_keeps_nothing_on_the_device():
 
 @pytest.mark.parametrize("BT, V, H", [(64, 256, 16), (16384, 50304, 256), (4096, 8192, 768), (100, 10, 64)])
 def test_liger_chunks_as_its_source_and_the_estimator_say(BT, V, H):
-    from memlab.core.estimate import liger_chunk_rows
-    from memlab.core.replay_standins import liger_chunk_rows as rows
+    from memlab.core.predict.analytic import liger_chunk_rows
+    from memlab.core.predict.standins import liger_chunk_rows as rows
 
     inc_factor = math.ceil(V / H)
     assert rows(BT, V, H) == min(2 ** math.ceil(math.log2(math.ceil(BT / inc_factor))), BT) == liger_chunk_rows(BT, V, H)
@@ -84,8 +84,8 @@ def _traced(run):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memlab.core.allocation_trace import _storage_tracer
-    from memlab.core.memsnapshot import _scalars
+    from memlab.core.predict.trace import _storage_tracer
+    from memlab.core.predict.fake import _scalars
 
     events: list = []
     with FakeTensorMode(), _scalars(torch):  # .item() answers, as in the fake step
@@ -96,7 +96,7 @@ def _traced(run):
 
 def test_liger_makes_both_gradients_in_forward_one_chunk_of_logits_at_a_time():
     from memlab.core.linear_ce import head_loss
-    from memlab.core.replay_standins import liger_fused_linear_cross_entropy
+    from memlab.core.predict.standins import liger_fused_linear_cross_entropy
 
     BT, H, V = 64, 16, 256  # 16 chunks of 4 rows
 
@@ -120,7 +120,7 @@ def test_liger_makes_both_gradients_in_forward_one_chunk_of_logits_at_a_time():
 
 def test_cce_saves_its_16_bit_inputs_and_log_sum_exp_and_makes_its_gradients_in_backward():
     from memlab.core.linear_ce import head_loss
-    from memlab.core.replay_standins import cce_linear_cross_entropy
+    from memlab.core.predict.standins import cce_linear_cross_entropy
 
     BT, H, V = 64, 128, 256
 
@@ -140,7 +140,7 @@ def test_cce_saves_its_16_bit_inputs_and_log_sum_exp_and_makes_its_gradients_in_
 
 
 def test_save_on_host_drops_each_saved_tensor_in_forward_and_makes_one_per_unpack():
-    from memlab.core.replay_standins import save_on_host
+    from memlab.core.predict.standins import save_on_host
 
     def run(torch, hooks):
         x = torch.zeros(256, 256, requires_grad=True)
@@ -173,7 +173,7 @@ def test_a_stand_in_profiles_fake_trace_reserves_what_the_h100_reserved(profile)
     """The seed shape at micro-batch 64 (tests/data/gpu/study-so-posts-h100/), within 1.5% (measured while the
     stand-ins were written: not held out). act_offload reserved 22% less before the trace left out the model's
     construction temporaries (allocation_trace._built_on_host)."""
-    from memlab.core.allocator_model import replay
+    from memlab.core.predict.allocator import replay
 
     measured = _h100_run("seed-so-posts", profile, 64)
     replayed = replay(bench_module("allocator_replay").fake_trace("seed-so-posts", profile, 64, SEED))
@@ -188,9 +188,9 @@ HELD_OUT = Path(__file__).resolve().parents[1] / "bench/experiments"
 def test_without_a_logits_segment_the_kernels_own_temporaries_fragment_what_the_h100_did(shape, profile, micro_batch):
     """The held-out shapes' runs (tests/data/gpu/estimate-heldout-h100/), where the fused losses leave no logits
     segment for the bias gradients' reduce staging and the attention backward's workspace to land in: reserved
-    within 2% (9.7% and 12.9% low before memlab.core.cuda_temporaries; cce and the deep shape's leanest, 9.8% and
+    within 2% (9.7% and 12.9% low before memlab.core.predict.cuda_temporaries; cce and the deep shape's leanest, 9.8% and
     4.5% low then, are in `bench/allocator_replay.py --against-h100 --standins`: the suite's time is short)."""
-    from memlab.core.allocator_model import replay
+    from memlab.core.predict.allocator import replay
 
     experiment = str(HELD_OUT / f"heldout_{shape}.toml")
     measured = _h100_run(experiment, profile, micro_batch)
@@ -203,7 +203,7 @@ def test_galore_replays_with_adamws_full_state_an_upper_bound_on_its_own():
     """GaLore's state for an m x n matrix at rank r is 2rn + mr elements (the projected moments and the projector),
     AdamW's 2mn: AdamW stands in, so the replayed max batch errs low (the seeds' study: 99 for 101 found)."""
     from memlab.core.config import load_profile
-    from memlab.core.replay_standins import split
+    from memlab.core.predict.standins import split
 
     profile, standins = split(load_profile("galore"))
     assert profile.optimizer.name == "adamw" and standins.optimizer is None

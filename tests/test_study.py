@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from memlab.cli import main
+from memlab.core import gpu_memory
 from memlab.core.compare import format_value
 
 # tiny, 3 steps; at its own max under a pretend card of 84 MiB plus the CUDA context (1247 MiB): the estimator predicts micro-batch 7 (baseline)
@@ -222,11 +223,10 @@ def test_a_folder_of_another_experiment_is_refused_untouched(done, capsys):
 
 
 def test_gpu_memory_above_the_card_is_refused(monkeypatch):
-    from memlab.core import batchfind
     from memlab.core.errors import MemlabError
     from memlab.core.study import Options, make_plan
 
-    monkeypatch.setattr(batchfind, "gpu_info", lambda index=0: batchfind.GpuInfo("NVIDIA Fake 24GB", 24 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("NVIDIA Fake 24GB", 24 * 2**30))
     with pytest.raises(MemlabError, match=r"--gpu-memory 80GiB \(80.00 GiB\) is more than this GPU has \(NVIDIA Fake 24GB: 24.00 GiB\)"):
         make_plan(Options(profiles=["baseline"], experiment="tiny", device="cuda", gpu_memory="80GiB"))
 
@@ -312,15 +312,16 @@ def test_a_stop_cuts_the_replayed_prediction_short_between_traces(tmp_path, monk
     """On a GPU the prediction replays the step's trace for up to minutes (compile_budget held a stop on the H100 past
     timeout's grace): a stop now ends it at the next trace, the item interrupted, with no prediction recorded (not
     the analytic figure it would otherwise fall back to), and no probe run."""
-    from memlab.core import allocation_trace
+    from memlab.core.predict import trace as allocation_trace
     from memlab.core import batchfind as bf
     from memlab.core.config import load_experiment, load_profile
+    from memlab.core.predict import card
     from memlab.core.study.maxbatch import find_max
     from memlab.core.study.plan import Plan
     from memlab.core.study.state import Item, Options
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(bf, "cuda_here", lambda: True)
+    monkeypatch.setattr(card, "cuda_here", lambda: True)
     monkeypatch.setattr(bf, "ChildProbe", lambda *a, **k: pytest.fail("a probe ran after the stop"))
     traced, real = [], allocation_trace.step_trace
     monkeypatch.setattr(allocation_trace, "step_trace", lambda *a, **k: traced.append(k["micro_batch"]) or real(*a, **k))
@@ -366,11 +367,10 @@ def test_findings_from_the_h100_seed_shape_runs(tmp_path):
     (4, "cuda", "24GiB", "--lanes 4 x --gpu-memory 24GiB is more than this GPU has (80.00 GiB); at most 3 lanes of 24GiB fit"),
 ])
 def test_lanes_that_cannot_share_the_card_are_refused(lanes, device, memory, expect, monkeypatch):
-    from memlab.core import batchfind
     from memlab.core.errors import MemlabError
     from memlab.core.study import Options, check_lanes, make_plan
 
-    monkeypatch.setattr(batchfind, "gpu_info", lambda index=0: batchfind.GpuInfo("NVIDIA Fake 80GB", 80 * 2**30))
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("NVIDIA Fake 80GB", 80 * 2**30))
     plan = make_plan(Options(profiles=["baseline"], experiment="tiny", device=device, gpu_memory=memory))
     with pytest.raises(MemlabError) as e:
         check_lanes(lanes, plan)
@@ -426,7 +426,7 @@ def test_lanes_search_several_profiles_at_once_each_recorded(tmp_path, monkeypat
     Study(plan, state, tmp_path, lines.append)._max_phase()
     assert {n: (state.item("max", n).status, state.item("max", n).max_batch) for n in names} == {n: ("measured", limits[n]) for n in names}
     assert most[0] == 3  # never more searches at once than lanes, and they did overlap
-    assert envs == [{bf.PER_PROCESS_ENV: "1"}] * 4
+    assert envs == [{gpu_memory.PER_PROCESS_ENV: "1"}] * 4
     saved = json.loads((tmp_path / "study.json").read_text())
     assert sorted(k for k in saved["items"] if k.startswith("max/")) == sorted(f"max/{n}" for n in names)
     for n in names:
@@ -436,14 +436,13 @@ def test_lanes_search_several_profiles_at_once_each_recorded(tmp_path, monkeypat
 
 def test_a_shared_card_without_per_process_nvml_is_refused_not_guessed(monkeypatch):
     """In a lane, the device-wide NVML figure would count the other lanes' memory: refused in one line instead."""
-    from memlab.core import batchfind as bf
     from memlab.core.errors import DeviceError
 
-    assert bf.process_use(5, lambda: 7) == 5 and bf.process_use(None, lambda: 7) == 7  # alone on the card
-    monkeypatch.setenv(bf.PER_PROCESS_ENV, "1")
-    assert bf.process_use(5, lambda: 7) == 5
+    assert gpu_memory.process_use(5, lambda: 7) == 5 and gpu_memory.process_use(None, lambda: 7) == 7  # alone on the card
+    monkeypatch.setenv(gpu_memory.PER_PROCESS_ENV, "1")
+    assert gpu_memory.process_use(5, lambda: 7) == 5
     with pytest.raises(DeviceError, match="other processes share the card"):
-        bf.process_use(None, lambda: 7)
+        gpu_memory.process_use(None, lambda: 7)
 
 
 def test_a_profile_with_its_own_overrides_is_said_to_be_another_experiment():
@@ -737,7 +736,7 @@ def _findings_frame(saved: dict[str, float]) -> pl.DataFrame:
 
 
 def _breakdown(top: str):
-    from memlab.core.estimate import Estimate
+    from memlab.core.predict.analytic import Estimate
 
     parts = {"logits_loss": 10, "activations": 10, "weights": 5, "gradients": 5, "optimizer_state": 5, "temporaries": 1, "workspace": 1}
     parts[top] = 100

@@ -1,10 +1,10 @@
-"""memlab.core.trace_lines: a step's fake trace read off lines in the micro-batch, for the replay's max-batch search."""
+"""memlab.core.predict.trace_lines: a step's fake trace read off lines in the micro-batch, for the replay's max-batch search."""
 
 from __future__ import annotations
 
 import pytest
 
-from memlab.core.trace_lines import Sized, StepTraces, canonical
+from memlab.core.predict.trace_lines import Sized, StepTraces, canonical
 
 MIB = 2**20
 
@@ -80,7 +80,7 @@ def test_lines_that_fail_where_the_search_ended_are_dropped_and_fitted_again_abo
 def test_the_replayed_max_batch_is_the_same_off_lines_as_traced_at_every_batch(profile, gib, monkeypatch):
     """The search's answer does not depend on where its traces came from: the tiny experiment, eager (its staging
     buffers and the embedding backward's blocks by rule, Sized) and compiled, under a budget, with find-batch's margin."""
-    from memlab.core import allocation_trace, trace_lines
+    from memlab.core.predict import trace as allocation_trace, trace_lines
     from memlab.core.config import load_experiment, load_profile
 
     experiment, args = load_experiment("tiny"), dict(vocab_size=512, budget_bytes=int(gib * 2**30), start=32, margin=0.03)

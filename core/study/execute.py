@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from memlab.core.batchfind import MEMORY_ENV
+from memlab.core.gpu_memory import MEMORY_ENV
 from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, map_on_lanes, names_gpu_fault, nvml_fault
 from memlab.core.queue import QueueOutcome
 from memlab.core.study.maxbatch import LiveProbes, find_max

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from memlab.core.estimate import Estimate, estimate, vocab_for
+from memlab.core.predict.analytic import Estimate, estimate, vocab_for
 from memlab.core.runfolder import read_info
 from memlab.core.study.frame import common, finished, peak_column, started_event
 from memlab.core.units import gib

@@ -8,7 +8,9 @@ import threading
 from typing import Any, Callable
 
 from memlab.core import batchfind as bf
-from memlab.core.allocation_trace import SearchStopped
+from memlab.core import gpu_memory
+from memlab.core.predict import card, maxbatch, valid_for
+from memlab.core.predict.trace import SearchStopped
 from memlab.core.study.plan import CPU_MEMORY, Plan
 from memlab.core.study.state import Item
 from memlab.core.units import gib, parse_size
@@ -51,8 +53,8 @@ def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = N
     the allocator replay traces the step for up to minutes: `stopping` is asked between its traces and within them (SearchStopped)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    return bf.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and bf.cuda_here(),
-                                  capped=bool(plan.cap_bytes), should_stop=stopping), where
+    return maxbatch.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and card.cuda_here(),
+                                        capped=bool(plan.cap_bytes), should_stop=stopping), where
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
@@ -70,7 +72,9 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
             return
     if not plan.on_cuda:
         item.status = "predicted" if item.predicted_max_batch else "error"
-        item.message = f"not measured (CPU): the estimator's prediction for {where}" if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it"
+        note = valid_for(plan.gpu_name if plan.on_cuda else None).note()
+        item.message = (f"not measured (CPU): the estimator's prediction for {where}" + (f" ({note})" if note else "")
+                        if item.predicted_max_batch else "not measured (CPU), and the estimator could not predict it")
         return
     item.command = _find_batch_command(plan, item.profile)
     _note_memlab(item)
@@ -117,7 +121,7 @@ def _search(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: C
     fit, oom, _ = bf.cached_bounds(key)
     fit, oom = bf.merged_bounds((fit, oom), [item.known_fit or 0], [item.known_oom] if item.known_oom else [])
     start = bf.start_below(item.predicted_max_batch)
-    env = lane_env | ({bf.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {})  # N searches share a card: no device-wide figure
+    env = lane_env | ({gpu_memory.PER_PROCESS_ENV: "1"} if plan.lanes > 1 else {})  # N searches share a card: no device-wide figure
     probe = bf.ChildProbe(name, plan.options.experiment, plan.run_overrides(), seq_len=plan.experiment.model.seq_len,
                           steps=PROBE_STEPS, cap_bytes=plan.cap_bytes, env=env)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
-from memlab.core.estimate import card_size
+from memlab.core.predict.analytic import card_size
 from memlab.core.study.state import STATE_FILE, Options
 from memlab.core.units import gib
 
@@ -112,7 +112,7 @@ def run_items(options: Options) -> list[str]:
 
 
 def _check_card(cap: int | None, text: str | None) -> tuple[str | None, int | None]:
-    from memlab.core.batchfind import gpu_info
+    from memlab.core.gpu_memory import gpu_info
 
     gpu = gpu_info()
     if gpu is None:

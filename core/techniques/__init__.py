@@ -51,6 +51,7 @@ from memlab.core.techniques import (
     precision,
     torch_compile,
 )
+from memlab.core.techniques.standin import StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -83,6 +84,18 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     act_offload.check_plan(experiment, profile)
     cuda_graph.check_plan(experiment, profile)
     finetune.check_plan(experiment, profile, world)
+
+
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose releases decide the profile's memory, as each technique declares them: a prediction
+    says whether it was calibrated for the releases installed (memlab.core.predict.calibration)."""
+    return tuple(dict.fromkeys(lib for t in TECHNIQUES if hasattr(t, "memory_libraries") for lib in t.memory_libraries(profile)))
+
+
+def memory_standins(profile: Profile) -> tuple[StandIn, ...]:
+    """The stand-ins the techniques declare for the predictor's fake step (memlab.core.techniques.standin)."""
+    found = (t.memory_standin(profile) for t in TECHNIQUES if hasattr(t, "memory_standin"))
+    return tuple(s for s in found if s is not None)
 
 
 def apply_techniques(step: TrainStep) -> None:

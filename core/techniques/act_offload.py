@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError
+from memlab.core.techniques.standin import StandIn
 from memlab.core.offload import MIN_BYTES, CudaCopies, OverlapOffload
 from memlab.core.requirements import refuse_without_cuda
 
@@ -51,6 +52,14 @@ def check_plan(experiment: Experiment, profile: Profile) -> None:
         conflict = _overlap_conflict(profile)
         if conflict:
             raise ConfigError(conflict)
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """Activations copied to the host: on a CPU host and device are one, so the stand-in copies on the device only."""
+    if not profile.checkpointing.offload:
+        return None
+    return StandIn("offload", "overlap" if profile.checkpointing.offload_overlap else "sync",
+                   {"checkpointing.offload": False, "checkpointing.offload_overlap": False})
 
 
 def apply(step: TrainStep) -> None:

@@ -5,7 +5,7 @@ on the fly, each with one dynamic scale. The weights stay fp32 masters and the c
 compiled (Inductor fuses the casts and scale reductions), and only where the matmuls are large: on the H100 at
 gpt2s's 768-wide blocks it was 19-35% slower than `compile` (two machines). Compiled, it also saves less for
 backward (27% lower peak there): the partitioner recomputes the LayerNorm and GELU outputs rather than keep them
-(memlab.core.estimate).
+(memlab.core.predict.analytic).
 
 Left in high precision: the LM head (the tied embedding matrix: its V x C matmul feeds the loss) and any Linear
 whose in or out features are not multiples of 16 (float8 matmuls need them). kernels.fused would bypass the
@@ -63,6 +63,11 @@ def check_plan(experiment: Experiment, profile: Profile) -> None:
 def converts(module: torch.nn.Module, fqn: str) -> bool:
     """torchao's module filter: a Linear that float8 can run, and not the LM head."""
     return fqn.split(".")[-1] not in SKIPPED and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (torchao's Float8Linear, traced or stood in for)."""
+    return ("torchao",) if profile.kernels.float8 else ()
 
 
 def apply(step: TrainStep) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from memlab.core import linear_ce
 from memlab.core.errors import ConfigError
+from memlab.core.techniques.standin import StandIn
 from memlab.core.techniques.precision import compute_dtype
 from memlab.core.requirements import refuse_without_cuda
 
@@ -37,6 +38,19 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
         raise ConfigError(f"unknown loss.fused {fused!r}; valid: none, {', '.join(linear_ce.LIBRARIES)}")
     if fused == "cce" and profile.precision.dtype not in ("bf16", "fp16"):
         raise ConfigError(f"loss.fused = cce needs 16-bit inputs (its backward takes bf16 or fp16 only): use precision.dtype = bf16 or fp16, not {profile.precision.dtype}")
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """A library's fused linear cross-entropy runs Triton kernels: the fake step builds full logits, the stand-in
+    allocates what the library's kernels allocate."""
+    if profile.loss.fused == "none":
+        return None
+    return StandIn("loss", profile.loss.fused, {"loss.fused": "none"})
+
+
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (the predictor's stand-in was read from one)."""
+    return (linear_ce.LIBRARIES[profile.loss.fused].distribution,) if profile.loss.fused in linear_ce.LIBRARIES else ()
 
 
 def apply(step: TrainStep) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.core.batchfind import apply_memory_cap, memory_cap_request, tighten_memory_cap
+from memlab.core.gpu_memory import apply_memory_cap, memory_cap_request, tighten_memory_cap
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile

@@ -26,7 +26,7 @@ class InBackwardOptimizer:
     """One AdamW per parameter, each stepped from its parameter's post-accumulate-grad hook."""
 
     def __init__(self, optimizers: list[torch.optim.Optimizer], handles: list) -> None:
-        self.optimizers = optimizers  # MemTracker (memlab.core.memsnapshot) tracks their state
+        self.optimizers = optimizers  # MemTracker (memlab.core.predict.fake) tracks their state
         self._handles = handles
 
     @property

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError
+from memlab.core.techniques.standin import StandIn
 from memlab.core.optim import build_optimizer
 from memlab.core.optim_library import PACKAGES, library_version, require_package
 from memlab.core.requirements import refuse_without_cuda
@@ -80,6 +81,22 @@ def describe(profile: Profile) -> str:
     if cfg.name == "paged_adamw8bit":  # the summary's peak (the allocator's) does not include it: say so
         text += "; state in CUDA unified memory, outside the allocator's peak (NVML counts it)"
     return text
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """State kept on the host, or a library's CUDA-only optimizer: the fake step builds plain AdamW and the predictor
+    installs the stand-in. GaLore: AdamW's full-size state bounds its rank-r state from above (the max batch errs low)."""
+    if profile.optimizer.offload:
+        return StandIn("optimizer", "offload", {"optimizer.offload": False})
+    if profile.optimizer.name in PACKAGES:
+        return StandIn("optimizer", None if profile.optimizer.name == "galore" else profile.optimizer.name,
+                       {"optimizer.name": "adamw"})
+    return None
+
+
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    """The libraries whose release decides this technique's memory (the predictor's stand-in was read from one)."""
+    return (PACKAGES[profile.optimizer.name][1],) if profile.optimizer.name in PACKAGES else ()
 
 
 def apply(step: TrainStep) -> None:

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
-    from memlab.core.batchfind import GpuInfo, ProbeResult
+    from memlab.core.batchfind import ProbeResult
+    from memlab.core.gpu_memory import GpuInfo
     from memlab.core.config import Experiment, Profile
-    from memlab.core.estimate import Estimate
+    from memlab.core.predict import Card, MaxBatch, Prediction
+    from memlab.core.predict.analytic import Estimate
 
-DEFAULT_CARD = "80GiB"  # what `memlab estimate` assumes without a GPU to ask: an 80 GB H100
 FRAGMENTATION_HINT = 0.10
 
 ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s (the GPU default, wherever this runs).")]
@@ -59,94 +60,78 @@ def estimate(
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size, over all ranks); the micro-batch is it divided by accumulation.steps x --nproc.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
     gpu_memory: EstimateMemoryOpt = None,
-    method: Annotated[str, typer.Option("--method", help="auto (analytic; with --gpu-memory the allocator replay too, seconds) | analytic (from the configuration alone) | fake (one step measured on fake tensors, and the replay: no GPU, no memory).")] = "auto",
+    method: Annotated[str, typer.Option("--method", help="auto (gpt: analytic, and with --gpu-memory the allocator replay too, seconds; other families: trace) | analytic (the GPT formula: an upper bound, instant) | trace (alias fake: one step of the real TrainStep on fake tensors, and the allocator replay: no GPU, no memory).")] = "auto",
+    longest_seq: Annotated[bool, typer.Option("--longest-seq", help="Also search the longest sequence (a multiple of 64) that fits at this micro-batch, by the same method.")] = False,
     as_json: JsonOpt = False,
     set_: SetOpt = None,
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
-    from memlab.core import estimate as est_mod
-    from memlab.core.batchfind import guarded
+    from memlab.cli.options import refuse_flag_and_set
     from memlab.core.errors import ConfigError
 
-    if method not in ("auto", "analytic", "fake"):
-        raise ConfigError(f"--method {method!r} is not valid; choose one of: auto, analytic, fake")
+    if method not in ESTIMATE_METHODS:
+        raise ConfigError(f"--method {method!r} is not valid; choose one of: {', '.join(ESTIMATE_METHODS)}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
-    from memlab.cli.options import refuse_flag_and_set
-
     refuse_flag_and_set(set_, batch_size=batch_size)
-    world = 1 if nproc is None else nproc
-    if world < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
     if gpu_memory is not None:
         parse_size(gpu_memory)  # refused before the checks that import torch
     overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
     exp, prof = _load(experiment, profile, overrides)
-    if nproc is not None or prof.distributed.mode != "none":
-        from memlab.core.techniques import check_plan
+    from memlab.core import predict as P  # torch from here: the names and values are known to be good
+    from memlab.core.predict.analytic import vocab_for
+    from memlab.core.predict.prediction import family_of
 
-        check_plan(exp, prof, world)  # the combinations `memlab run --nproc` refuses, refused here too
-    if method == "fake" and world > 1:
-        raise ConfigError("--method fake measures one process; with --nproc use --method analytic")
-    memory, where = _card_to_fit(gpu_memory)
-    vocab, vocab_from = est_mod.vocab_for(exp)
-    analytic = est_mod.estimate(exp, prof, vocab_size=vocab, world_size=world)
-    result = analytic
-    max_batch = est_mod.predict_max_batch(exp, prof, vocab_size=vocab, memory_bytes=memory, world_size=world)
-    replayed, no_replay = None, ""
-    if method == "fake":
-        from memlab.core.memsnapshot import fake_estimate
-
-        result = fake_estimate(exp, prof, vocab_size=vocab)
+    world = _world(exp, prof, nproc)
+    traced = method in ("fake", "trace") or (method == "auto" and family_of(exp) != "gpt")
+    if traced and world > 1:
+        raise ConfigError(f"--method {method} measures one process; with --nproc use --method analytic")
+    card = P.card_for(gpu_memory)
+    result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
+    analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
     # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
-    replay_too = method == "fake" or (method == "auto" and gpu_memory is not None and world == 1)
-    if replay_too:
-        replayed, no_replay = _replayed(exp, prof, vocab, result.micro_batch, memory, max_batch, capped=gpu_memory is not None)
-    plan = guarded(exp, prof, vocab, memory, replayed.max_batch) if replayed and max_batch else max_batch
+    replay_too = traced or (method == "auto" and gpu_memory is not None and world == 1)
+    found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
+    vocab_from = vocab_for(exp)[1]
+    longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     if as_json:
-        out = result.to_dict() | {"memory_bytes": memory, "memory": where, "max_batch": max_batch, "vocab_from": vocab_from, "world_size": world}
-        if method == "fake":
-            out["analytic_total_bytes"] = analytic.total_bytes
-        if replay_too:
-            out["replayed"] = dataclasses.asdict(replayed) if replayed else {"refused": no_replay}
-            out["max_batch_to_plan"] = plan
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, replay_too)
+                              | ({"max_seq_len": longest} if longest_seq else {})))
         return
-    _print_estimate(result, analytic if method == "fake" else None, memory, where, max_batch, vocab_from, world, prof.distributed.mode)
+    _print_estimate(result, analytic, found, card, vocab_from, world, prof.distributed.mode)
+    if longest_seq:
+        typer.echo(f"longest sequence at micro-batch {result.micro_batch} in {gib(card.total_bytes)} ({card.where}): "
+                   f"{longest} tokens ({result.method}, a multiple of 64)")
     if replay_too:
-        _print_replayed(replayed, no_replay, where)
-    if replayed and max_batch:
-        typer.echo(f"max micro-batch to plan for: {plan} (the replay's, no more than the analytic figure with the plain 5% "
-                   "fragmentation margin; find-batch and the study on a GPU start there)")
+        _print_replayed(found.replayed, found.not_replayed, card.where)
 
 
-def _card_to_fit(gpu_memory: str | None) -> tuple[int, str]:
-    """The memory the estimate fits (bytes, and where the figure came from): --gpu-memory, else this machine's GPU,
-    else an 80 GB H100."""
-    from memlab.core.batchfind import gpu_info
-
-    if gpu_memory is not None:
-        from memlab.core.estimate import card_size
-
-        return card_size(gpu_memory), f"--gpu-memory {gpu_memory}"
-    info = gpu_info() if _cuda_visible() else None
-    if info is not None:
-        return info.total_bytes, info.name
-    return parse_size(DEFAULT_CARD), "no GPU here: an 80 GB H100 assumed"
+ESTIMATE_METHODS = ("auto", "analytic", "trace", "fake")
 
 
-def _replayed(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, memory: int, start: int, capped: bool):
-    """(the allocator model over the fake trace, None) or (None, why not). `capped`: --gpu-memory names the card,
-    which find-batch and the study emulate under a cap."""
-    from memlab.core.allocation_trace import replay_for_card
-    from memlab.core.batchfind import REPLAY_MARGIN
-    from memlab.core.errors import MemlabError
+def _world(exp: Experiment, prof: Profile, nproc: int | None) -> int:
+    """--nproc, checked: the combinations `memlab run --nproc` refuses are refused here too."""
+    from memlab.core.errors import ConfigError
+    from memlab.core.techniques import check_plan
 
-    try:
-        return replay_for_card(exp, prof, vocab_size=vocab, micro_batch=micro_batch, memory_bytes=memory, start=max(1, start),
-                               margin=REPLAY_MARGIN, capped=capped), ""
-    except MemlabError as e:
-        return None, str(e)
+    world = 1 if nproc is None else nproc
+    if world < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    if nproc is not None or prof.distributed.mode != "none":
+        check_plan(exp, prof, world)
+    return world
+
+
+def _estimate_json(result: Prediction, analytic: Prediction | None, found: MaxBatch, card: Card, vocab_from: str,
+                   world: int, replay_too: bool) -> dict:
+    """One object: the prediction (bytes), one max_batch (the one to plan for), the others named for what they are."""
+    out = result.to_dict() | {"memory_bytes": card.total_bytes, "memory": card.where, "max_batch": found.max_batch,
+                              "analytic_max_batch": found.analytic_bound, "vocab_from": vocab_from, "world_size": world}
+    if analytic is not None:
+        out["analytic_total_bytes"] = analytic.total_bytes
+    if replay_too:
+        out["replayed"] = dataclasses.asdict(found.replayed) if found.replayed else {"refused": found.not_replayed}
+    return out
 
 
 def _print_replayed(r, no_replay: str, where: str) -> None:
@@ -189,11 +174,12 @@ def _cuda_visible() -> bool:
         return False
 
 
-def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, where: str, max_batch: int, vocab_from: str, world: int = 1, mode: str = "none") -> None:
+def _print_estimate(result: Prediction, analytic: Prediction | None, found: MaxBatch, card: Card, vocab_from: str,
+                    world: int = 1, mode: str = "none") -> None:
     from memlab.cli.console import make_console
     from rich.table import Table
 
-    from memlab.core.estimate import COMPONENTS
+    from memlab.core.predict.analytic import COMPONENTS
 
     console = make_console()
     console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
@@ -210,15 +196,19 @@ def _print_estimate(result: Estimate, analytic: Estimate | None, memory: int, wh
     if analytic is not None:
         diff = (analytic.total_bytes - result.total_bytes) / max(result.total_bytes, 1)
         console.print(f"analytic estimate: {gib(analytic.total_bytes)} ({diff:+.1%} against the fake-tensor measurement)")
-    if max_batch:
-        console.print(f"predicted max micro-batch in {gib(memory)} ({where}): [bold]{max_batch}[/]")
-        if analytic is None:  # the analytic figure assumes a fragmentation margin; --method fake replays the allocator
+    if found.max_batch:
+        console.print(f"predicted max micro-batch in {gib(card.total_bytes)} ({card.where}): [bold]{found.max_batch}[/] (the one to plan for)")
+        if found.replayed is None:  # the analytic figure assumes a fragmentation margin; --method trace replays the allocator
             console.print("  [dim]tensors and a fragmentation margin: an upper estimate where large transient blocks (logits and their "
-                          "gradients) fragment the allocator; --method fake replays CUDA's caching allocator over the step[/]")
+                          "gradients) fragment the allocator; --method trace replays CUDA's caching allocator over the step[/]")
+        else:
+            console.print(f"  [dim]the allocator replay's, no more than the analytic upper bound ({found.analytic_bound}) with the plain "
+                          "5% fragmentation margin; find-batch and the study on a GPU start there[/]")
     else:
-        console.print(f"predicted: not even micro-batch 1 fits in {gib(memory)} ({where})")
+        console.print(f"predicted: not even micro-batch 1 fits in {gib(card.total_bytes)} ({card.where})")
     for n in result.notes:
         console.print(f"  [dim]{n}[/]")
+
 
 
 # ---------------------------------------------------------------------------------------------- find-batch
@@ -239,7 +229,7 @@ def _cap_for(gpu_memory: str | None, gpu: GpuInfo | None) -> int | None:
 
     if gpu_memory is None:
         return None
-    from memlab.core.estimate import card_size
+    from memlab.core.predict.analytic import card_size
 
     cap = card_size(gpu_memory)
     if gpu is not None and cap > gpu.total_bytes:
@@ -284,8 +274,9 @@ def _start_from_estimate(exp: Experiment, prof: Profile, memory: int, on_gpu: bo
     """Where the doubling starts, and the estimator's prediction it starts from (on a GPU, the allocator replay's where
     it is smaller)."""
     from memlab.core import batchfind as bf
+    from memlab.core.predict import predicted_max_batch
 
-    pred = bf.predicted_max_batch(exp, prof, memory, replay=on_gpu, capped=capped)
+    pred = predicted_max_batch(exp, prof, memory, replay=on_gpu, capped=capped)
     return bf.start_below(pred), pred
 
 
@@ -365,19 +356,23 @@ def _search_one(profile: str, exp: Experiment, prof: Profile, a: _FindArgs, lane
     """One profile's search (its probes pinned to `lane`'s GPU, if any), then the probe with the allocator setting
     flipped. A ProbeError is raised with `.seen`: the probes measured before it."""
     from memlab.core import batchfind as bf
+    from memlab.core import gpu_memory as gpus
+    from memlab.core import predict as P
 
-    gpu = bf.gpu_info(lane.indices[0] if lane is not None and lane.indices else 0)
+    gpu = gpus.gpu_info(lane.indices[0] if lane is not None and lane.indices else 0)
     cap = _cap_for(a.gpu_memory, gpu)
     gpu_name = gpu.name if gpu else "unknown GPU"
     memory = cap or (gpu.total_bytes if gpu else 0)
     key = bf.cache_key(exp, prof, gpu_name, cap, steps=a.steps, allow_retries=a.allow_retries)
     fit, oom = (0, None) if a.refresh else bf.cached_bounds(key)[:2]
-    hint, predicted = _start_from_estimate(exp, prof, memory, bf.cuda_here(), cap is not None) if memory else (1, None)
+    hint, predicted = _start_from_estimate(exp, prof, memory, P.card.cuda_here(), cap is not None) if memory else (1, None)
     env = lane.env if lane is not None else {}
     exp_ref = "gpt2s" if a.experiment == "auto" else a.experiment
     where = f" · {lane.name}" if lane is not None and lane.indices else ""
     say(f"find-batch: {prof.name} on {exp.name} · {gpu_name}{where}" + (f" capped at {gib(cap)}" if cap else "") + f" · {a.steps} steps a probe"
         + (f" · cached: fits {fit}" + (f", OOM at {oom}" if oom else "") if fit or oom else ""))
+    if predicted and (note := P.valid_for(gpu_name).note()):
+        say(f"the prediction it starts from (micro-batch {predicted}) is {note}")
     probe = bf.ChildProbe(profile, exp_ref, a.overrides, seq_len=exp.model.seq_len, steps=a.steps, cap_bytes=cap,
                           allow_retries=a.allow_retries, env=env)
     seen: list[ProbeResult] = []
@@ -546,6 +541,7 @@ def resolve_max_batch(
     import os
 
     from memlab.core import batchfind as bf
+    from memlab.core import gpu_memory
 
     if dev.type != "cuda":
         from memlab.core.errors import DeviceError
@@ -553,10 +549,10 @@ def resolve_max_batch(
         raise DeviceError("--batch-size max measures what fits on the GPU and needs CUDA; on CPU give a number (memlab estimate --profile NAME predicts the max batch)")
     B = exp.train.batch_size
     cands = bf.divisors(B)
-    gpu = bf.gpu_info(dev.index or 0)
+    gpu = gpu_memory.gpu_info(dev.index or 0)
     gpu_name = gpu.name if gpu else "unknown GPU"
-    raw_cap = os.environ.get(bf.MEMORY_ENV)
-    cap = parse_size(raw_cap, bf.MEMORY_ENV) if raw_cap else None
+    raw_cap = os.environ.get(gpu_memory.MEMORY_ENV)
+    cap = parse_size(raw_cap, gpu_memory.MEMORY_ENV) if raw_cap else None
     err = _err_console()
     meta = {"experiment": exp.name, "profile": prof.name, "gpu": gpu_name, "cap_bytes": cap, "steps": 3}
     t0 = time.monotonic()

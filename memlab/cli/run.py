@@ -35,6 +35,7 @@ def run(
     memory_snapshot: Annotated[bool, typer.Option("--memory-snapshot", help="CUDA: record the allocator over the first measured steps; writes a memory snapshot (open it at pytorch.org/memory_viz) and a breakdown beside the estimate.")] = False,
     label: Annotated[Optional[str], typer.Option("--label", help="Name the run's profile in results (default: the profile's name), e.g. gradcp@b16; sweep --vary sets it.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Run N ranks on this host through torchrun (one GPU each on CUDA); the profile picks ddp or fsdp (e.g. ddp_bf16, fsdp_bf16).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="CPU: run even when the predicted host peak is more than the memory available.")] = False,
 ) -> None:
     """Train one technique profile and measure it (memory by phase, speed, quality)."""
     from memlab.core.environment import check_device_name
@@ -65,6 +66,10 @@ def run(
     exp, prof = resolve(experiment, profile, dev.type, overrides)
     if label is not None:
         prof.name = checked_label(label)
+    if dev.type == "cpu" and not force:  # before anything allocates: the host has no allocator cap to fail cleanly
+        from memlab.core.predict.host import refuse_over_host
+
+        refuse_over_host(exp, prof)
     if nproc is not None:  # checked here, so a bad combination is one line before any process starts
         args = ["run", "--profile", profile, "--experiment", experiment, "--device", device, "--runs-dir", runs_dir]
         args += [a for item in overrides for a in ("--set", item)] + (["--events", events] if events else [])

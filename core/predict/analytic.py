@@ -29,29 +29,27 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from memlab.core.attention import declared, effective_window
 from memlab.core.config import Experiment, Profile
+from memlab.core.data import cache as cache_mod
+from memlab.core.data.tokens import cache_entry
 from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.offload import MIN_BYTES
+from memlab.core.predict.calibration import CALIBRATION, DEVICES
+from memlab.core.predict.inductor import GraphShape, budget_peaks
+from memlab.core.predict.search import LIMIT, largest_fitting
 
 MIB = 1024**2
 
 # ---------------------------------------------------------------------------------------------- measured constants
 
-# Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here: cuBLAS / cuBLASLt
-# workspaces, cuDNN and attention-kernel scratch, block rounding. Measured on the H100 (torch 2.11, every built-in
-# profile on gpt2s at micro-batch 16: the median over the profiles of one kernel of measured less predicted without
-# a workspace, docs/estimator.md): sdpa 74.6 MB (15 profiles),
-# flash (FA4) 73.2 MB (4), flex 74.5 MB (1). One figure serves them all.
-WORKSPACE_BYTES: dict[str, int] = {
-    "default": 71 * MIB,
-}
-
-# Device memory outside the allocator on a card used whole (the CUDA context, cuDNN / cuBLAS handles, loaded
-# kernels): NVML's used memory less the allocator's reserved. H100 + torch 2.11, every built-in profile on
-# gpt2s: 1231 .. 1263 MiB, median 1247.
-CUDA_CONTEXT_BYTES = 1247 * MIB
-# Of which the driver's own reserve on that H100 (NVML v2 `reserved` on the idle card); a GPU with another reserve
-# (an H200's is 0.60 GiB) takes its own in its place (batchfind.context_bytes_here).
-H100_DRIVER_RESERVE_BYTES = 480 * MIB
+# Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here (cuBLAS / cuBLASLt
+# workspaces, attention scratch, block rounding), and device memory outside the allocator on a card used whole (the
+# CUDA context, handles, loaded kernels), of which the driver's own reserve: measured, so data keyed by GPU and torch
+# (memlab.core.predict.calibration). A GPU with another reserve takes its own in its place (card.context_bytes_here).
+WORKSPACE_BYTES: dict[str, int] = {"default": CALIBRATION.workspace_bytes}
+CUDA_CONTEXT_BYTES = CALIBRATION.cuda_context_bytes
+H100_DRIVER_RESERVE_BYTES = DEVICES[CALIBRATION.gpu].driver_reserve_bytes
 
 
 def card_size(text: str) -> int:
@@ -95,7 +93,7 @@ class Estimate:
     peak_phase: str
     phases: dict[str, int]  # the peak of each candidate moment, for the curious
     notes: list[str] = field(default_factory=list)
-    method: str = "analytic"  # analytic | fake (measured on fake tensors, memlab.core.memsnapshot)
+    method: str = "analytic"  # analytic | fake (measured on fake tensors, memlab.core.predict.fake)
 
     @property
     def total_bytes(self) -> int:
@@ -294,7 +292,6 @@ def _attention_kind(profile: Profile) -> str:
     """The kernel's own declaration (memlab.core.attention): eager and SDPA's math backend materialize the T x T
     scores; every other kernel keeps O(T) per head. The estimator's one question to the attention kernel: every
     memory rule that depends on it reads this."""
-    from memlab.core.attention import declared
 
     return "materialized" if declared(profile.attention).materializes_scores else "fused"
 
@@ -353,7 +350,6 @@ def _block_mask_bytes(experiment: Experiment, profile: Profile, pr: _Precision, 
       FA4; flash windows without the mask only where FA2 is installed, which this plan does not assume). Each call
       turns the boolean mask into an additive one in q's dtype (ATen's convert_boolean_attn_mask: a new tensor per
       call) and _scaled_dot_product_efficient_attention saves it as attn_bias for its backward: e bytes."""
-    from memlab.core.attention import effective_window
 
     m = experiment.model
     if profile.attention.kernel == "eager":
@@ -470,7 +466,7 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
 
 
 def _untraceable(st: _Step) -> str | None:
-    """Why memlab.core.compile_budget_model cannot trace this step compiled under checkpointing.budget (its model is
+    """Why memlab.core.predict.inductor cannot trace this step compiled under checkpointing.budget (its model is
     memlab's plain GPT on one CUDA GPU: SDPA attention, or flash-attn's, which saves the same tensors; bf16 autocast,
     full logits; float8's Linears where torchao is installed here), or None when it can."""
     p = st.profile
@@ -487,9 +483,8 @@ def _untraceable(st: _Step) -> str | None:
 
 
 def _graph_shape(st: _Step, experiment: Experiment):
-    """What memlab.core.compile_budget_model traces for this compiled step: the partitioner decides at the
+    """What memlab.core.predict.inductor traces for this compiled step: the partitioner decides at the
     experiment's own micro-batch (at least 2: torch.compile specializes a batch of 1)."""
-    from memlab.core.compile_budget_model import GraphShape
 
     s, p = st.s, st.profile
     # flash-attn's kernels are custom ops, in none of the partitioner's op lists: cuDNN attention's place
@@ -508,7 +503,7 @@ def torchao_installed() -> bool:
 
 
 def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int):
-    """The GraphShape of this compiled step on one CUDA GPU (memlab.core.compile_budget_model), or a MemlabError
+    """The GraphShape of this compiled step on one CUDA GPU (memlab.core.predict.inductor), or a MemlabError
     saying why it cannot be traced (_untraceable)."""
     st = _resolve_step(experiment, profile, vocab_size, None, 1, "cuda")
     why = _untraceable(st)
@@ -518,7 +513,7 @@ def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: i
 
 
 def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, model: _ModelSaved, notes: list[str]) -> dict[str, dict[str, int]]:
-    """A step compiled under checkpointing.budget < 1, traced on fake tensors (memlab.core.compile_budget_model): the
+    """A step compiled under checkpointing.budget < 1, traced on fake tensors (memlab.core.predict.inductor): the
     partitioner's own choice of what to save, and Inductor's own buffers for both graphs, replayed. The backward's
     peak is where the recompute lands: at budget 0 the backward rebuilds the whole forward before its first
     gradient, so it peaks about as high as no budget at all. Its gradients are made inside the compiled backward
@@ -527,7 +522,6 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     {} when not traced."""
     if st.profile.checkpointing.budget >= 1 or not st.compiled or _untraceable(st):
         return {}
-    from memlab.core.compile_budget_model import budget_peaks
 
     s, p = st.s, st.profile
     shape = _graph_shape(st, experiment)
@@ -873,7 +867,6 @@ def _overlap_kept(s: _Shape, plain: dict[str, int]) -> int:
     """What an un-checkpointed block keeps on the GPU under offload_overlap (memlab.core.offload): the bf16 weight
     copies (weights are not moved), and the tensors too small to move: LayerNorm's mean and rstd (4 BT bytes each)
     and the attention's log-sum-exp (4 bHT), each under MIN_BYTES at ordinary shapes."""
-    from memlab.core.offload import MIN_BYTES
 
     kept = plain.get("weight_copies", 0)
     if 4 * s.BT < MIN_BYTES:
@@ -1113,7 +1106,7 @@ def usable_bytes(memory_bytes: int, *, profile: Profile | None = None, pattern: 
 
 
 def predict_max_batch(
-    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, limit: int = 1 << 20,
+    experiment: Experiment, profile: Profile, *, vocab_size: int, memory_bytes: int, limit: int = LIMIT,
     world_size: int = 1, pattern: str | None = None,
 ) -> int:
     """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits), with the
@@ -1124,17 +1117,7 @@ def predict_max_batch(
     def fits(b: int) -> bool:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_fitting(fits, 1, limit)
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary
@@ -1147,8 +1130,6 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
     if experiment.model.vocab_size:
         return experiment.model.vocab_size, "model.vocab_size"
     try:
-        from memlab.core.data import cache as cache_mod
-        from memlab.core.data.tokens import cache_entry
 
         _, spec, name = cache_entry(experiment.data)
         meta = cache_mod.read_meta(cache_mod.tokens_dir() / name)
@@ -1170,7 +1151,10 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
 
 
 def peak_for_run(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, device: str, world_size: int = 1) -> int | None:
-    """The engine's `estimate_peak_bytes`: the prediction recorded beside the measured peak. Never fails a run."""
+    """The engine's `estimate_peak_bytes`: the prediction recorded beside the measured peak (the formula's, so the gpt
+    family's only: None for another). Never fails a run."""
+    if getattr(experiment.model, "family", "gpt") != "gpt":
+        return None
     try:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, device=device, world_size=world_size).total_bytes
     except Exception:  # noqa: BLE001 (an estimate is a nicety; a run must not die of it)

@@ -1,5 +1,5 @@
 """What CUDA kernels allocate from the caching allocator beyond their outputs, and free before they return: the
-blocks a fake step (memlab.core.allocation_trace) does not make by itself. Transient, they add nothing to the
+blocks a fake step (memlab.core.predict.trace) does not make by itself. Transient, they add nothing to the
 allocated peak, but each needs a free block of its size at that moment; on a shape without a large freed block
 to land in (no logits segment: liger_ce, cce, leanest) they fragment the reserve.
 
@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
+
 if TYPE_CHECKING:
     from memlab.core.config import Profile
 
@@ -35,8 +37,8 @@ MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD = 16, 256
 class Sms:
     """What the reduction's launch configuration reads of the device."""
 
-    count: int = 132  # H100 SXM
-    max_threads: int = 2048
+    count: int = DEVICES[ASSUMED_GPU].sm_count  # no GPU here: the card memlab estimate assumes
+    max_threads: int = DEVICES[ASSUMED_GPU].max_threads_per_sm
 
     @classmethod
     def of_this_device(cls) -> Sms:

@@ -1,4 +1,4 @@
-"""One training step's allocation trace, for the allocator model (memlab.core.allocator_model): which tensor
+"""One training step's allocation trace, for the allocator model (memlab.core.predict.allocator): which tensor
 storages are created and freed, in order, and how large.
 
 - `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; memsnapshot.fake_step, the machinery
@@ -7,7 +7,7 @@ storages are created and freed, in order, and how large.
   estimate does.
 - `compiled_trace`: a compiled step's (compile.enabled): the same two steps on fake tensors, the model's forward and
   backward replaced by the buffers Inductor's wrapper code allocates and frees for CUDA
-  (memlab.core.compile_budget_model.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
+  (memlab.core.predict.inductor.step_events, one symbolic trace for every micro-batch). On the H100 (torch 2.11)
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
@@ -29,9 +29,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from memlab.core import stopping
-from memlab.core.allocator_model import CAPTURE, OutOfMemory, replay
+from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
-from memlab.core.trace_lines import Sized, StepTraces
+from memlab.core.errors import MemlabError
+from memlab.core.model import GPT
+from memlab.core.predict import analytic as est
+from memlab.core.predict import inductor
+from memlab.core.predict import standins as replay_standins
+from memlab.core.predict.allocator import CAPTURE, OutOfMemory, replay
+from memlab.core.predict.card import context_bytes_here
+from memlab.core.predict.cuda_temporaries import Sms, attention_backward_kernel, sum_staging_bytes
+from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step
+from memlab.core.predict.search import bisected, largest_fitting
+from memlab.core.predict.standins import compiled_standin, float8_standin
+from memlab.core.predict.trace_lines import Sized, StepTraces
+from memlab.core.techniques.cuda_graph import WARM_STEPS
+from memlab.core.techniques.precision import compute_dtype
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
 # replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
@@ -83,15 +96,12 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
 def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                    capped: bool = False) -> list[Event]:
     """fake_trace's two steps with the model's forward and backward replaced by the compiled graphs' own buffers
-    (memlab.core.compile_budget_model.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
+    (memlab.core.predict.inductor.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
     token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
     step's, on fake tensors as fake_trace records them. One symbolic trace (cached) serves every micro-batch. Raises
     a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
-    from memlab.core.compile_budget_model import step_events
-    from memlab.core.estimate import compiled_graph_shape
-    from memlab.core.replay_standins import float8_standin
 
-    graphs = step_events(compiled_graph_shape(experiment, profile, vocab_size))
+    graphs = inductor.step_events(est.compiled_graph_shape(experiment, profile, vocab_size))
     # float8's casts and scaled matmuls are in the graphs; the eager step around them (which cannot build torchao's
     # Float8Linear on fake tensors here) has the same parameters without it
     return _two_steps(experiment, float8_standin(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
@@ -105,11 +115,6 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
     import torch
 
-    from memlab.core import replay_standins
-    from memlab.core.cuda_temporaries import attention_backward_kernel
-    from memlab.core.memsnapshot import FAKE_STEP_LOCK, fake_runnable, fake_step
-    from memlab.core.techniques.cuda_graph import WARM_STEPS
-    from memlab.core.techniques.precision import compute_dtype
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = profile.cuda_graph.enabled
@@ -138,13 +143,12 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
 
 def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
     """What a run under --gpu-memory's cap (MEMLAB_GPU_MEMORY_BYTES: find-batch's and the study's probes) allocates
-    before its model (batchfind._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
+    before its model (gpu_memory._used_outside_allocator): a matrix, its square, the main thread's cuBLAS workspace,
     which the forward's matmuls then share, and a scalar; all but the workspace freed. The workspace then sits in a
     segment of its own, not in a freed logits segment: on the mid held-out shape the H100 reserved 20.42 GiB at
-    micro-batch 27 with the cap and 22.18 without it (bench/replay_check.sh traces it)."""
-    from memlab.core.batchfind import MEASURE_SIDE
+    micro-batch 27 with the cap and 22.18 without it (bench/results/replay-check-h100/)."""
 
-    where = "the memory cap's measurement (batchfind._used_outside_allocator)"
+    where = "the memory cap's measurement (gpu_memory._used_outside_allocator)"
     matrix = MEASURE_SIDE * MEASURE_SIDE * 4  # fp32
     events += [("alloc", "cap matrix", matrix, where), ("alloc", "cap square", matrix, where)]
     tracer.workspace("forward")
@@ -157,7 +161,6 @@ def _model_construction(events: list[Event], window: list[int]) -> Iterator[None
     """Fills `window` with the events GPT(...) appends while it is built: [first, past the last]."""
     from unittest import mock
 
-    from memlab.core.model import GPT
 
     init = GPT.__init__
 
@@ -240,7 +243,6 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
     fake_trace's; `capped`: a run under --gpu-memory's cap."""
     if profile.compile.enabled:
-        from memlab.core.replay_standins import compiled_standin
 
         return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                               capped=capped)
@@ -271,7 +273,6 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     start = max(1, start)
 
     def traced(b: int) -> list:
-        from memlab.core.memsnapshot import FAKE_STEP_LOCK
 
         # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
         with FAKE_STEP_LOCK, stopping.asking(should_stop):
@@ -314,8 +315,9 @@ def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
     that does not fit). Fits are not monotone near the edge, so this can settle below a batch that fits (heldout-6's
     gradcp_every2 before the tie rule: 59 where 64 fitted). Going down from `best` instead finds such batches, and
     they are lucky ones: on the fat shape it gave act_offload_overlap 163 and sac_ops 89 where the H100 found 148
-    and 86 (each had needed an allocator retry a batch above), so the bisection stays."""
-    return best if fits(best) else _bisected(fits, floor, best - 1)
+    and 86 (each had needed an allocator retry a batch above), so the bisection stays
+    (bench/results/prediction-check/heldout-7/NOTE.md)."""
+    return best if fits(best) else bisected(fits, floor, best - 1)
 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int,
@@ -340,7 +342,7 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
 
 
 # float8_peaks: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
-# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (batchfind.REPLAY_MARGIN) is for
+# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (maxbatch.REPLAY_MARGIN) is for
 # what a replay misses in the reserve, and float8's tensors are not replayed.
 FLOAT8_TENSOR_MARGIN = 0.05
 
@@ -348,9 +350,8 @@ FLOAT8_TENSOR_MARGIN = 0.05
 def float8_untraced(profile: Profile) -> bool:
     """float8's compiled step where torchao is not installed to trace it (estimate._untraceable): float8_peaks puts its
     reserve together instead. With torchao here, compiled_trace traces it as any compiled step."""
-    from memlab.core.estimate import torchao_installed
 
-    return profile.kernels.float8 and profile.compile.enabled and not torchao_installed()
+    return profile.kernels.float8 and profile.compile.enabled and not est.torchao_installed()
 
 
 def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -363,9 +364,7 @@ def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, m
     where the analytic figure alone had predicted 292 for find-batch's
     217, the sum without the margin gave 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76. The
     margin came after the fat shape, where the analytic tensors were 3.6% under the GPU's peak (20.00 for 20.74 GiB
-    at 103) and the max batch came out 109 for 103-104."""
-    from memlab.core import estimate as est
-    from memlab.core.replay_standins import float8_standin
+    at 103) and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
 
     tensors = est.estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
     tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
@@ -382,7 +381,7 @@ class Replayed:
     micro_batch: int
     allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
     reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
-    budget_bytes: int  # the card less what a run holds outside the allocator (batchfind.context_bytes_here)
+    budget_bytes: int  # the card less what a run holds outside the allocator (card.context_bytes_here)
     max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
@@ -401,8 +400,6 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     budget less what this GPU holds outside the allocator, `margin` left free). A compiled step replays what Inductor
     plans (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong.
     `capped`: the card is emulated under --gpu-memory's cap, as find-batch's and the study's probes run."""
-    from memlab.core.batchfind import context_bytes_here
-    from memlab.core.errors import MemlabError
 
     budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
@@ -440,36 +437,6 @@ def step_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     return at.peak_allocated, at.peak_reserved
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm: int = 0) -> int:
-    """The largest b in 1..limit with fits(b): doubling from `start`, or halving below it, then bisection. That
-    assumes fits is monotone, and the allocator's is not quite (gpt2s gradcp_every2 fits 35 and 37, not 36): with
-    `confirm`, the answer's `confirm` smaller batches must fit too, else the search goes on below the one that did
-    not, so the figure errs low, as a bound should."""
-    best = _bisected(fits, min(start, limit), limit)
-    for b in range(best - 1, max(best - confirm, 1) - 1, -1):
-        if not fits(b):
-            return largest_fitting(fits, b - 1, b - 1, confirm) if b > 1 else 0
-    return best
-
-
-def _bisected(fits: Callable[[int], bool], start: int, limit: int) -> int:
-    if fits(start):
-        lo, hi = start, start * 2
-        while hi <= limit and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)  # limit + 1 stands for "does not fit": nothing above the limit is asked
-    else:
-        lo, hi = start // 2, start
-        while lo >= 1 and not fits(lo):
-            lo, hi = lo // 2, lo
-        if lo < 1:
-            return 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
 MATMULS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten._scaled_mm.")
 
 
@@ -490,7 +457,6 @@ class _TraceBook:
     go), the cuBLAS workspaces made so far, and the blocks a kernel makes and holds inside itself."""
 
     def __init__(self, torch: Any, events: list[Event]) -> None:
-        from memlab.core.cuda_temporaries import Sms
 
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         self.torch, self.events = torch, events
@@ -671,7 +637,6 @@ def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
 
 
 def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
-    from memlab.core.cuda_temporaries import sum_staging_bytes
 
     return sum_staging_bytes(shape, list(dims), double, sms)
 

@@ -37,7 +37,7 @@ The same walk gives the allocator model its events (`step_events`, at any budget
 partition): each buffer's allocation and free in both graphs, the forward's saved buffers carried into the backward
 (AOTAutograd's order: the forward returns [loss, saved tensors..., saved symints...], the backward takes [saved
 symints..., saved tensors..., tangents...]) and freed at the backward's last `del` of them, and the gradients it
-returns, which live on as .grad (memlab.core.allocation_trace.compiled_trace puts the two graphs in the eager step).
+returns, which live on as .grad (memlab.core.predict.trace.compiled_trace puts the two graphs in the eager step).
 
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
 device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
@@ -61,12 +61,22 @@ from typing import Any, Callable
 from unittest import mock
 
 from memlab.core import stopping
+from memlab.core.data.cache import cache_root
+from memlab.core.model import GPT, GPTConfig
+from memlab.core.errors import MemlabError
+from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
+from memlab.core.predict.inductor_traces import EVENTS, TRACED
+from memlab.core.runfolder import atomic_write_json
+from memlab.core.techniques.float8 import converts
 
-# What the H100 reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
-H100_PROPERTIES = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
-                       total_memory=85017493504, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
-                       max_threads_per_block=1024, warp_size=32, L2_cache_size=52428800,
-                       shared_memory_per_block_optin=232448, gcnArchName="")
+# What the assumed card reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
+_CARD = DEVICES[ASSUMED_GPU]
+H100_PROPERTIES = dict(name=_CARD.name, major=_CARD.capability[0], minor=_CARD.capability[1],
+                       multi_processor_count=_CARD.sm_count, total_memory=_CARD.total_memory,
+                       regs_per_multiprocessor=_CARD.regs_per_sm, max_threads_per_multi_processor=_CARD.max_threads_per_sm,
+                       max_threads_per_block=_CARD.max_threads_per_block, warp_size=_CARD.warp_size,
+                       L2_cache_size=_CARD.l2_cache_size, shared_memory_per_block_optin=_CARD.shared_memory_per_block_optin,
+                       gcnArchName="")
 TRACE_TIMEOUT_S = 900  # a GPT-2-small step traces in about 30 s on one core; a much larger model takes longer
 
 
@@ -143,7 +153,6 @@ def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
 
 @functools.lru_cache(maxsize=64)
 def _remembered(shape: GraphShape) -> BudgetTrace:
-    from memlab.core.compile_budget_traces import TRACED
 
     key = _key(shape)
     known = TRACED.get(key) or _read_cache().get(key)
@@ -180,7 +189,7 @@ def _traced_in_child(shape: GraphShape) -> BudgetTrace:
 
 def _child_output(shape: GraphShape, *flags: str) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
-    cmd = [sys.executable, "-m", "memlab.core.compile_budget_model", *flags, json.dumps(asdict(shape))]
+    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *flags, json.dumps(asdict(shape))]
     returncode, out, err = _run_child(cmd)
     lines = out.strip().splitlines()
     if returncode != 0 or not lines:
@@ -208,7 +217,7 @@ def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m memlab.core.compile_budget_model '{"n_layer": 12, ...}'`: trace one shape and print its
+    """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}'`: trace one shape and print its
     BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
     With `--events` first: its StepEvents instead (the allocator replay's child)."""
     args = argv or sys.argv[1:]
@@ -222,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
 @dataclass(frozen=True)
 class StepEvents:
     """One compiled training step's allocations and frees, each size a line in the batch, for the allocator model
-    (memlab.core.allocation_trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
+    (memlab.core.predict.trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
     ["matmul"] (where the graph's first cuBLAS matmul runs: its thread's workspace is allocated there, once). The
     backward frees the forward's saved buffers under the forward's keys. `loss`: the key of the buffer the forward
     returns as the loss; `gradients`: per parameter input of the forward, in order, [key, shape] of its gradient as
@@ -257,7 +266,6 @@ def step_events(shape: GraphShape) -> StepEvents:
 
 @functools.lru_cache(maxsize=16)
 def _remembered_events(shape: GraphShape) -> StepEvents:
-    from memlab.core.compile_budget_traces import EVENTS
 
     key = _key(shape)
     known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
@@ -339,19 +347,18 @@ _BUDGET_CACHE, _EVENTS_CACHE = "compile-budget", "compile-events"
 def _cache_file(name: str = _BUDGET_CACHE):
     """One file per table and per version of the code that traced it (tracer_fingerprint): a folder kept across an
     upgrade, or across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
-    from memlab.core.data.cache import cache_root
 
     return cache_root() / f"{name}-{tracer_fingerprint()}.json"
 
 
 @functools.lru_cache(maxsize=4)
-def tracer_fingerprint(root: Path = Path(__file__).resolve().parent) -> str:
+def tracer_fingerprint(root: Path = Path(__file__).resolve().parents[1]) -> str:
     """The source of memlab.core (`root`), hashed: the tracer, the model it builds and the techniques that change it all
-    live there. compile_budget_traces.py is left out: it is the tracer's output (its keys name their torch release, and
+    live there. predict/inductor_traces.py is left out: it is the tracer's output (its keys name their torch release, and
     bench/retrace_budget_table.py rewrites it after a change)."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        if path.name != "compile_budget_traces.py":
+        if path.name != "inductor_traces.py":
             digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -365,7 +372,6 @@ def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:
 
 def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_CACHE) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
-    from memlab.core.runfolder import atomic_write_json
 
     path = _cache_file(name)
     try:
@@ -458,7 +464,6 @@ def _gpt(shape: GraphShape) -> Any:
     """memlab's GPT as the engine builds it, its weights allocated and never initialized (built on the meta device)."""
     import torch
 
-    from memlab.core.model import GPT, GPTConfig
 
     cfg = GPTConfig(shape.n_layer, shape.n_head, shape.d_model, shape.d_ff, shape.vocab, shape.seq_len, shape.dropout)
     with torch.device("meta"):
@@ -468,7 +473,6 @@ def _gpt(shape: GraphShape) -> Any:
     if shape.float8:  # as memlab.core.techniques.float8 converts it: torchao's casts and scaled matmuls in the graphs
         from torchao.float8 import convert_to_float8_training
 
-        from memlab.core.techniques.float8 import converts
 
         convert_to_float8_training(model, module_filter_fn=converts)
     return model
@@ -819,8 +823,15 @@ def _envelope(moments: list[tuple[Line, Line]]) -> tuple[tuple[Line, Line], ...]
         kept.append(current)
 
 
+class WrapperFormatChanged(MemlabError):
+    """Inductor's wrapper code is not in the format this reader knows (a new torch release changed it)."""
+
+
 def _call_body(code: str) -> list[str]:
-    """The statements of the wrapper's call(), stripped, comments and asserts left out."""
+    """The statements of the wrapper's call(), stripped, comments and asserts left out; checked against the format
+    the reader knows (check_wrapper_format), so that a new release's wrapper fails loudly, never reads as nothing."""
+    if "def call(self, args):" not in code:
+        raise _format_changed("no `def call(self, args):`")
     lines = code[code.index("def call(self, args):"):].splitlines()[1:]
     indent = len(lines[0]) - len(lines[0].lstrip())
     body = []
@@ -830,7 +841,26 @@ def _call_body(code: str) -> list[str]:
         line = raw.strip()
         if line and not line.startswith(("#", "assert_")):
             body.append(line)
+    check_wrapper_format(body)
     return body
+
+
+def check_wrapper_format(body: list[str]) -> None:
+    """Every allocation and reuse the wrapper's call() makes must be one the reader parses, and the body must take
+    its arguments and return: anything else is a format this reader was not written for."""
+    if not any(line.endswith("= args") for line in body) or not any(line.startswith("return ") for line in body):
+        raise _format_changed("call() neither unpacks `args` nor returns")
+    for line in body:
+        if ("empty_strided" in line and not _ALLOC.match(line) and "reinterpret_tensor" not in line) or \
+                (line.endswith("# reuse") and not _REUSE.match(line)):
+            raise _format_changed(f"a line it cannot read: {line[:120]}")
+
+
+def _format_changed(what: str) -> WrapperFormatChanged:
+    release = torch_release()
+    return WrapperFormatChanged(
+        f"Inductor's wrapper code under torch {release} is not in the format memlab.core.predict.inductor reads "
+        f"(checked under torch {', '.join(INDUCTOR_WRAPPER_TORCH)}): {what}; predict a compiled step with --method analytic")
 
 
 def _itemsize(dtype: str) -> int:

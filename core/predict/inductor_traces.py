@@ -1,10 +1,10 @@
-"""Traces of memlab.core.compile_budget_model made ahead, for the shapes this repository's own checks estimate (the H100
-runs the docs cite: the frontier on gpt2s and bigvocab, the seeds' study, tests/test_ckpt_frontier.py), so that
+"""Traces of memlab.core.predict.inductor made ahead, for the shapes this repository's own checks estimate (the H100
+runs of bench/results/frontier-h100/ and study-so-posts-h100/, the bigvocab run, tests/test_ckpt_frontier.py), so that
 those checks do not trace for minutes on every fresh machine. Each value is exactly what
-`python -m memlab.core.compile_budget_model KEY_WITHOUT_TORCH` prints under the torch release its key names; entries of
+`python -m memlab.core.predict.inductor KEY_WITHOUT_TORCH` prints under the torch release its key names; entries of
 another release are not used (the estimator traces). tests/test_compile_budget_model.py traces the first one again.
-`EVENTS` holds, the same way, what `python -m memlab.core.compile_budget_model --events KEY_WITHOUT_TORCH` prints (the
-allocator replay's events of a compiled step, memlab.core.allocation_trace.compiled_trace) for the tiny experiment
+`EVENTS` holds, the same way, what `python -m memlab.core.predict.inductor --events KEY_WITHOUT_TORCH` prints (the
+allocator replay's events of a compiled step, memlab.core.predict.trace.compiled_trace) for the tiny experiment
 (tests/test_allocator_model.py), the seed shape's compile and compile_budget and gpt2s's compile (the checks in
 allocation_trace's docstring), and float8's on the tiny experiment and the seed shape (traced with torchao's
 Float8Linear: their keys name its release too); bench/retrace_budget_table.py retraces both tables. Nothing here is fitted to a

@@ -1,4 +1,4 @@
-"""Stand-ins for what the allocator replay's fake step (memlab.core.allocation_trace) cannot run: CUDA-only
+"""Stand-ins for what the allocator replay's fake step (memlab.core.predict.trace) cannot run: CUDA-only
 libraries and copies to the host. Each allocates on the device what the real one allocates there (the same
 tensors' sizes, dtypes and lifetimes, read from the library's source) and nothing else; what the real one keeps in
 host memory or in CUDA unified memory is not on the allocator's books, so it is left out.
@@ -31,46 +31,38 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-
 from memlab.core.config import Profile
-from memlab.core.offload import HostCopies
-
-LIBRARY_OPTIMIZERS = ("adamw8bit", "adamw4bit", "bf16_sr", "paged_adamw8bit")
-
+from memlab.core.techniques import memory_standins
+from memlab.core.linear_ce import head_loss
+from memlab.core.offload import HostCopies, OverlapOffload
 
 @dataclass(frozen=True)
 class StandIns:
-    """What stands in for the profile's CUDA-only parts; None where the profile's own runs."""
+    """What stands in for the profile's CUDA-only parts, as its techniques declare them; None where its own runs."""
 
-    optimizer: str | None = None  # an optimizer.name of LIBRARY_OPTIMIZERS, or "offload"
+    optimizer: str | None = None  # an optimizer.name of a CUDA-only library, or "offload"
     loss: str | None = None  # loss.fused: "liger" or "cce"
     offload: str | None = None  # checkpointing.offload: "sync" (save_on_cpu) or "overlap"
 
 
 def split(profile: Profile) -> tuple[Profile, StandIns]:
-    """A copy of `profile` that builds on fake tensors (plain AdamW, full logits, no offload where those were
-    CUDA-only), and the stand-ins that `install` puts in their place once the step is built."""
+    """A copy of `profile` that builds on fake tensors (the settings each technique's stand-in declares), and the
+    stand-ins that `install` puts in their place once the step is built."""
     p = copy.deepcopy(profile)
-    optimizer = loss = offload = None
-    if p.optimizer.offload:
-        optimizer, p.optimizer.offload = "offload", False
-    elif p.optimizer.name in LIBRARY_OPTIMIZERS:
-        optimizer, p.optimizer.name = p.optimizer.name, "adamw"
-    elif p.optimizer.name == "galore":  # AdamW's state bounds GaLore's rank-r state from above: the replay errs low
-        p.optimizer.name = "adamw"
-    if p.loss.fused != "none":
-        loss, p.loss.fused = p.loss.fused, "none"
-    if p.checkpointing.offload:
-        offload = "overlap" if p.checkpointing.offload_overlap else "sync"
-        p.checkpointing.offload = p.checkpointing.offload_overlap = False
-    return p, StandIns(optimizer, loss, offload)
+    installs: dict[str, str | None] = {}
+    for standin in memory_standins(profile):
+        for key, value in standin.settings.items():
+            section, name = key.split(".")
+            setattr(getattr(p, section), name, value)
+        installs[standin.kind] = standin.installs
+    return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"))
 
 
 def compiled_standin(profile: Profile) -> Profile:
-    """What a compiled step's trace (memlab.core.compile_budget_model) traces for `profile`: with kernels.fused, the
+    """What a compiled step's trace (memlab.core.predict.inductor) traces for `profile`: with kernels.fused, the
     stock compiled model. memlab's fused kernels allocate their outputs only and save what the ops they replace
-    save, in the same bytes (each norm's input instead of its output: memlab.core.estimate); on the seed shape the
-    H100 found the same max batch for both, 400, in the seeds' study."""
+    save, in the same bytes (each norm's input instead of its output: memlab.core.predict.analytic); on the seed shape the
+    H100 found the same max batch for both, 400 (bench/results/study-so-posts-h100/)."""
     if not profile.kernels.fused:
         return profile
     p = copy.deepcopy(profile)
@@ -92,14 +84,12 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
     if standins.optimizer is not None:
         step.optimizer = _optimizer(standins.optimizer, step.optimizer.param_groups)
     if standins.loss is not None:
-        from memlab.core.linear_ce import head_loss
 
         kernel = liger_fused_linear_cross_entropy if standins.loss == "liger" else cce_linear_cross_entropy
         step.model.loss_kernel = head_loss(standins.loss, compute_dtype, kernel=kernel)
     if standins.offload == "sync":
         step.offload = save_on_host
     elif standins.offload == "overlap":
-        from memlab.core.offload import OverlapOffload
 
         overlap = OverlapOffload(DeviceSideCopies())
         overlap.install(list(step.model.blocks), step.model.ln_f)  # as techniques.act_offload.apply does

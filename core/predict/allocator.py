@@ -39,7 +39,7 @@ placed each large segment below the ones before it: 2,277 of 2,278 pairs of segm
 Older-first had replayed one H100 trace 1.85 GiB short (square gradcp_every2 at 59) and another 1.6% short (long
 cce); newer-first replays both to the allocator's own peak and changes no other committed trace.
 
-Used by `memlab estimate --method fake` (memlab.core.allocation_trace: one step's trace on fake tensors, replayed
+Used by `memlab estimate --method fake` (memlab.core.predict.trace: one step's trace on fake tensors, replayed
 here). Both modes follow torch 2.11's allocator to the byte on hand-made and random traces (bench/allocator_replay.py
 --against-cuda, on a GPU); the default mode is also checked against the H100's reserved memory and find-batch's
 answers on real training steps (--against-h100). No constant here was fitted to a measurement.

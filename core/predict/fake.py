@@ -1,0 +1,261 @@
+"""`fake_estimate`: one training step on fake tensors (torch FakeTensorMode: shapes and dtypes, no storage) under
+   torch.distributed._tools.mem_tracker.MemTracker, which follows every tensor's storage and sorts it into
+   parameters, gradients, optimizer state, activations and backward temporaries. Needs no GPU and no memory: a
+   GPT-2-small step at batch 64 takes seconds on a laptop. It measures tensors, not the allocator (no workspaces,
+   no rounding), with the kernels of the device it runs on (on a CPU-only machine, the CPU's). A real run's
+   allocator snapshot (`memlab run --memory-snapshot`) is measurement: memlab.core.memsnapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+from memlab.core import step as train_step
+from memlab.core.attention import kernel_for
+from memlab.core.config import Experiment, Profile
+from memlab.core.errors import DeviceError, MemlabError
+from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
+from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
+from memlab.core.techniques import check_plan, check_techniques
+
+# A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
+# GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without
+# this, one trace restored the functions under another still running, whose prediction then came out wrong (tiny
+# under 2 GiB, three threads: sac_ops 1060 for 864, gradcp_bf16 1447 for 1279) and left the patches in place after
+# both (bench/lane_race_check.py, bench/results/lane-race-cpu/).
+FAKE_STEP_LOCK = threading.RLock()
+
+
+# ---------------------------------------------------------------------------------------------- fake tensors
+
+
+def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int | None = None,
+                  gpu_kernels: bool = True) -> Estimate:
+    """Measure one training step (forward, backward, clip, optimizer step, after a first step that creates the
+    optimizer state) on fake tensors, with the engine's own step (memlab.core.step). Kernels that declare they
+    cannot run on fake tensors are replaced by one that saves the same tensors (SDPA), torch.compile is left off;
+    the notes say so. SDPA and dropout save what the GPU's fused kernels save (`gpu_kernels` False: this device's)."""
+    import torch
+
+
+    check_plan(experiment, profile)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    notes = [f"fake tensors on {device.type}: tensors only (no allocator rounding or library workspaces)"]
+    p = fake_runnable(experiment, profile, device, notes)
+    check_techniques(experiment, p, device)
+    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // p.accumulation.steps)
+    if b < 1:
+        raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
+    try:
+        peak = _fake_step_peak(experiment, p, device, vocab_size, b, gpu_kernels)
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
+        raise MemlabError(f"--method fake could not run this profile ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); use --method analytic") from None
+    return _fake_result(experiment, profile, peak, device, vocab_size, b, notes)
+
+
+def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
+    """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors; notes say what changed."""
+
+    p = copy.deepcopy(profile)
+    if not _kernel_runs_on_fake(experiment, p, device):
+        notes.append(f"attention.kernel = {p.attention.kernel} measured as SDPA (the same saved tensors; it cannot run on fake tensors)")
+        p.attention.kernel, p.attention.sdpa_backend = "sdpa", "auto"
+        p.attention.window = 0  # a fused kernel's memory does not depend on the window (O(T) per head either way)
+    if p.compile.enabled:
+        notes.append("compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)")
+        p.compile.enabled = False
+        p.checkpointing.budget = 1.0  # torch.compile's setting: uncompiled, check_techniques refuses any other
+    if p.precision.dtype == "fp16":
+        notes.append("fp16's GradScaler left out (a scale and a flag per step: no memory of its own)")
+    if device.type != "cuda":
+        _cpu_stand_ins(p, notes)
+    kernel_for(experiment, p, device)  # the stand-in itself must build here
+    return p
+
+
+def _kernel_runs_on_fake(experiment: Experiment, profile: Profile, device: Any) -> bool:
+    """The kernel's own declaration; a kernel that cannot even be built here (flash without a GPU) cannot either."""
+
+    try:
+        return kernel_for(experiment, profile, device).supports.fake_tensors
+    except MemlabError:
+        return False
+
+
+def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
+    """Settings that need CUDA, replaced by their CPU twin where the saved tensors are the same."""
+    if p.precision.dtype == "tf32":
+        p.precision.dtype = "fp32"  # same storage; TF32 is a matmul mode
+    if p.checkpointing.offload or p.optimizer.offload:
+        raise DeviceError("--method fake cannot measure offloading to the host without CUDA (host and device are one here); use --method analytic")
+    p.loader.pin_memory = False
+    p.allocator.expandable_segments = False
+    if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
+        notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured as a fused kernel saves (its output and log-sum-exp)")
+        p.attention.sdpa_backend = "auto"
+    if p.optimizer.name in ("adamw8bit", "adamw4bit", "paged_adamw8bit"):
+        raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
+    if p.kernels.float8:
+        raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
+    if p.cuda_graph.enabled:  # a capture allocates what the launched step does; the replay models the graph's pool
+        notes.append("cuda_graph measured launched (the same tensors; the allocator replay gives the graph its own pool)")
+        p.cuda_graph.enabled = False
+
+
+def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True) -> dict:
+    """MemTracker's peak snapshot over the second of two training steps built by memlab.core.step on fake tensors."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker: list[Any] = [None]
+
+    def on_phase(name: str) -> None:
+        if name == "forward" and tracker[0] is not None:
+            tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
+
+    with fake_step(experiment, p, device, vocab_size, b, gpu_kernels=gpu_kernels) as (step, batch):
+        step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
+        mt = MemTracker()
+        # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
+        mt.track_external(step.model, getattr(step.optimizer, "optimizers", step.optimizer))
+        tracker[0] = mt
+        with mt:
+            step.run(batch(), on_phase=on_phase)
+        return mt.get_tracker_snapshot("peak")
+
+
+@contextlib.contextmanager
+def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, *watchers: Any,
+              gpu_kernels: bool = True, attention_backward: str = "") -> Iterator[tuple[Any, Callable[[], list]]]:
+    """The engine's step (memlab.core.step) built on fake tensors, inside `watchers` (dispatch modes entered before
+    the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
+    `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
+    save (unless `gpu_kernels` is False: this device's own). `attention_backward` names the GPU backend whose
+    backward workspace the fused SDPA allocates and frees (memlab.core.predict.cuda_temporaries; "" for none)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+    T, k = experiment.model.seq_len, p.accumulation.steps
+
+    def batch() -> list:
+        return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
+
+    with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
+        kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
+        for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
+            stack.enter_context(mode)
+        step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
+        step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
+        yield step, batch
+
+
+def _scalars(torch: Any) -> Any:
+    """A dispatch mode: `.item()` has no value on a fake tensor (Adafactor, clipping read one): any number does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Scalars(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                return 1.0 if args[0].dtype.is_floating_point else 1
+            return func(*args, **(kwargs or {}))
+
+    return Scalars()
+
+
+@contextlib.contextmanager
+def _gpu_kernels(torch: Any, p: Profile, attention_backward: str = "") -> Iterator[None]:
+    """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
+    step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
+    with _fused_sdpa(torch, p, attention_backward), _fused_dropout(torch):
+        yield
+
+
+def _fused_dropout(torch: Any) -> Any:
+    """F.dropout as CUDA runs it: native_dropout, which keeps a bool mask for backward. The CPU's dropout keeps its
+    scaled noise in the input's dtype (4 bytes an element for eager fp32 attention's T x T probabilities: 0.45 GiB
+    over the H100's peak for the seed shape's baseline)."""
+    def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002, ARG001 (F.dropout's own signature)
+        if not training or p == 0:
+            return input
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+
+    return mock.patch.object(torch.nn.functional, "dropout", dropout)
+
+
+def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
+    """F.scaled_dot_product_attention replaced by what a fused GPU kernel (flash, cuDNN, efficient) allocates: its
+    output and an fp32 (B, H, T) log-sum-exp, both saved; in backward the three input gradients; dropout is drawn
+    inside the kernel (no mask). On a CPU, SDPA with dropout takes the math path, which saves the T x T
+    probabilities and their mask (13% over the H100's peak on the seed shape). Left alone where the profile pins
+    sdpa_backend = math, which saves T x T on a GPU too. With `backend`, backward also allocates and frees that
+    GPU kernel's workspace once the gradients exist (memlab.core.predict.cuda_temporaries)."""
+
+    if p.attention.sdpa_backend == "math":
+        return contextlib.nullcontext()
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            # Through an SDPA op, not empty_like: checkpointing.mode "ops" keeps SDPA's outputs and recomputes an
+            # empty_like (1.1 GiB short on the wide held-out shape). Its fake kernel makes what the fused GPU kernels
+            # do: the output and an fp32 (B, H, T) log-sum-exp, on any device.
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            workspace = sdpa_backward_workspace_bytes(backend, *q.shape)
+            if workspace:
+                torch.empty(workspace, dtype=torch.uint8, device=q.device)  # made and dropped: freed within the kernel
+            return grads
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **_):
+        return FusedAttention.apply(q, k, v)
+
+    return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", attention)
+
+
+def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: Any, vocab_size: int, b: int, notes: list[str]) -> Estimate:
+    import torch
+
+    m_ = experiment.model
+    cuda = device.type == "cuda"
+    snap = next((v for d, v in peak.items() if torch.device(d).type == device.type), {})
+    by = {str(getattr(key, "value", key)): int(v) for key, v in snap.items()}
+    comps = dict.fromkeys(COMPONENTS, 0)
+    comps["weights"] = by.get("Parameter", 0) + by.get("Buffer", 0)
+    comps["gradients"] = by.get("Gradient", 0)
+    comps["optimizer_state"] = by.get("Optstate", 0)
+    comps["activations"] = by.get("Activation", 0)
+    comps["temporaries"] = by.get("Temp", 0) + by.get("Other", 0)
+    if cuda:
+        comps["workspace"] = WORKSPACE_BYTES.get(profile.attention.kernel, WORKSPACE_BYTES["default"])
+        notes.append("workspace: the analytic constant, added (fake tensors have none)")
+    if profile.attention.kernel == "eager" and profile.precision.dtype in ("fp32", "tf32"):
+        # bench/results/estimate-h100: gradcp's allocator history on the H100 held one more fp32 T x T gradient at
+        # the attention backward's peak than the fake (meta) kernels allocate; the analytic figure counts it
+        notes.append("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do not allocate; expect a real peak above this one")
+    F = m_.d_ff or 4 * m_.d_model
+    return Estimate(
+        profile=profile.name,
+        experiment=experiment.name,
+        micro_batch=b,
+        accumulation=profile.accumulation.steps,
+        vocab_size=vocab_size,
+        params=param_count(m_.n_layer, m_.d_model, F, m_.seq_len, vocab_size),
+        components=comps,
+        peak_phase="measured step (fake tensors)",
+        phases={},
+        notes=notes,
+        method="fake",
+    )
