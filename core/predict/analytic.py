@@ -36,6 +36,7 @@ from memlab.core.data.tokens import cache_entry
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.offload import MIN_BYTES
 from memlab.core.predict.calibration import CALIBRATION, DEVICES
+from memlab.core.units import gib, parse_size
 from memlab.core.predict.inductor import GraphShape, budget_peaks
 from memlab.core.predict.search import LIMIT, largest_fitting
 
@@ -55,13 +56,12 @@ H100_DRIVER_RESERVE_BYTES = DEVICES[CALIBRATION.gpu].driver_reserve_bytes
 def card_size(text: str) -> int:
     """--gpu-memory as bytes: a card's whole memory, so it must hold more than the CUDA context (else the allocator's
     share would be negative)."""
-    from memlab.core.units import gib, parse_size
-
     card = parse_size(text)
     if card <= CUDA_CONTEXT_BYTES:
         raise ConfigError(f"--gpu-memory {text} ({gib(card)}) is not more than the CUDA context and libraries a run holds "
                           f"outside the allocator ({gib(CUDA_CONTEXT_BYTES)}); give the card's whole memory, e.g. --gpu-memory 24GiB")
     return card
+
 
 # The batch that fits is bounded by the allocator's *reserved* memory, not by the tensors alive: the share of
 # the limit lost to fragmentation at the largest batch that fits, 1 - allocated / reserved at the peak, by how the
