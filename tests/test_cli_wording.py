@@ -44,7 +44,7 @@ def test_help_keeps_text_in_square_brackets(capsys, monkeypatch):
     (["study", "--profiles", "baseline,,bf16"], "has an empty name between commas"),
     (["study", "--profiles", "baseline", "--steps", "4", "--set", "train.steps=6"], "--steps 4 and --set train.steps=6 both set train.steps"),
     (["study", "--profiles", "baseline", "--gpu-memory", "1GiB"], "--gpu-memory 1GiB (1.00 GiB) is not more than the CUDA context"),
-    (["estimate", "--profile", "baseline", "--gpu-memory", "1MiB"], "--gpu-memory 1MiB (0.00 GiB) is not more than the CUDA context and libraries"),
+    (["estimate", "--profile", "baseline", "--gpu-memory", "1MiB"], "--gpu-memory 1MiB (0.00 GiB) is smaller than what a run holds outside the allocator"),
     (["estimate", "--profile", "baseline", "--batch-size", "4", "--set", "train.batch_size=8"], "--batch-size 4 and --set train.batch_size=8 both set"),
     (["data", "prepare", "--max-docs", "-3"], "(see: memlab data prepare --help)"),
 ])

@@ -103,7 +103,7 @@ def test_readers_look_up_only_declared_fields():
     from memlab.tui.model import LiveState
 
     declared = set().union(*events.FIELDS.values())
-    for reader in (LiveState.apply, runstore.RunStore.emit, runstore.RunStore.finalize, ConsoleSink.emit, ConsoleSink._line):
+    for reader in (LiveState.apply, runstore.RunStore._emit, runstore.RunStore.finalize, ConsoleSink.emit, ConsoleSink._line):
         read = _fields_read(reader)
         assert read, f"{reader.__qualname__}: no field lookups found (the pattern is stale)"
         assert read <= declared, f"{reader.__qualname__} reads undeclared fields {read - declared}"

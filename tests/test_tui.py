@@ -262,7 +262,7 @@ async def test_queue_is_reordered_and_trimmed_with_the_keyboard(tmp_path):
 async def test_results_sort_by_the_cursor_column_and_open_a_past_run(tmp_path):
     fixed_runs(tmp_path / "runs")
     app = make_app(tmp_path)
-    async with app.run_test(size=(120, 36)) as pilot:
+    async with app.run_test(size=(140, 36)) as pilot:  # wide enough that the key set shows step ms beside the left column
         await wait_for(pilot, lambda: app.results.row_count == 3, what="results from the run folders")
         table = app.results
         assert table.row_profiles == ["baseline", "bf16", "gradcp_bf16"]

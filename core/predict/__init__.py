@@ -11,7 +11,7 @@ the engine's recorded estimate all come through here.
 Behind it: analytic.py (the GPT formula, an upper bound), fake.py (the step on fake tensors, MemTracker),
 trace.py + allocator.py (CUDA's caching allocator replayed over the step's allocations), inductor.py (a compiled
 step's buffers, from Inductor's wrapper code), standins.py and cuda_temporaries.py (what fake tensors cannot run),
-search.py (grow, then bisect). docs/predict.md says how accurate each is and where.
+search.py (grow, then bisect). docs/estimator.md says how accurate each is and where.
 """
 
 from memlab.core.predict.calibration import ValidFor, valid_for

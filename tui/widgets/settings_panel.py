@@ -134,7 +134,7 @@ class SettingsPanel(Vertical):
 
 
 def _experiment_label(name: str) -> str:
-    """A transformers experiment names its architecture in the picker (`llama-1b · LlamaForCausalLM`); memlab's own
+    """A transformers experiment names its architecture in the picker (`llama-1b · Llama`); memlab's own
     GPT experiments keep their bare names."""
     if name not in builtin_names("experiment"):
         return name
@@ -142,4 +142,5 @@ def _experiment_label(name: str) -> str:
         model = load_experiment(name).model
     except MemlabError:
         return name
-    return f"{name} · {architecture(model)}" if model.family == "hf" else name
+    short = architecture(model).removesuffix("ForCausalLM").removesuffix("LMHeadModel")  # LlamaForCausalLM -> Llama
+    return f"{name} · {short}" if model.family == "hf" else name
