@@ -254,13 +254,16 @@ def test_profiles_that_need_cuda_are_marked_in_the_list():
 
 def test_a_profile_whose_extra_is_missing_is_marked_with_it_in_the_list(monkeypatch):
     import memlab.core.optim_library as optim_library
+    from memlab.core import requirements
     from memlab.core.config import load_profile
     from memlab.tui.widgets.profile_list import _info, _label
 
     def without_torchao(module):
         raise ModuleNotFoundError(f"No module named {module!r}", name=module.split(".")[0])
 
-    monkeypatch.setattr(optim_library, "import_module", without_torchao)
+    found = requirements._installed
+    monkeypatch.setattr(optim_library, "import_module", without_torchao)  # the check's import, and the declaration's look-up
+    monkeypatch.setattr(requirements, "_installed", lambda m: m.split(".")[0] != "torchao" and found(m))
     info = _info("bf16_sr", "bf16_sr", load_profile("bf16_sr"), lambda p: "")
     assert info.needs_extra == "torchao" and not info.needs_cuda and "pip install 'memlab[torchao]'" in info.extra_why
     assert str(_label(info)) == "bf16_sr · memlab[torchao]" and info.refusal("cuda").startswith("needs memlab[torchao]")
