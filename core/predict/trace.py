@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from memlab.core import stopping
 from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
-from memlab.core.errors import MemlabError
+from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.model import GPT
 from memlab.core.predict import analytic as est
 from memlab.core.predict import inductor
@@ -235,7 +235,9 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
     try:
         return [by_shape[tuple(shape)].pop(0) for shape in shapes]
     except (KeyError, IndexError):
-        raise RuntimeError("the compiled backward returns no gradient for a parameter of the model") from None
+        # e.g. a transformers model with a tied head: the compiled graph's gradients do not map onto its parameters
+        raise ConfigError("the trace of the compiled step returns no gradient for a parameter of this model; predict it "
+                          "without compile.enabled, or measure it with find-batch on a GPU") from None
 
 
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
