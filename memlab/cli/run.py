@@ -51,41 +51,56 @@ def run(
 
     from memlab.core import distributed  # torch from here on: the input is known to be good
     from memlab.core.environment import resolve_device
-    from memlab.core.errors import MemlabError
     from memlab.core.techniques import apply_to_process
 
     dev = resolve_device(device)
-    # Several ranks: `--nproc N` re-executes this command under torchrun (below); under torchrun (ours or
-    # the user's, multi-host included) every rank runs this same command and only rank 0 speaks and writes.
-    if nproc is not None and distributed.launched_by_torchrun():
-        raise MemlabError("--nproc starts torchrun itself; under torchrun leave it out (torchrun's --nproc-per-node sets the ranks)")
-    if batch_size == "max" and (nproc is not None or distributed.world_size() > 1):
-        raise MemlabError("--batch-size max probes one GPU at a time; find it without --nproc, then pass --batch-size <that x ranks>")
+    _check_ranks(nproc, batch_size)
     dev = distributed.init_from_env(dev)  # under torchrun: the process group, and this rank's device (cuda:LOCAL_RANK)
     max_batch = _apply_batch_size(batch_size, experiment, profile, dev, overrides)
     exp, prof = resolve(experiment, profile, dev.type, overrides)
     if label is not None:
         prof.name = checked_label(label)
     if dev.type == "cpu" and not force:  # before anything allocates: the host has no allocator cap to fail cleanly
-        from memlab.core.predict.host import refuse_over_host
-
-        refuse_over_host(exp, prof)
+        _refuse_over_host(exp, prof)
     if nproc is not None:  # checked here, so a bad combination is one line before any process starts
         args = ["run", "--profile", profile, "--experiment", experiment, "--device", device, "--runs-dir", runs_dir]
         args += [a for item in overrides for a in ("--set", item)] + (["--events", events] if events else [])
-        args += ["--label", label] if label is not None else []
-        args += (["--no-meters"] if no_meters else []) + (["--memory-snapshot"] if memory_snapshot else [])
-        _exec_torchrun(nproc, args, exp, prof, dev)
+        args += (["--label", label] if label is not None else []) + (["--no-meters"] if no_meters else [])
+        _exec_torchrun(nproc, args + (["--memory-snapshot"] if memory_snapshot else []), exp, prof, dev)
     apply_to_process(prof)  # the allocator's settings, before anything initializes CUDA
-    from memlab.core.supervisor import SUPERVISED_ENV, honour_sigint, stop_when_orphaned
-
-    if events == "-" and os.environ.get(SUPERVISED_ENV):  # a supervisor's child: if it dies, stop, not run on unwatched
-        honour_sigint()
-        stop_when_orphaned()
+    _watch_supervisor(events)
     sinks, snapshot = _sinks(events, memory_snapshot, dev)
     status = _run_and_report(exp, prof, dev, runs_dir, sinks, snapshot, quiet=events == "-",
                              meters=not no_meters, max_batch=max_batch)
     raise typer.Exit(EXIT_BY_STATUS.get(status, 1))
+
+
+def _refuse_over_host(exp, prof) -> None:
+    from memlab.core.predict.host import refuse_over_host
+
+    refuse_over_host(exp, prof)
+
+
+def _watch_supervisor(events: str | None) -> None:
+    """A supervisor's child (events on stdout, MEMLAB_SUPERVISED set): if the supervisor dies, stop, not run on
+    unwatched."""
+    from memlab.core.supervisor import SUPERVISED_ENV, honour_sigint, stop_when_orphaned
+
+    if events == "-" and os.environ.get(SUPERVISED_ENV):
+        honour_sigint()
+        stop_when_orphaned()
+
+
+def _check_ranks(nproc: int | None, batch_size: str | None) -> None:
+    """Several ranks: `--nproc N` re-executes this command under torchrun (run); under torchrun (ours or the user's,
+    multi-host included) every rank runs this same command and only rank 0 speaks and writes."""
+    from memlab.core import distributed
+    from memlab.core.errors import MemlabError
+
+    if nproc is not None and distributed.launched_by_torchrun():
+        raise MemlabError("--nproc starts torchrun itself; under torchrun leave it out (torchrun's --nproc-per-node sets the ranks)")
+    if batch_size == "max" and (nproc is not None or distributed.world_size() > 1):
+        raise MemlabError("--batch-size max probes one GPU at a time; find it without --nproc, then pass --batch-size <that x ranks>")
 
 
 def checked_label(label: str) -> str:

@@ -76,15 +76,19 @@ def sweep(
     for gpu in idle_gpus(lanes, gpus) if lanes[0].indices else []:
         typer.echo(f"note: GPU {gpu} stays idle: --nproc {nproc} takes {nproc} GPUs a run", err=True)
     todo = _not_finished_yet(list(enumerate(specs, 1)), keys, runs_dir, redo)
-    queue = _make_queue(len(specs), lanes)
-    outcomes, stopped = _run_stoppable(queue, todo)
-    done = len(specs) - len(todo) + sum(o.status == "finished" for o in outcomes)
+    outcomes, stopped = _run_stoppable(_make_queue(len(specs), lanes), todo)
+    _report(len(specs), len(todo), outcomes, stopped, runs_dir)
+
+
+def _report(total: int, queued: int, outcomes: list, stopped: bool, runs_dir: str) -> None:
+    """The sweep's last line and exit status: 0 every run finished (now or before), 1 some did not, 130 stopped."""
+    done = total - queued + sum(o.status == "finished" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     tail = f" (stopped early; {skipped} not run)" if stopped else ""
-    typer.echo(f"sweep: {done}/{len(specs)} finished{tail}; compare with: memlab table {runs_dir}", err=True)
+    typer.echo(f"sweep: {done}/{total} finished{tail}; compare with: memlab table {runs_dir}", err=True)
     if stopped:
         raise typer.Exit(130)
-    if done < len(specs):
+    if done < total:
         raise typer.Exit(1)
 
 
