@@ -38,7 +38,6 @@ def prepare(
 ) -> None:
     """Tokenize a corpus into the token cache (a later `memlab run` with the same data reuses it)."""
     from memlab.cli.console import make_console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from memlab.cli.options import _toml_string, data_overrides, experiment_ref, refuse_early
     from memlab.core.config import Profile, apply_overrides, load_experiment
@@ -57,7 +56,7 @@ def prepare(
         return exp
 
     refuse_early(experiment, resolved)  # a bad name or value: one line before torch is imported
-    from memlab.core.data import holdout_warning, is_cached, load_tokens
+    from memlab.core.data import is_cached
     from memlab.core.environment import resolve_device
 
     # `auto` means what it means to `memlab run` on this device, so that the entry made here is the one a run reuses
@@ -65,9 +64,19 @@ def prepare(
     is_cached(cfg)  # a token cache that cannot be written: one line before the progress bar
 
     console = make_console(stderr=True)
+    t0 = time.perf_counter()
+    tokens = _load_with_progress(cfg, console)
+    _print_entry(tokens, time.perf_counter() - t0, console)
+
+
+def _load_with_progress(cfg, console):
+    """load_tokens with a progress bar per stage (tokenizer training, reading, encoding) on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from memlab.core.data import load_tokens
+
     columns = (SpinnerColumn(), TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     tasks: dict[str, int] = {}
-    t0 = time.perf_counter()
     with Progress(*columns, console=console, transient=True) as bar:
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -77,8 +86,13 @@ def prepare(
                 tasks[stage] = bar.add_task(stage, total=total or None)
             bar.update(tasks[stage], completed=done, total=total or None)
 
-        tokens = load_tokens(cfg, progress=progress)
-    elapsed = time.perf_counter() - t0
+        return load_tokens(cfg, progress=progress)
+
+
+def _print_entry(tokens, elapsed: float, console) -> None:
+    """What the cache entry holds, on stdout; a held-out slice too large for the corpus as a warning on stderr."""
+    from memlab.cli.console import make_console
+    from memlab.core.data import holdout_warning
 
     out = make_console()
     n_train, n_val = len(tokens.train), len(tokens.val)

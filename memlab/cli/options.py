@@ -131,7 +131,9 @@ def check_token_cache(datas: list) -> None:
     from memlab.core.data import is_cached
     from memlab.core.errors import MemlabError
 
-    for data in datas:
+    for i, data in enumerate(datas):
+        if data in datas[:i]:  # runs of one sweep mostly share their data: each corpus is looked up once
+            continue
         try:
             is_cached(data)
         except MemlabError:

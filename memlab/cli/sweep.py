@@ -67,7 +67,7 @@ def sweep(
     dev_type = device_type(device)  # the children import torch; this process, on the CPU, need not
     resolved = _resolve_all(items, experiment, dev_type, vary, nproc)  # what `auto` means here decides what refuse_early could not
     keys = [key for key, _ in resolved]
-    check_token_cache([data for i, (_, data) in enumerate(resolved) if data not in [d for _, d in resolved[:i]]])
+    check_token_cache([data for _, data in resolved])
     lanes = plan_lanes(gpus, dev_type, nproc)  # a GPU not visible, listed twice, fewer GPUs than ranks: exit 2 here
     ensure_runs_dir(Path(runs_dir))  # and a runs folder no child could write to, once (after the input is known good)
     extra = ["--nproc", str(nproc)] if nproc is not None else []  # the child becomes torchrun
