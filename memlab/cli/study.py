@@ -68,9 +68,7 @@ def study(
         typer.echo(f"study: adding {', '.join(added)} to this study's profiles ({', '.join(stored.options.profiles)})", err=True)
     state = stored or st.StudyState(options, identity)
     state.options = options
-    state.invocations.append(st.stamp("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
-                                      + (f" --redo-max {','.join(redone_max)}" if redone_max else "")
-                                      + (f" --lanes {lanes}" if lanes > 1 else "") + (f" --gpus {gpus}" if gpus is not None else "")))
+    state.invocations.append(st.stamp(_invocation(options, out, redone, redone_max, lanes, gpus)))
     out_path.mkdir(parents=True, exist_ok=True)
     for folder in state.redo(redone, out_path) + state.redo(redone_max, out_path, max_only=True):
         typer.echo(f"redo: {folder} (kept, out of the report)", err=True)
@@ -79,6 +77,13 @@ def study(
     _run_stoppable(runner)
     st.write_report(state, out_path, plan.baseline)
     _finish(state, out_path, runner.stopping)
+
+
+def _invocation(options: Options, out: str, redone: list[str], redone_max: list[str], lanes: int, gpus: str | None) -> str:
+    """This invocation as the study records it (commands.txt): its options, and the flags that were one-off."""
+    return ("memlab study " + _args(options, out) + (f" --redo {','.join(redone)}" if redone else "")
+            + (f" --redo-max {','.join(redone_max)}" if redone_max else "")
+            + (f" --lanes {lanes}" if lanes > 1 else "") + (f" --gpus {gpus}" if gpus is not None else ""))
 
 
 def _refuse_names_early(profiles: str | None, experiment: str | None) -> None:
