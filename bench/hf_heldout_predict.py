@@ -3,7 +3,8 @@ committed before any prediction of these shapes was made): predicted allocated p
 
   python bench/hf_heldout_predict.py --out bench/results/hf-h100/predicted.md
 
-Each measured row of peer-round2.jsonl (llama-1b, the memlab side) and qwen.jsonl (qwen-1.5b) names its profile and
+Each measured row of peer-round2.jsonl and lora.jsonl (llama-1b, the memlab side; the fine-tuning profiles were measured
+before the predictor could trace peft or a 4-bit base) and qwen.jsonl (qwen-1.5b) names its profile and
 --set items; the same experiment, profile and items are predicted on this machine (trace: the real step on fake
 tensors, then the allocator replay) at the run's micro-batch on an 80 GB H100.
 """
@@ -20,7 +21,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.predict import card_for, predict
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf-h100"
-MEASURED = (("llama-1b", "peer-round2.jsonl"), ("qwen-1.5b", "qwen.jsonl"))
+MEASURED = (("llama-1b", "peer-round2.jsonl"), ("qwen-1.5b", "qwen.jsonl"), ("llama-1b", "lora.jsonl"))
 
 
 def cases() -> list[tuple[str, str, list[str], int]]:

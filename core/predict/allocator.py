@@ -317,6 +317,7 @@ def _spans(start: Block, size: int) -> bool:
 
 
 CAPTURE = "capture"  # an event marking where a CUDA graph's capture begins (cuda_graph.enabled)
+PHASE = "phase"  # an event marking where a step's phase begins (trace.fake_trace's `phases`): no allocation
 
 
 @dataclass
@@ -374,6 +375,8 @@ def replay(events: list[tuple], cap: int | None = None, expandable: bool = False
         elif action == CAPTURE:
             model = GraphedAllocator(model)
             model.capture()
+        elif action == PHASE:
+            continue
         else:
             model.free(ident)
     return model

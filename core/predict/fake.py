@@ -20,7 +20,9 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.errors import DeviceError, MemlabError
 from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
+from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.techniques import check_plan, check_techniques
+from memlab.core.techniques.precision import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
 # GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without
@@ -46,13 +48,14 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     notes = [f"fake tensors on {device.type}: tensors only (no allocator rounding or library workspaces)"]
-    p = fake_runnable(experiment, profile, device, notes)
+    p, standins = split(profile)  # CUDA-only libraries and host copies: the stand-ins their techniques declare
+    p = fake_runnable(experiment, p, device, notes)
     check_techniques(experiment, p, device)
     b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // p.accumulation.steps)
     if b < 1:
         raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
     try:
-        peak = _fake_step_peak(experiment, p, device, vocab_size, b, gpu_kernels)
+        peak = _fake_step_peak(experiment, p, device, vocab_size, b, gpu_kernels, standins)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation, a kernel that needs real data)
@@ -109,7 +112,8 @@ def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
         p.cuda_graph.enabled = False
 
 
-def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True) -> dict:
+def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True,
+                    standins: StandIns = StandIns()) -> dict:
     """MemTracker's peak snapshot over the second of two training steps built by memlab.core.step on fake tensors."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -120,14 +124,29 @@ def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size:
             tracker[0].reset_mod_stats()  # MemTracker refuses a second forward of the root otherwise
 
     with fake_step(experiment, p, device, vocab_size, b, gpu_kernels=gpu_kernels) as (step, batch):
+        install(step, standins, compute_dtype(p))
         step.run(batch(), on_phase=on_phase)  # the first step creates the optimizer state, as the engine's warm-up does
         mt = MemTracker()
         # optimizer.in_backward holds one optimizer per parameter (memlab.core.techniques.optim_in_backward)
         mt.track_external(step.model, getattr(step.optimizer, "optimizers", step.optimizer))
+        _frozen_without_grad_hooks(mt, step.model)
         tracker[0] = mt
         with mt:
             step.run(batch(), on_phase=on_phase)
         return mt.get_tracker_snapshot("peak")
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _frozen_without_grad_hooks(tracker: Any, model: Any) -> None:
+    """MemTracker hooks every parameter's gradient, and a frozen one (fine-tuning's base) refuses a hook: marked as
+    hooked already, it is tracked as a parameter and never asked for a gradient it will not have."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
 
 
 @contextlib.contextmanager
@@ -149,6 +168,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
 
     with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
         kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
+        stack.enter_context(swappable_fake_parameters())  # peft's adapters and bf16_pure convert fake parameters
         for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
             stack.enter_context(mode)
         step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it

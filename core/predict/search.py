@@ -45,3 +45,44 @@ def largest_multiple(fits: Callable[[int], bool], granule: int, start: int, limi
     """The largest multiple of `granule` up to `limit` with fits (0: not even `granule` fits): largest_fitting over
     the multiples, for sequence lengths (kernels and tiles want multiples of 64 or so)."""
     return granule * largest_fitting(lambda n: fits(n * granule), max(1, start // granule), limit // granule, confirm)
+
+
+def largest_near(fits: Callable[[int], bool], guess: int, limit: int, confirm: int = 0) -> int:
+    """largest_fitting from a good guess: galloping up from it while sizes fit (steps 1, 2, 4, ...) or down from it
+    while they do not, then bisecting the last step. A guess within a few of the answer costs a few asks, where
+    doubling from a start and bisecting back costs a dozen (a trace of an 8B model takes seconds; a probe on the
+    GPU, a minute). `confirm`: as for largest_fitting. Each size is asked once."""
+    if not hasattr(fits, "asked"):
+        fits = _asked_once(fits)
+    g = max(1, min(guess, limit))
+    if fits(g):
+        lo, step = g, 1
+        while lo + step <= limit and fits(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(lo + step, limit + 1)
+    else:
+        hi, step = g, 1
+        while hi - step >= 1 and not fits(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(hi - step, 0)  # 0: nothing below is known to fit yet
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    if lo == 0:
+        return 0
+    for b in range(lo - 1, max(lo - confirm, 1) - 1, -1):
+        if not fits(b):
+            return largest_near(fits, b - 1, b - 1, confirm) if b > 1 else 0
+    return lo
+
+
+def _asked_once(fits: Callable[[int], bool]) -> Callable[[int], bool]:
+    answers: dict[int, bool] = {}
+
+    def once(b: int) -> bool:
+        if b not in answers:
+            answers[b] = fits(b)
+        return answers[b]
+
+    once.asked = answers  # type: ignore[attr-defined]
+    return once

@@ -13,6 +13,11 @@ host memory or in CUDA unified memory is not on the allocator's books, so it is 
     loss       liger                          liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py
                cce                            cut-cross-entropy 25.1.1 cce.py, cce_lse_forward.py, indexed_dot.py,
                                               cce_backward.py, utils.py
+    base       finetune.base = nf4            bitsandbytes 0.50.2 nn/modules.py (Linear4bit, Params4bit with
+                                              compress_statistics), autograd/_functions.py (MatMul4Bit: saves no
+                                              input, dequantizes the weight to bf16 in forward and backward);
+                                              peft 0.21 tuners/lora/bnb.py (Linear4bit.forward: the base output
+                                              cloned, no input cast under autocast)
     offload    checkpointing.offload          torch.autograd.graph.save_on_cpu: every saved tensor to the host,
                                               back to the device (a new tensor) when backward unpacks it
                offload_overlap                memlab.core.offload.OverlapOffload itself, with copies that
@@ -32,6 +37,7 @@ from typing import Any, Iterator
 
 import torch
 from memlab.core.config import Profile
+from memlab.core.errors import MemlabError
 from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
@@ -43,6 +49,7 @@ class StandIns:
     optimizer: str | None = None  # an optimizer.name of a CUDA-only library, or "offload"
     loss: str | None = None  # loss.fused: "liger" or "cce"
     offload: str | None = None  # checkpointing.offload: "sync" (save_on_cpu) or "overlap"
+    base: str | None = None  # finetune.base: "nf4" (a 4-bit base under the adapters)
 
 
 def split(profile: Profile) -> tuple[Profile, StandIns]:
@@ -55,7 +62,7 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
             section, name = key.split(".")
             setattr(getattr(p, section), name, value)
         installs[standin.kind] = standin.installs
-    return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"))
+    return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"), installs.get("base"))
 
 
 def compiled_standin(profile: Profile) -> Profile:
@@ -92,8 +99,10 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
     elif standins.offload == "overlap":
 
         overlap = OverlapOffload(DeviceSideCopies())
-        overlap.install(list(step.model.blocks), step.model.ln_f)  # as techniques.act_offload.apply does
+        overlap.install(list(step.model.blocks), step.model.final_norm)  # as techniques.act_offload.apply does
         step.offload = overlap.forward
+    if standins.base == "nf4":
+        quantized_base(step.model)
 
 
 @contextlib.contextmanager
@@ -115,6 +124,80 @@ def swappable_fake_parameters() -> Iterator[None]:
 
     with mock.patch.object(torch.utils, "swap_tensors", swap_uncached):
         yield
+
+
+# ---------------------------------------------------------------------------------------------- a 4-bit base
+
+NF4_BLOCK = 64  # weights per absmax (bitsandbytes' default blocksize for 4-bit)
+NF4_NESTED_BLOCK = 256  # absmaxes per second-level scale (compress_statistics)
+
+
+def quantized_base(model: torch.nn.Module) -> None:
+    """Every adapted Linear's bf16 base swapped for what bitsandbytes keeps of it in NF4, and the adapted layer run
+    as peft runs one over a 4-bit base. The bf16 weights are freed here, as the real quantization frees them."""
+    import types
+
+    for module in list(model.modules()):
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, torch.nn.Linear) and hasattr(module, "lora_A"):
+            if any(getattr(module, "use_dora", {}).values()):
+                raise MemlabError("the NF4 stand-in does not model DoRA over a 4-bit base (its weight norm "
+                                  "dequantizes the whole weight); predict dora over base = bf16")
+            module.base_layer = NF4Linear(base)
+            module.forward = types.MethodType(_lora_over_4bit_forward, module)
+
+
+class NF4Linear(torch.nn.Module):
+    """bitsandbytes' Linear4bit as the allocator sees it: the weight packed two to a byte, an 8-bit absmax per
+    64 weights and an fp32 scale per 256 absmaxes; forward and backward each dequantize a transient bf16 weight."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        n, device = linear.weight.numel(), linear.weight.device
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        blocks = _cdiv(n, NF4_BLOCK)
+        self.weight = torch.nn.Parameter(torch.empty(_cdiv(n, 2), 1, dtype=torch.uint8, device=device), requires_grad=False)
+        self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
+        self.register_buffer("absmax_scale", torch.empty(_cdiv(blocks, NF4_NESTED_BLOCK), dtype=torch.float32, device=device))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _Dequantized.apply(x.to(torch.bfloat16), self.weight, self.out_features, self.in_features)
+        return out + self.bias if self.bias is not None else out
+
+
+class _Dequantized(torch.autograd.Function):
+    """MatMul4Bit: the input is not saved (the frozen weight needs no gradient), the packed weight is."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        ctx.save_for_backward(packed)
+        ctx.shape = (rows, cols)
+        return torch.nn.functional.linear(x, _dequantize(packed, rows, cols))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (packed,) = ctx.saved_tensors
+        return grad @ _dequantize(packed, *ctx.shape), None, None, None
+
+
+def _dequantize(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return torch.empty(rows, cols, dtype=torch.bfloat16, device=packed.device)
+
+
+def _lora_over_4bit_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """peft's LoRA Linear4bit.forward, plain LoRA: the base output cloned, the input cast to the adapters' dtype
+    only outside autocast."""
+    result = self.base_layer(x, *args, **kwargs).clone()
+    for name in self.active_adapters:
+        if name not in self.lora_A:
+            continue
+        lora_A, lora_B = self.lora_A[name], self.lora_B[name]
+        cast = not torch.is_autocast_enabled()
+        inp = x.to(lora_A.weight.dtype) if cast else x
+        output = lora_B(lora_A(self.lora_dropout[name](inp))) * self.scaling[name]
+        result = result + (output.to(result.dtype) if cast else output)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------- optimizers

@@ -36,7 +36,7 @@ from memlab.core.model import GPT
 from memlab.core.predict import analytic as est
 from memlab.core.predict import inductor
 from memlab.core.predict import standins as replay_standins
-from memlab.core.predict.allocator import CAPTURE, OutOfMemory, replay
+from memlab.core.predict.allocator import PHASE, CAPTURE, OutOfMemory, replay
 from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, attention_backward_kernel, sum_staging_bytes
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step
@@ -84,13 +84,14 @@ def _frame(frames: list[dict]) -> str:
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               gpu_kernels: bool = True, capped: bool = False) -> list[Event]:
+               gpu_kernels: bool = True, capped: bool = False, phases: bool = False) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
     saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
-    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
-    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped)
+    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here. With `phases`, a (PHASE,
+    name) event where each phase of a step begins (memlab.core.predict.depth reads the peaks between them)."""
+    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped, phases=phases)
 
 
 def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -108,7 +109,7 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
 
 
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
-               compiled: Any = None, capped: bool = False) -> list[Event]:
+               compiled: Any = None, capped: bool = False, phases: bool = False) -> list[Event]:
     """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
@@ -132,8 +133,9 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         replay_standins.install(step, standins, compute_dtype(profile))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
+        marked = (lambda name: events.append((PHASE, name, 0, ""))) if phases else None
         for _ in range(WARM_STEPS if graphed else 2):
-            step.run(batch())
+            step.run(batch(), on_phase=marked)
         if graphed:  # cuda_graph.enabled: after the launched steps, one captured into the graph's own pool
             events.append((CAPTURE, None, 0))
             tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream

@@ -19,6 +19,7 @@ import torch.nn as nn
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.models import family
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.techniques.standin import StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -131,6 +132,20 @@ def _peft_at_least(minimum: str) -> bool:
     if got == "not installed":
         return True  # the missing package is its own refusal
     return tuple(int(x) for x in got.split(".")[:2]) >= tuple(int(x) for x in minimum.split("."))
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """A 4-bit base needs bitsandbytes' CUDA kernels: the predictor's fake step builds the adapters over a bf16 base
+    and swaps each base for a stand-in that allocates what bitsandbytes keeps (memlab.core.predict.standins)."""
+    f = profile.finetune
+    if f.method in ADAPTERS and f.base == "nf4":
+        return StandIn("base", "nf4", {"finetune.base": "bf16"})
+    return None
+
+
+def memory_libraries(profile: Profile) -> tuple[str, ...]:
+    f = profile.finetune
+    return (("peft",) if f.method in ADAPTERS else ()) + (("bitsandbytes",) if f.base in QUANTIZED and f.method in ADAPTERS else ())
 
 
 # ---------------------------------------------------------------------------------------------- apply

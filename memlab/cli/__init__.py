@@ -88,9 +88,9 @@ def _register_commands() -> None:
     if app.registered_commands:
         return
     # Imported here so that `memlab --help` stays fast and each module owns its commands.
-    from memlab.cli import batch, data, info, run, study, sweep, table, tui_cmd
+    from memlab.cli import batch, data, fit, info, run, study, sweep, table, tui_cmd
 
-    for module in (run, sweep, study, table, batch, data, info, tui_cmd):
+    for module in (run, sweep, study, table, batch, fit, data, info, tui_cmd):
         module.register(app)
 
 

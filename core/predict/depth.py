@@ -1,0 +1,70 @@
+"""A deep model's step peaks from two shallow traces. A decoder stack repeats one block, so each phase's peak of a
+step (forward, backward, optimizer, of each micro-batch) is affine in the number of blocks: the weights, gradients,
+optimizer state and saved activations of each block add the same bytes. Tracing the step at SHALLOW depths and
+extrapolating each phase's peak to the model's depth costs a few blocks' tracing instead of all of them (an 8B
+model's 32: seconds, not minutes). The phases are extrapolated apart because the phase that peaks can change with
+depth: Llama-3.2-1B under gradcp_bf16 peaks at the loss with 2 or 4 blocks and in the optimizer's step with 16.
+
+The allocator's reserve is not affine in depth (which freed blocks a request reuses depends on the whole order), so
+the reserve is the extrapolated peak times the larger reserve-to-peak ratio of the two shallow traces; the full
+trace checks it where it matters (bench/results/depth-check/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from memlab.core.config import Experiment, Profile
+from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator
+from memlab.core.predict.trace import fake_trace
+
+SHALLOW = (2, 4)  # two depths, both even: a model whose blocks alternate (Gemma-2's sliding and global) has whole pairs
+DEEP_ENOUGH = 3 * SHALLOW[1]  # below this many blocks the full trace is cheap enough
+
+
+@dataclass(frozen=True)
+class Peaks:
+    allocated: int
+    reserved: int
+
+
+def applies(experiment: Experiment, profile: Profile) -> bool:
+    """Where extrapolating is sound: a deep stack, an eager step (a compiled step's graphs are traced whole), no CUDA
+    graph (its private pool is laid out once), no per-block schedule that depends on depth (every-n checkpointing
+    with a period the shallow depths do not share, the last blocks trained by freeze)."""
+    every = profile.checkpointing.every if profile.checkpointing.mode == "every_n" else 1
+    return (experiment.model.n_layer >= DEEP_ENOUGH and not profile.compile.enabled and not profile.cuda_graph.enabled
+            and SHALLOW[0] % max(1, every) == 0 and profile.finetune.method != "freeze")
+
+
+def extrapolated_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+                       capped: bool) -> Peaks:
+    shallow = [_phase_peaks(_at_depth(experiment, n), profile, vocab_size, micro_batch, capped) for n in SHALLOW]
+    (d1, d2), depth = SHALLOW, experiment.model.n_layer
+    if len(shallow[0]) != len(shallow[1]):
+        raise ValueError("the shallow traces have different phases")
+    allocated = max(a1 + (a2 - a1) * (depth - d1) // (d2 - d1) for (a1, _), (a2, _) in zip(*shallow))
+    ratio = max(max(r for _, r in phases) / max(a for a, _ in phases) for phases in shallow)
+    return Peaks(allocated, int(allocated * ratio))
+
+
+def _at_depth(experiment: Experiment, n_layer: int) -> Experiment:
+    return dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, n_layer=n_layer))
+
+
+def _phase_peaks(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int,
+                 capped: bool) -> list[tuple[int, int]]:
+    """(allocated, reserved) peaks between the trace's phase marks: building the model, then each phase of two steps."""
+    events = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, phases=True)
+    model = ExpandableAllocator() if profile.allocator.expandable_segments else Allocator()
+    peaks = []
+    for action, ident, nbytes, *_ in events:
+        if action == PHASE:
+            peaks.append((model.peak_allocated, model.peak_reserved))
+            model.peak_allocated, model.peak_reserved = model.allocated, model.reserved
+        elif action == "alloc":
+            model.malloc(ident, nbytes)
+        else:
+            model.free(ident)
+    return peaks + [(model.peak_allocated, model.peak_reserved)]

@@ -1,0 +1,187 @@
+"""`memlab fit`: which profiles fit a model on a card, at what micro-batch and what sequence length; predicted (no GPU
+needed, nothing of the model's size is built), and with --measure checked on this GPU by probes like find-batch's.
+
+The table's header says what every figure assumes: the sequence and micro-batch of the peak column, each profile's
+optimizer, and what "fits" means (memlab.core.predict.fit)."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from memlab.cli.options import ModelOpt, SetOpt, model_overrides
+from memlab.core.units import gib, parse_size
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from memlab.core.config import Experiment
+    from memlab.core.predict import Card
+    from memlab.core.predict.fit import Fit
+
+
+class FitFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    csv = "csv"
+    json = "json"
+
+
+ProfilesOpt = Annotated[Optional[str], typer.Option("--profiles", "-p", help="Profiles to try, comma-separated (default: bf16, gradcp_bf16, gradcp_adamw8bit, lora, lora_gradcp, qlora, qlora_gradcp, freeze).")]
+CardOpt = Annotated[Optional[str], typer.Option("--gpu-memory", help="The card, e.g. 24GiB, 40GB, 48G (G/GiB = 1024^3, GB = 1000^3); default: this GPU, or an 80 GB H100 where there is none.")]
+MeasureOpt = Annotated[bool, typer.Option("--measure", help="Also find each row's max micro-batch and longest sequence on this GPU (capped at --gpu-memory), and print measured beside predicted.")]
+FormatOpt = Annotated[FitFormat, typer.Option("--format", "-f", help="table | markdown | csv | json")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Also draw the max micro-batch and longest sequence of each profile to this PNG.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write the rows to this Parquet file.")]
+
+
+def fit(
+    experiment: Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path.")] = "gpt2s",
+    model: ModelOpt = None,
+    gpu_memory: CardOpt = None,
+    profiles: ProfilesOpt = None,
+    measure: MeasureOpt = False,
+    format_: FormatOpt = FitFormat.table,
+    plot: PlotOpt = None,
+    out: OutOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Which profiles fit the experiment's model on a card: the predicted peak at its batch and sequence, the largest
+    micro-batch at that sequence, and the longest sequence at micro-batch 1."""
+    from memlab.core.errors import ConfigError
+
+    if gpu_memory is not None:
+        parse_size(gpu_memory)
+    names = _profile_names(profiles)
+    overrides = model_overrides(model) + list(set_ or [])
+    loaded = _load_all(experiment, names, overrides)
+    from memlab.core import predict as P  # torch from here: every input is known to be good
+    from memlab.core.predict.fit import fit as fit_row
+
+    if measure:
+        from memlab.cli.batch import _require_cuda
+
+        _require_cuda("memlab fit --measure")
+    card = P.card_for(gpu_memory)
+    exp = loaded[0][0]
+    err = _err()
+    rows, measured = [], []
+    for (e, prof), name in zip(loaded, names):
+        err.print(f"[dim]{name}: predicting…[/dim]")
+        row = fit_row(e, prof, card)
+        rows.append(row)
+        if measure:
+            from memlab.cli.fit_measure import measured_row
+
+            measured.append(measured_row(experiment, name, overrides, e, row, gpu_memory, err.print))
+    frame = _frame(rows, measured)
+    if not len(frame):
+        raise ConfigError("no profile to fit")
+    _write(frame, header(exp, card, rows[0].micro_batch), format_, out, plot)
+
+
+def _err() -> Any:
+    from memlab.cli.console import make_console
+
+    return make_console(stderr=True)
+
+
+def _profile_names(profiles: str | None) -> list[str]:
+    from memlab.core.errors import ConfigError
+    from memlab.core.predict.fit import DEFAULT_PROFILES
+
+    if profiles is None:
+        return list(DEFAULT_PROFILES)
+    names = [p.strip() for p in profiles.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--profiles is empty; name one or more profiles, comma-separated (memlab profiles lists them)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--profiles names a profile twice: {profiles}")
+    return names
+
+
+def _load_all(experiment: str, names: list[str], overrides: list[str]) -> list[tuple[Experiment, Any]]:
+    """Every profile resolved and planned before any prediction: a bad name or --set is one line, before work."""
+    from memlab.cli.options import resolve
+    from memlab.core.techniques import check_plan
+
+    loaded = [resolve(experiment, name, "cuda", overrides) for name in names]
+    for exp, prof in loaded:
+        check_plan(exp, prof)
+    return loaded
+
+
+def _frame(rows: list[Fit], measured: list[dict]) -> pl.DataFrame:
+    import polars as pl
+
+    records = []
+    for i, r in enumerate(rows):
+        rec = {"profile": r.profile, "peak_gib": _g(r.allocated_bytes), "reserved_gib": _g(r.reserved_bytes),
+               "fits": r.fits, "max_batch": r.max_batch if not r.error else None,
+               "longest_seq": r.longest_seq if not r.error else None, "note": r.error}
+        if measured:
+            rec |= measured[i]
+        records.append(rec)
+    return pl.DataFrame(records)
+
+
+def _g(nbytes: int) -> float | None:
+    return round(nbytes / 2**30, 2) if nbytes else None
+
+
+def header(exp: Experiment, card: Card, micro: int) -> str:
+    from memlab.core.predict.maxbatch import REPLAY_MARGIN
+
+    m = exp.model
+    what = f"{exp.name}" + (f" ({m.source})" if getattr(m, "family", "gpt") == "hf" else "")
+    return (f"{what} on {card.where}: {gib(card.budget_bytes)} for the allocator after the CUDA context. "
+            f"peak: the step's tensors at micro-batch {micro} x {m.seq_len} tokens (reserved: the allocator's reserve); "
+            f"each profile's own optimizer and precision (memlab profiles); fits: the allocator replay's reserve within "
+            f"the budget less {REPLAY_MARGIN:.0%}, without an allocator retry; max_batch: the largest micro-batch at "
+            f"{m.seq_len} tokens; longest_seq: the longest sequence at micro-batch 1 (a multiple of 64); 0: not even "
+            f"the smallest fits")
+
+
+def _write(frame: pl.DataFrame, head: str, format_: FitFormat, out: Path | None, plot: Path | None) -> None:
+    if out is not None:
+        frame.write_parquet(out)
+    if plot is not None:
+        from memlab.cli.fit_plot import plot_fit
+
+        plot_fit(frame, head, plot)
+    if format_ is FitFormat.json:
+        typer.echo(json.dumps({"header": head, "rows": frame.to_dicts()}))
+    elif format_ is FitFormat.csv:
+        typer.echo(frame.write_csv(), nl=False)
+    elif format_ is FitFormat.markdown:
+        typer.echo(_markdown(frame, head))
+    else:
+        _rich(frame, head)
+
+
+def _markdown(frame: pl.DataFrame, head: str) -> str:
+    cols = frame.columns
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines)
+
+
+def _rich(frame: pl.DataFrame, head: str) -> None:
+    from rich.table import Table
+
+    from memlab.cli.console import make_console
+
+    table = Table(title=head, title_justify="left")
+    for c in frame.columns:
+        table.add_column(c, justify="left" if c in ("profile", "note") else "right")
+    for row in frame.iter_rows():
+        table.add_row(*("" if v is None else ("yes" if v is True else "no" if v is False else str(v)) for v in row))
+    make_console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit)

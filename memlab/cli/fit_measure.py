@@ -1,0 +1,53 @@
+"""`memlab fit --measure`: each row's max micro-batch and longest sequence found on this GPU, under --gpu-memory's
+cap, by probes as find-batch runs them (memlab.core.batchfind.ChildProbe: a fresh `memlab run` child per probe),
+searched from the predicted figure outwards (search.largest_near), so a right prediction costs two probes an axis."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from memlab.core.batchfind import ChildProbe
+from memlab.core.config import Experiment
+from memlab.core.predict.fit import Fit
+from memlab.core.predict.maxbatch import SEQ_GRANULE
+from memlab.core.predict.prediction import max_positions
+from memlab.core.predict.search import LIMIT, largest_near
+from memlab.core.predict.analytic import card_size
+
+PROBE_STEPS = 2  # the first step makes the optimizer state; the second is the steady step whose peak counts
+
+
+def measured_row(experiment_ref: str, profile: str, overrides: list[str], exp: Experiment, row: Fit,
+                 gpu_memory: str | None, say: Callable[[str], None]) -> dict[str, Any]:
+    if row.error:
+        return {"measured_max_batch": None, "batch_error": None, "measured_longest_seq": None, "seq_error": None}
+    cap = card_size(gpu_memory) if gpu_memory else None
+    T = exp.model.seq_len
+
+    def batch_fits(b: int) -> bool:
+        return _probe(profile, experiment_ref, overrides, T, b, cap, say)
+
+    def seq_fits(n: int) -> bool:
+        return _probe(profile, experiment_ref, overrides + [f"model.seq_len={n * SEQ_GRANULE}"], n * SEQ_GRANULE, 1, cap, say)
+
+    positions = max_positions(exp) or LIMIT
+    batch = largest_near(batch_fits, max(1, row.max_batch), LIMIT)
+    seq = SEQ_GRANULE * largest_near(seq_fits, max(1, row.longest_seq // SEQ_GRANULE), min(LIMIT, positions) // SEQ_GRANULE)
+    return {"measured_max_batch": batch, "batch_error": _error(row.max_batch, batch),
+            "measured_longest_seq": seq, "seq_error": _error(row.longest_seq, seq)}
+
+
+def _probe(profile: str, experiment_ref: str, overrides: list[str], seq_len: int, b: int, cap: int | None,
+           say: Callable[[str], None]) -> bool:
+    probe = ChildProbe(profile, experiment_ref, overrides, seq_len=seq_len, steps=PROBE_STEPS, cap_bytes=cap)
+    try:
+        result = probe(b)
+    finally:
+        probe.close()
+    say(f"  {profile}: micro-batch {b} x {seq_len} tokens: {result.verdict}")
+    return result.fits  # a probe that failed for another reason than memory raised ProbeError: one line, exit 2
+
+
+def _error(predicted: int, measured: int) -> float | None:
+    """Predicted against measured, as a share of measured (negative: the prediction is below, the safe side)."""
+    return round(predicted / measured - 1, 4) if measured else None

@@ -1,0 +1,140 @@
+"""`memlab fit` and what it stands on (issue 47): the predictor traces LoRA, DoRA and a 4-bit base on fake tensors;
+a deep step's peaks extrapolate from two shallow traces; the search from a guess; the command's table and refusals.
+All on llama-tiny (the Llama architecture, CPU-sized): each trace takes a fraction of a second."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from memlab.core.config import apply_overrides, load_experiment, load_profile  # noqa: E402
+from memlab.core.predict import card_for  # noqa: E402
+from memlab.core.predict.analytic import vocab_for  # noqa: E402
+from memlab.core.predict.search import largest_near  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+
+
+def _tiny(profile: str, *sets: str):
+    e, p = load_experiment("llama-tiny"), load_profile(profile)
+    apply_overrides(e, p, list(sets))
+    return e, p
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_largest_near_finds_the_largest_size_that_fits_from_any_guess(seed):
+    rng = random.Random(seed)
+    for _ in range(500):
+        answer, limit, guess = rng.randint(0, 300), rng.randint(1, 400), rng.randint(-5, 500)
+        asked = []
+
+        def fits(b: int) -> bool:
+            assert 1 <= b <= limit
+            asked.append(b)
+            return b <= answer
+
+        assert largest_near(fits, guess, limit, confirm=rng.randint(0, 2)) == min(answer, limit)
+        assert len(asked) == len(set(asked))  # each size asked once
+        if 4 < answer < limit - 4 and guess == answer:
+            assert len(asked) <= 3  # a right guess: itself, one above, and one below to confirm
+
+
+def test_a_deep_steps_tensor_peak_extrapolates_exactly_from_two_shallow_traces():
+    from memlab.core.predict.depth import DEEP_ENOUGH, applies, extrapolated_peaks
+    from memlab.core.predict.trace import step_peaks
+
+    for profile in ("gradcp_bf16",):  # the peak moves from the loss to the optimizer step with depth
+        e, p = _tiny(profile, f"model.n_layer={DEEP_ENOUGH}")
+        assert applies(e, p)
+        vocab = vocab_for(e)[0]
+        allocated, reserved = step_peaks(e, p, vocab_size=vocab, micro_batch=4, capped=False)
+        got = extrapolated_peaks(e, p, vocab_size=vocab, micro_batch=4, capped=False)
+        assert got.allocated == allocated, profile
+        assert abs(got.reserved / reserved - 1) < 0.25, profile  # the reserve is only a guide: fit confirms it
+
+
+def test_lora_and_a_4bit_base_are_traced_with_what_they_keep():
+    from memlab.core.predict import predict
+
+    card = card_for("80GiB")
+    weights = {}
+    for profile in ("bf16", "lora", "qlora"):
+        e, p = _tiny(profile)
+        got = predict(e, p, 2, card)
+        assert got.method == "trace" and got.allocated_bytes > 0, profile
+        weights[profile] = got.components["weights"]
+    # the frozen bf16 base holds half of full training's fp32 weights, plus the fp32 adapters; NF4 about a quarter of bf16
+    e, _ = _tiny("lora")
+    linear = _block_linear_weights(e)
+    assert weights["lora"] < weights["bf16"]
+    assert weights["lora"] - weights["qlora"] == pytest.approx(2 * linear - _nf4_bytes(e), rel=0.02)
+
+
+def _block_linear_weights(e) -> int:
+    from memlab.core.models import family
+    from memlab.core.techniques.finetune import target_layers
+
+    return sum(m.weight.numel() for m in target_layers(family.skeleton(e), "all-linear").values())
+
+
+def _nf4_bytes(e) -> int:
+    from memlab.core.models import family
+    from memlab.core.predict.standins import NF4_BLOCK, NF4_NESTED_BLOCK
+    from memlab.core.techniques.finetune import target_layers
+
+    total = 0
+    for m in target_layers(family.skeleton(e), "all-linear").values():
+        n = m.weight.numel()
+        blocks = -(-n // NF4_BLOCK)
+        total += -(-n // 2) + blocks + 4 * -(-blocks // NF4_NESTED_BLOCK)
+    return total
+
+
+def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsys):
+    from memlab.cli import main
+    from memlab.core.predict.maxbatch import REPLAY_MARGIN, single
+    from memlab.core.predict.prediction import with_seq_len
+    from memlab.core.predict.trace import fits_replayed
+
+    main(["fit", "--experiment", "llama-tiny", "--profiles", "lora", "--gpu-memory", "1.6GiB", "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert "micro-batch 8 x 64 tokens" in out["header"] and "without an allocator retry" in out["header"]
+    card = card_for("1.6GiB")
+    budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
+    for row in out["rows"]:
+        e, p = _tiny(row["profile"])
+        p, vocab = single(p), vocab_for(e)[0]
+        assert row["fits"] and row["max_batch"] > 8 and row["longest_seq"] > 64
+
+        def fits(exp, b):
+            return fits_replayed(exp, p, vocab_size=vocab, micro_batch=b, budget_bytes=budget, capped=True)
+
+        assert fits(e, row["max_batch"]) and not fits(e, row["max_batch"] + 1)
+        T = row["longest_seq"]
+        assert fits(with_seq_len(e, T), 1) and not fits(with_seq_len(e, T + 64), 1)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--profiles", "lora,nope"], "unknown profile 'nope'"),
+    (["--profiles", "lora,lora"], "--profiles names a profile twice: lora,lora"),
+    (["--profiles", ","], "--profiles is empty"),
+    (["--gpu-memory", "lots"], "lots"),
+    (["--measure"], "memlab fit --measure needs CUDA"),
+])
+def test_fit_refuses_bad_input_in_one_line(args, expect, capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--experiment", "llama-tiny", *(["--profiles", "lora"] if "--profiles" not in args else []), *args])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert expect in lines[0], lines[0]
