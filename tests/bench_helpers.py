@@ -17,7 +17,10 @@ ISSUE_19_PROFILES = frozenset({
 })
 # The fine-tuning profiles: measured on the transformers family's shapes (bench/results/hf-h100), not in the gpt
 # estimator's tables at micro-batch 16.
-FINETUNE_PROFILES = frozenset({"lora", "lora_gradcp", "lora_fast", "qlora", "qlora_gradcp", "dora", "freeze"})
+# gradcp_adamw8bit (memlab fit's full-training row on a small card) is gradcp_bf16 and adamw8bit together, each in the
+# tables; it is measured where fit uses it (bench/results/fit-h100).
+FINETUNE_PROFILES = frozenset({"lora", "lora_gradcp", "lora_fast", "qlora", "qlora_gradcp", "dora", "freeze",
+                               "gradcp_adamw8bit"})
 
 
 def bench_module(stem: str) -> ModuleType:

@@ -128,6 +128,7 @@ def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsy
     (["--profiles", ","], "--profiles is empty"),
     (["--gpu-memory", "lots"], "lots"),
     (["--measure"], "memlab fit --measure needs CUDA"),
+    (["--predicted", "/nonexistent/fit.json"], "--predicted /nonexistent/fit.json: not the JSON of memlab fit --format json"),
 ])
 def test_fit_refuses_bad_input_in_one_line(args, expect, capsys):
     from memlab.cli import main

@@ -150,8 +150,10 @@ def test_a_family_without_a_formula_is_refused_the_analytic_method_and_a_techniq
     monkeypatch.setattr(prediction, "family_of", lambda experiment: "hf")
     with pytest.raises(ConfigError, match="the analytic method describes the gpt family only, not hf"):
         predict(e, load_profile("bf16"), 1, card_for(None), method="analytic")
-    with pytest.raises(ConfigError, match="act_offload: .*needs a fake-tensor stand-in declared next to the technique"):
-        predict(e, load_profile("act_offload"), 1, card_for(None))
+    int8 = load_profile("qlora")
+    int8.finetune.base = "int8"  # bitsandbytes' 8-bit base: no stand-in declared
+    with pytest.raises(ConfigError, match="qlora: .*needs a fake-tensor stand-in declared next to the technique"):
+        predict(e, int8, 1, card_for(None))
 
 
 def test_a_family_without_the_formula_plans_with_the_replay_alone(tiny, monkeypatch):

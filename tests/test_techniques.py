@@ -117,7 +117,7 @@ REQUIRED = (
     "adamw8bit optim_offload compile chunked_ce liger_ce cce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
-NEEDS_CUDA = {"tf32", "act_offload", "act_offload_overlap", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit", "float8", "liger_ce", "cce", "qlora", "qlora_gradcp"}
+NEEDS_CUDA = {"tf32", "act_offload", "act_offload_overlap", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit", "float8", "liger_ce", "cce", "qlora", "qlora_gradcp", "gradcp_adamw8bit"}
 
 
 def _missing_library(profile) -> bool:

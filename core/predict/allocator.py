@@ -318,6 +318,8 @@ def _spans(start: Block, size: int) -> bool:
 
 CAPTURE = "capture"  # an event marking where a CUDA graph's capture begins (cuda_graph.enabled)
 PHASE = "phase"  # an event marking where a step's phase begins (trace.fake_trace's `phases`): no allocation
+STEPS = "steps"  # where the training steps begin: a run's meters reset the peaks there (the model is built)
+EMPTY_CACHE = "empty_cache"  # torch.cuda.empty_cache(): every wholly free segment released
 
 
 @dataclass
@@ -369,14 +371,23 @@ def replay(events: list[tuple], cap: int | None = None, expandable: bool = False
     without; raises OutOfMemory under `cap`. The model's `retries` counts the requests that needed a release. A
     CAPTURE event moves what follows into a CUDA graph's private pool (GraphedAllocator)."""
     model: Any = ExpandableAllocator(cap) if expandable else Allocator(cap)
-    for action, ident, nbytes, *_ in events:
-        if action == "alloc":
-            model.malloc(ident, nbytes)
-        elif action == CAPTURE:
+    for event in events:
+        if event[0] == CAPTURE:
             model = GraphedAllocator(model)
             model.capture()
-        elif action == PHASE:
-            continue
         else:
-            model.free(ident)
+            replayed(model, event)
     return model
+
+
+def replayed(model: Allocator, event: tuple) -> None:
+    """One event of a trace through the allocator model (any but CAPTURE, which replaces the model)."""
+    action, ident, nbytes = event[:3]
+    if action == "alloc":
+        model.malloc(ident, nbytes)
+    elif action == STEPS:  # the meters' torch.cuda.reset_peak_memory_stats(): the peaks are the steps' own
+        model.peak_allocated, model.peak_reserved = model.allocated, model.reserved
+    elif action == EMPTY_CACHE:
+        model._release_cached()
+    elif action != PHASE:
+        model.free(ident)

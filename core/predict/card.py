@@ -29,12 +29,12 @@ class Card:
         return self.total_bytes - context_bytes_here()
 
 
-def card_for(gpu_memory: str | None) -> Card:
+def card_for(size: str | None) -> Card:
     """--gpu-memory's card (emulated under a cap), else this machine's GPU, else an 80 GB H100."""
-    if gpu_memory is not None:
-        total = parse_size(gpu_memory)
+    if size is not None:
+        total = parse_size(size)
         gpu = gpu_memory.gpu_info() if cuda_here() else None
-        card = Card(total, gpu.name if gpu else None, f"--gpu-memory {gpu_memory}", capped=True, named=True)
+        card = Card(total, gpu.name if gpu else None, f"--gpu-memory {size}", capped=True, named=True)
         _refuse_smaller_than_the_context(card)
         return card
     info = gpu_memory.gpu_info() if cuda_here() else None

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from memlab.core.config import Experiment, Profile
-from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator
+from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator, replayed
 from memlab.core.predict.trace import fake_trace
 
 SHALLOW = (2, 4)  # two depths, both even: a model whose blocks alternate (Gemma-2's sliding and global) has whole pairs
@@ -55,16 +55,15 @@ def _at_depth(experiment: Experiment, n_layer: int) -> Experiment:
 
 def _phase_peaks(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int,
                  capped: bool) -> list[tuple[int, int]]:
-    """(allocated, reserved) peaks between the trace's phase marks: building the model, then each phase of two steps."""
+    """(allocated, reserved) peaks between the trace's phase marks: building the model, then each phase of two steps
+    (the first is the model's construction, which the steps' peaks do not count: STEPS resets them)."""
     events = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, phases=True)
     model = ExpandableAllocator() if profile.allocator.expandable_segments else Allocator()
     peaks = []
-    for action, ident, nbytes, *_ in events:
-        if action == PHASE:
+    for event in events:
+        if event[0] == PHASE:
             peaks.append((model.peak_allocated, model.peak_reserved))
             model.peak_allocated, model.peak_reserved = model.allocated, model.reserved
-        elif action == "alloc":
-            model.malloc(ident, nbytes)
         else:
-            model.free(ident)
+            replayed(model, event)
     return peaks + [(model.peak_allocated, model.peak_reserved)]

@@ -86,8 +86,9 @@ def float8_standin(profile: Profile) -> Profile:
     return p
 
 
-def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
-    """Put the stand-ins into a step built from split's profile (memlab.core.step.TrainStep)."""
+def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> bool:
+    """Put the stand-ins into a step built from split's profile (memlab.core.step.TrainStep); True where the technique
+    then empties CUDA's cache, as finetune's quantization does once the bf16 weights are gone."""
     if standins.optimizer is not None:
         step.optimizer = _optimizer(standins.optimizer, step.optimizer.param_groups)
     if standins.loss is not None:
@@ -103,6 +104,7 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> None:
         step.offload = overlap.forward
     if standins.base == "nf4":
         quantized_base(step.model)
+    return standins.base is not None
 
 
 @contextlib.contextmanager

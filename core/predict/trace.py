@@ -36,7 +36,7 @@ from memlab.core.model import GPT
 from memlab.core.predict import analytic as est
 from memlab.core.predict import inductor
 from memlab.core.predict import standins as replay_standins
-from memlab.core.predict.allocator import PHASE, CAPTURE, OutOfMemory, replay
+from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
 from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, attention_backward_kernel, sum_staging_bytes
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step
@@ -130,7 +130,9 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     with FAKE_STEP_LOCK, replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
             fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels,
                       attention_backward=attention_backward) as (step, batch):
-        replay_standins.install(step, standins, compute_dtype(profile))
+        if replay_standins.install(step, standins, compute_dtype(profile)):
+            events.append((EMPTY_CACHE, None, 0, "torch.cuda.empty_cache() after the stand-in's own"))
+        events.append((STEPS, None, 0, "the steps begin: a run's meters reset the peaks"))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
         marked = (lambda name: events.append((PHASE, name, 0, ""))) if phases else None

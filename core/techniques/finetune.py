@@ -166,9 +166,10 @@ def apply(step: TrainStep) -> None:
         step.applied["finetune"] = _freeze(model, f.last_blocks)
     elif f.method in ADAPTERS:
         layers = target_layers(model, f.targets)
+        names = list(layers)
         if f.base in QUANTIZED and not step.on_device:
             _quantize(model, layers, f.base, step.device)
-        step.applied["finetune"] = _add_adapters(model, list(layers), f) + (f" {f.base} base (bitsandbytes {_version('bitsandbytes')})" if f.base in QUANTIZED else "")
+        step.applied["finetune"] = _add_adapters(model, names, f) + (f" {f.base} base (bitsandbytes {_version('bitsandbytes')})" if f.base in QUANTIZED else "")
         step.applied["adapter_bytes"] = adapter_bytes(model)
     else:
         step.applied["finetune"] = "full"
@@ -219,7 +220,8 @@ def _quantize(model: nn.Module, layers: dict[str, nn.Linear], base: str, device:
     on the GPU; the adapters then wrap the quantized layers (peft dispatches on their class)."""
     import bitsandbytes as bnb
 
-    for name, linear in layers.items():
+    for name in list(layers):  # each bf16 Linear dropped once its quantized twin is in place
+        linear = layers.pop(name)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         has_bias = linear.bias is not None
@@ -235,3 +237,6 @@ def _quantize(model: nn.Module, layers: dict[str, nn.Linear], base: str, device:
         if has_bias:
             q.bias = nn.Parameter(linear.bias.data, requires_grad=False)
         setattr(parent, child, q.to(device))  # .to(cuda) quantizes
+        linear = None
+    if device.type == "cuda":  # the bf16 weights' segments go back: an 8B base's 15 GiB would stay reserved
+        torch.cuda.empty_cache()

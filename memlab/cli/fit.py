@@ -6,6 +6,7 @@ optimizer, and what "fits" means (memlab.core.predict.fit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from enum import Enum
 from pathlib import Path
@@ -37,6 +38,7 @@ MeasureOpt = Annotated[bool, typer.Option("--measure", help="Also find each row'
 FormatOpt = Annotated[FitFormat, typer.Option("--format", "-f", help="table | markdown | csv | json")]
 PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Also draw the max micro-batch and longest sequence of each profile to this PNG.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write the rows to this Parquet file.")]
+PredictedOpt = Annotated[Optional[Path], typer.Option("--predicted", help="With --measure: take the predicted side from this earlier `memlab fit --format json` output (predicted on another machine) instead of predicting again.")]
 
 
 def fit(
@@ -48,6 +50,7 @@ def fit(
     format_: FormatOpt = FitFormat.table,
     plot: PlotOpt = None,
     out: OutOpt = None,
+    predicted: PredictedOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Which profiles fit the experiment's model on a card: the predicted peak at its batch and sequence, the largest
@@ -68,11 +71,12 @@ def fit(
         _require_cuda("memlab fit --measure")
     card = P.card_for(gpu_memory)
     exp = loaded[0][0]
+    earlier = _earlier(predicted, _for(exp, card), names)
     err = _err()
     rows, measured = [], []
     for (e, prof), name in zip(loaded, names):
-        err.print(f"[dim]{name}: predicting…[/dim]")
-        row = fit_row(e, prof, card)
+        err.print(f"[dim]{name}: {'predicted earlier' if earlier else 'predicting…'}[/dim]")
+        row = earlier[name] if earlier else fit_row(e, prof, card)
         rows.append(row)
         if measure:
             from memlab.cli.fit_measure import measured_row
@@ -81,7 +85,33 @@ def fit(
     frame = _frame(rows, measured)
     if not len(frame):
         raise ConfigError("no profile to fit")
-    _write(frame, header(exp, card, rows[0].micro_batch), format_, out, plot)
+    _write(frame, header(exp, card, rows[0].micro_batch), format_, out, plot, rows, _for(exp, card))
+
+
+def _for(exp: Experiment, card: Card) -> str:
+    """What a fit's rows are for: the experiment, its shape and the card (--predicted must match it)."""
+    m = exp.model
+    return f"{exp.name}: {getattr(m, 'source', '') or 'gpt'} {m.n_layer}L {m.d_model}d, batch {exp.train.batch_size} x {m.seq_len}, card {card.total_bytes} bytes"
+
+
+def _earlier(path: Path | None, head: str, names: list[str]) -> dict[str, Fit]:
+    """The rows of an earlier `memlab fit --format json` for the same experiment and card ({} without --predicted)."""
+    from memlab.core.errors import ConfigError
+    from memlab.core.predict.fit import Fit
+
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        rows = {r["profile"]: Fit(**r) for r in data["predicted"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--predicted {path}: not the JSON of memlab fit --format json ({type(e).__name__}: {e})") from None
+    if data.get("for") != head:
+        raise ConfigError(f"--predicted {path} was made for {data.get('for')!r}, not {head!r}")
+    missing = [n for n in names if n not in rows]
+    if missing:
+        raise ConfigError(f"--predicted {path} has no row for {', '.join(missing)}; it has {', '.join(rows)}")
+    return rows
 
 
 def _err() -> Any:
@@ -146,7 +176,8 @@ def header(exp: Experiment, card: Card, micro: int) -> str:
             f"the smallest fits")
 
 
-def _write(frame: pl.DataFrame, head: str, format_: FitFormat, out: Path | None, plot: Path | None) -> None:
+def _write(frame: pl.DataFrame, head: str, format_: FitFormat, out: Path | None, plot: Path | None, rows: list[Fit],
+           made_for: str) -> None:
     if out is not None:
         frame.write_parquet(out)
     if plot is not None:
@@ -154,7 +185,8 @@ def _write(frame: pl.DataFrame, head: str, format_: FitFormat, out: Path | None,
 
         plot_fit(frame, head, plot)
     if format_ is FitFormat.json:
-        typer.echo(json.dumps({"header": head, "rows": frame.to_dicts()}))
+        typer.echo(json.dumps({"header": head, "for": made_for, "rows": frame.to_dicts(),
+                               "predicted": [dataclasses.asdict(r) for r in rows]}))
     elif format_ is FitFormat.csv:
         typer.echo(frame.write_csv(), nl=False)
     elif format_ is FitFormat.markdown:

@@ -33,6 +33,8 @@ def measured_row(experiment_ref: str, profile: str, overrides: list[str], exp: E
     positions = max_positions(exp) or LIMIT
     batch = largest_near(batch_fits, max(1, row.max_batch), LIMIT)
     seq = SEQ_GRANULE * largest_near(seq_fits, max(1, row.longest_seq // SEQ_GRANULE), min(LIMIT, positions) // SEQ_GRANULE)
+    say(f"{profile}: max micro-batch predicted {row.max_batch}, measured {batch}; longest sequence predicted "
+        f"{row.longest_seq}, measured {seq}")
     return {"measured_max_batch": batch, "batch_error": _error(row.max_batch, batch),
             "measured_longest_seq": seq, "seq_error": _error(row.longest_seq, seq)}
 
