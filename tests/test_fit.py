@@ -51,9 +51,9 @@ def test_a_deep_steps_tensor_peak_extrapolates_exactly_from_two_shallow_traces()
     from memlab.core.predict.depth import DEEP_ENOUGH, applies, extrapolated_peaks
     from memlab.core.predict.trace import step_peaks
 
+    assert applies(*_tiny("gradcp_bf16", f"model.n_layer={DEEP_ENOUGH}"))
     for profile in ("gradcp_bf16",):  # the peak moves from the loss to the optimizer step with depth
-        e, p = _tiny(profile, f"model.n_layer={DEEP_ENOUGH}")
-        assert applies(e, p)
+        e, p = _tiny(profile, "model.n_layer=7")  # odd: the extrapolation is not to a multiple of the shallow depths
         vocab = vocab_for(e)[0]
         allocated, reserved = step_peaks(e, p, vocab_size=vocab, micro_batch=4, capped=False)
         got = extrapolated_peaks(e, p, vocab_size=vocab, micro_batch=4, capped=False)
@@ -98,6 +98,7 @@ def _nf4_bytes(e) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsys):
     from memlab.cli import main
     from memlab.core.predict.maxbatch import REPLAY_MARGIN, single

@@ -18,13 +18,14 @@ from typing import Callable
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
-from memlab.core.predict import analytic
+from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
 from memlab.core.predict.depth import applies, extrapolated_peaks
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
 from memlab.core.predict.prediction import max_positions, with_seq_len
+from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
-from memlab.core.predict.trace import fits_replayed, step_peaks
+from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
 
 # The profiles `memlab fit` tries without --profiles: full training as a user would (bf16; checkpointing; with 8-bit
 # AdamW too), and the fine-tuning ones.
@@ -50,90 +51,89 @@ class Fit:
         return not self.error and 0 < self.reserved_bytes <= self.budget_bytes
 
 
-def fit(experiment: Experiment, profile: Profile, card: Card, *, axes: bool = True) -> Fit:
-    """The predicted row for `profile` (one process; accumulation 1: each figure is one micro-batch's step)."""
-    one = single(profile)
+def fit(experiment: Experiment, profile: Profile, card: Card) -> Fit:
+    """The predicted row for `profile` (one process; accumulation 1: each figure is one micro-batch's step), from the
+    prediction cache where this shape was fitted before on these releases (memlab.core.predict.cache)."""
     micro = max(1, experiment.train.batch_size // profile.accumulation.steps)
+    name = cache.key(experiment, profile, micro, dataclasses.asdict(card) | {"budget": card.budget_bytes},
+                     "fit", 1)
+    known = cache.read(name)
+    if known is not None:
+        return Fit(**known)
+    row = _fitted(experiment, profile, card, micro)
+    if not row.error:
+        cache.write(name, dataclasses.asdict(row))
+    return row
+
+
+def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) -> Fit:
+    one = single(profile)
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes)
     vocab, _ = analytic.vocab_for(experiment)
+    batches = _Axis(lambda b: (experiment, b), one, vocab, card)
     try:
-        allocated, reserved = step_peaks(experiment, one, vocab_size=vocab, micro_batch=micro, capped=card.capped)
+        allocated, reserved = batches.peaks(micro)
     except MemlabError as e:
         return dataclasses.replace(row, error=str(e))
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: this row says so, the others go on)
         return dataclasses.replace(row, error=f"not traced ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     row = dataclasses.replace(row, allocated_bytes=allocated, reserved_bytes=reserved)
-    if not axes:
-        return row
     share = allocated / reserved  # of the reserve, what tensors hold at the experiment's shape
-    return dataclasses.replace(row, max_batch=_max_batch(experiment, one, card, vocab, micro, share),
-                               longest_seq=_longest_seq(experiment, one, card, vocab, share))
-
-
-def _budget(card: Card) -> int:
-    return int(card.budget_bytes * (1 - REPLAY_MARGIN))
-
-
-def _max_batch(experiment: Experiment, profile: Profile, card: Card, vocab: int, micro: int, share: float) -> int:
-    def fits(b: int) -> bool:
-        return fits_replayed(experiment, profile, vocab_size=vocab, micro_batch=b, budget_bytes=_budget(card),
-                             capped=card.capped)
-
-    peak = _tensors_peak(lambda b: experiment, profile, vocab, card)
-    guess = _affine_guess(lambda b: peak(b, b), micro, 2 * micro, int(_budget(card) * share))
-    reserve = _reserve(lambda b: experiment, profile, vocab, card, micro=None)
-    return largest_near(fits, _secant(reserve, micro, guess, _budget(card)), LIMIT, confirm=1)
-
-
-def _longest_seq(experiment: Experiment, profile: Profile, card: Card, vocab: int, share: float) -> int:
+    lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), 1), one, vocab, card)
     positions = max_positions(experiment) or LIMIT
-    limit = min(LIMIT, positions) // SEQ_GRANULE
-
-    def fits(n: int) -> bool:
-        return fits_replayed(with_seq_len(experiment, n * SEQ_GRANULE), profile, vocab_size=vocab, micro_batch=1,
-                             budget_bytes=_budget(card), capped=card.capped)
-
-    shaped = lambda n: with_seq_len(experiment, n * SEQ_GRANULE)  # noqa: E731
-    peak = _tensors_peak(shaped, profile, vocab, card)
     n0 = max(1, experiment.model.seq_len // SEQ_GRANULE)
-    guess = min(_affine_guess(lambda n: peak(n, 1), n0, 2 * n0, int(_budget(card) * share)), limit)
-    guess = _secant(_reserve(shaped, profile, vocab, card, micro=1), n0, guess, _budget(card))
-    return SEQ_GRANULE * largest_near(fits, min(guess, limit), limit, confirm=1)
+    return dataclasses.replace(row, max_batch=batches.largest(micro, share, LIMIT),
+                               longest_seq=SEQ_GRANULE * lengths.largest(n0, share, min(LIMIT, positions) // SEQ_GRANULE))
 
 
-def _tensors_peak(shaped: Callable[[int], Experiment], profile: Profile, vocab: int,
-                  card: Card) -> Callable[[int, int], int]:
-    """The step's tensors' peak at (size, micro-batch): from shallow traces where the model is deep (depth.py)."""
-    def peak(size: int, micro: int) -> int:
-        exp = shaped(size)
-        if applies(exp, profile):
-            return extrapolated_peaks(exp, profile, vocab_size=vocab, micro_batch=micro, capped=card.capped).allocated
-        return step_peaks(exp, profile, vocab_size=vocab, micro_batch=micro, capped=card.capped)[0]
+class _Axis:
+    """One axis of the search (the micro-batch, or the sequence in units of SEQ_GRANULE): each size's step traced
+    once, its peaks and its verdict under the budget both replayed from that trace."""
 
-    return peak
+    def __init__(self, shaped: Callable[[int], tuple[Experiment, int]], profile: Profile, vocab: int, card: Card) -> None:
+        self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
+        self.budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
+        self._traces: dict[int, list] = {}
 
+    def trace(self, size: int) -> list:
+        if size not in self._traces:
+            exp, micro = self.shaped(size)
+            self._traces[size] = step_trace(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
+                                            capped=self.card.capped)
+        return self._traces[size]
 
-def _reserve(shaped: Callable[[int], Experiment], profile: Profile, vocab: int, card: Card,
-             micro: int | None) -> Callable[[int], int]:
-    """The replayed reserve at a size (micro None: the size is the micro-batch), without a cap."""
-    def reserve(size: int) -> int:
-        return step_peaks(shaped(size), profile, vocab_size=vocab, micro_batch=micro or size, capped=card.capped)[1]
+    def peaks(self, size: int) -> tuple[int, int]:
+        if float8_untraced(self.profile):
+            exp, micro = self.shaped(size)
+            return step_peaks(exp, self.profile, vocab_size=self.vocab, micro_batch=micro, capped=self.card.capped)
+        at = replay(self.trace(size), expandable=self.profile.allocator.expandable_segments)
+        return at.peak_allocated, at.peak_reserved
 
-    return reserve
+    def fits(self, size: int) -> bool:
+        if float8_untraced(self.profile):
+            return self.peaks(size)[1] <= self.budget
+        return trace_fits(self.trace(size), self.budget, self.profile.allocator.expandable_segments)
 
+    def tensors(self, size: int) -> int:
+        """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
+        exp, micro = self.shaped(size)
+        if size not in self._traces and applies(exp, self.profile):
+            return extrapolated_peaks(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
+                                      capped=self.card.capped).allocated
+        return self.peaks(size)[0]
 
-def _secant(reserve: Callable[[int], int], x0: int, guess: int, budget: int) -> int:
-    """The guess moved to where the reserve's line through x0 and the guess reaches the budget: the reserve's waste
-    grows with the size too (the logits' blocks), which the tensors' line leaves out."""
-    if guess <= x0:
-        return guess
-    r0, r1 = reserve(x0), reserve(guess)
-    slope = (r1 - r0) / (guess - x0)
-    return max(1, int(guess + (budget - r1) / slope)) if slope > 0 else guess
+    def largest(self, x0: int, share: float, limit: int) -> int:
+        """The largest size that fits, searched from a guess: the tensors' line through x0 and 2 x0 against the
+        budget times `share`, moved along the reserve's line through x0 and that guess (the reserve's waste grows
+        with the size too: the logits' blocks)."""
+        guess = min(_affine_guess(self.tensors, x0, 2 * x0, int(self.budget * share)), limit)
+        if guess > x0:
+            guess = min(_affine_guess(lambda x: self.peaks(x)[1], x0, guess, self.budget), limit)
+        return largest_near(self.fits, guess, limit, confirm=1)
 
 
 def _affine_guess(peak: Callable[[int], int], x1: int, x2: int, room: int) -> int:
-    """Where the affine line through the peaks at x1 and x2 reaches `room` (at least 1)."""
+    """Where the affine line through the peaks at x1 and x2 reaches `room` (at least 1; x2 where it does not rise)."""
     p1, p2 = peak(x1), peak(x2)
     slope = (p2 - p1) / (x2 - x1)
     return max(1, int(x1 + (room - p1) / slope)) if slope > 0 else x2

@@ -338,9 +338,14 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     expandable = profile.allocator.expandable_segments
     if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)[1] <= budget_bytes
+    trace = traces.at(micro_batch) if traces is not None else step_trace(
+        experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+    return trace_fits(trace, budget_bytes, expandable)
+
+
+def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool) -> bool:
+    """The replay's verdict on one trace under an allocator budget: no out of memory, no allocator retry."""
     try:
-        trace = traces.at(micro_batch) if traces is not None else step_trace(
-            experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
         model = replay(trace, budget_bytes, expandable=expandable)
     except OutOfMemory:
         return False

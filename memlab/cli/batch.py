@@ -103,7 +103,7 @@ def estimate(
         typer.echo(f"longest sequence at micro-batch {result.micro_batch} in {gib(card.total_bytes)} ({card.where}): "
                    f"{longest} tokens ({result.method}, a multiple of 64)")
     if replay_too:
-        _print_replayed(found.replayed, found.not_replayed, card.where)
+        _print_replayed(found.replayed, found.not_replayed, card.where, family_of(exp))
 
 
 ESTIMATE_METHODS = ("auto", "analytic", "trace", "fake")
@@ -134,7 +134,7 @@ def _estimate_json(result: Prediction, analytic: Prediction | None, found: MaxBa
     return out
 
 
-def _print_replayed(r, no_replay: str, where: str) -> None:
+def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
     if r is None:
         typer.echo(f"allocator replay: {no_replay}")
         return
@@ -144,7 +144,8 @@ def _print_replayed(r, no_replay: str, where: str) -> None:
                f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
-    typer.echo(f"  {REPLAY_CHECKED['float8' if r.float8 else 'compiled' if r.compiled else r.expandable_segments]}")
+    checked = "hf" if family == "hf" and not r.compiled else "float8" if r.float8 else "compiled" if r.compiled else r.expandable_segments
+    typer.echo(f"  {REPLAY_CHECKED[checked]}")
 
 
 REPLAY_CHECKED = {  # what each mode of the allocator model was checked against, by expandable_segments (or compiled)
@@ -158,6 +159,10 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
                 "Float8Linear in the graphs: on the H100 none of six searches above find-batch's, the five that finished within 5.1% as traced "
                 "under the run's torch (a trace by another torch release can differ: -23% "
                 "on the seq-8192 shape traced by torch 2.13)",
+    "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's lora, lora_gradcp, qlora, qlora_gradcp, dora "
+          "and gradcp_bf16 within 0.01%, bf16, sac_ops and Qwen2.5-1.5B's within +2.7% (bench/results/hf-h100/predicted.md); "
+          "memlab fit's max batch exact in 6 H100 searches, its longest sequence -12.5% to +0.9% (bench/results/fit-h100); "
+          "a compiled step not yet (+34.9%)",
     "float8": "float8's compiled step is not traced without torchao installed here: its tensors from the analytic estimate, counted "
               "5% high, plus what the replay of the same step without float8 reserves beyond its tensors; it errs low (max batch 203 "
               "for find-batch's 217 on a logits-heavy shape, 99 for 106 on a 2048-wide one, 384 for 408 on the seeds' shape); "
