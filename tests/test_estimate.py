@@ -13,7 +13,7 @@ from model_helpers import small
 
 from memlab.core.predict import analytic as E
 from memlab.core.config import Experiment, apply_overrides, load_experiment, load_profile
-from memlab.core.errors import ConfigError, DeviceError, MemlabError
+from memlab.core.errors import ConfigError, MemlabError
 
 MIB = 2**20
 
