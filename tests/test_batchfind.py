@@ -608,3 +608,37 @@ def test_find_batch_profiles_bad_input_is_one_line(monkeypatch, capsys, args, ex
         main(["find-batch", "--experiment", "tiny", *args])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert exit_.value.code == 2 and len(err) == 1 and expect in err[0], err
+
+
+class LengthChild(RetryingChild):
+    """Fits while micro-batch x sequence stays within 700 tokens."""
+
+    def __init__(self, spec):
+        self.batch = next(int(o.split("=")[1]) for o in spec.overrides if o.startswith("train.batch_size="))
+        self.tokens = self.batch * next(int(o.split("=")[1]) for o in spec.overrides if o.startswith("model.seq_len="))
+        LengthChild.made.append(self.tokens)
+
+    def wait(self):
+        from types import SimpleNamespace
+
+        fits = self.tokens <= 700
+        return SimpleNamespace(status="finished" if fits else "oom", summary={}, run_dir=None, killed_by_sigkill=False,
+                               message="" if fits else "CUDA out of memory", stderr_tail="")
+
+
+def test_find_batch_seq_len_max_probes_sequences_from_the_predicted_one(monkeypatch, capsys, tmp_path):
+    from memlab.cli import batch as batch_cli
+    from memlab.cli import main
+    from memlab.core.predict import fit
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
+    monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
+    monkeypatch.setattr(supervisor, "ChildRun", LengthChild)
+    monkeypatch.setattr(fit, "longest_sequence", lambda *a: 256)  # a prediction well below: the search climbs
+    LengthChild.made = []
+    main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--seq-len", "max", "--batch-size", "2",
+          "--gpu-memory", "24GiB"])
+    out = capsys.readouterr().out
+    assert "longest sequence at micro-batch 2: 320 tokens (a multiple of 64; predicted 256)" in out
+    assert LengthChild.made[0] == 2 * 256 and len(LengthChild.made) <= 4  # from the prediction, a few probes

@@ -86,6 +86,17 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
                                longest_seq=SEQ_GRANULE * lengths.largest(n0, share, min(LIMIT, positions) // SEQ_GRANULE))
 
 
+def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:
+    """The longest sequence (a multiple of SEQ_GRANULE) that fits at micro-batch `micro`, searched as fit searches
+    it: find-batch --seq-len max starts its probes here."""
+    one, vocab = single(profile), analytic.vocab_for(experiment)[0]
+    lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), micro), one, vocab, card)
+    n0 = max(1, experiment.model.seq_len // SEQ_GRANULE)
+    allocated, reserved = lengths.peaks(n0)
+    limit = min(LIMIT, max_positions(experiment) or LIMIT) // SEQ_GRANULE
+    return SEQ_GRANULE * lengths.largest(n0, allocated / reserved, limit)
+
+
 class _Axis:
     """One axis of the search (the micro-batch, or the sequence in units of SEQ_GRANULE): each size's step traced
     once, its peaks and its verdict under the budget both replayed from that trace."""

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
-from memlab.core.predict import analytic
+from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
 from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_positions, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_multiple
@@ -52,7 +52,19 @@ def max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: b
               at: int = 1) -> MaxBatch:
     """`memlab estimate`'s figures: the analytic bound, and with `replay` the allocator replay over the fake trace
     (`at`: the micro-batch whose reserve it also reports), the smaller under the plain-margin guard (guarded). A
-    family without the formula has the replay's figure alone (always replayed)."""
+    family without the formula has the replay's figure alone (always replayed). A replayed answer is kept in the
+    prediction cache (a search traces the step several times: a minute for an 8B model)."""
+    name = cache.key(experiment, profile, at, dataclasses.asdict(card), f"max_batch replay={replay}", world_size)
+    known = cache.read(name)
+    if known is not None:
+        return MaxBatch(**(known | {"replayed": Replayed(**known["replayed"]) if known["replayed"] else None}))
+    found = _max_batch(experiment, profile, card, replay=replay, world_size=world_size, at=at)
+    if found.replayed is not None:
+        cache.write(name, dataclasses.asdict(found))
+    return found
+
+
+def _max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: bool, world_size: int, at: int) -> MaxBatch:
     formula = family_of(experiment) in ANALYTIC_FAMILIES
     bound = analytic_bound(experiment, profile, card, world_size=world_size) if formula else None
     if not replay and formula:

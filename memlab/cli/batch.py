@@ -298,6 +298,8 @@ def find_batch(
     set_: SetOpt = None,
     profiles: Annotated[Optional[str], typer.Option("--profiles", help="Several profiles, comma-separated: one search each, one at a time on each GPU (--gpus); instead of --profile.")] = None,
     gpus: GpusOpt = None,
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="max: search the longest sequence (a multiple of 64) that fits at --batch-size, instead of the largest micro-batch.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="With --seq-len max: the micro-batch the sequence is searched at (default 1).")] = None,
 ) -> None:
     """Find the largest micro-batch that completes k full training steps: grow, then bisect; one process per probe.
     With --profiles a,b,c the searches are spread over the GPUs (--gpus), one at a time on each."""
@@ -305,6 +307,10 @@ def find_batch(
 
     if (profile is None) == (profiles is None):
         raise ConfigError("give --profile NAME, or --profiles a,b,c for several searches over the GPUs")
+    _check_sequence_search(seq_len, batch_size, profiles)
+    if seq_len is not None:
+        _find_longest_sequence(profile, experiment, gpu_memory, steps, list(set_ or []), batch_size or 1, as_json)
+        return
     if profiles is not None:
         _find_batches(profiles, experiment, gpu_memory, steps, start, max_, refresh, allow_retries, as_json, list(set_ or []), gpus)
         return
@@ -323,6 +329,41 @@ def find_batch(
         typer.echo(json.dumps(found.json()))
         return
     _print_found(found.result, found.report, found.memory_view, found.flipped, found.flip)
+
+
+def _check_sequence_search(seq_len: str | None, batch_size: int | None, profiles: str | None) -> None:
+    from memlab.core.errors import ConfigError
+
+    if seq_len is not None and seq_len != "max":
+        raise ConfigError(f"--seq-len {seq_len!r}: find-batch takes --seq-len max (the longest sequence that fits); "
+                          "set a length to search the micro-batch at with --set model.seq_len=N")
+    if batch_size is not None and seq_len is None:
+        raise ConfigError("--batch-size is the micro-batch of a sequence search: give it with --seq-len max")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
+    if seq_len is not None and profiles is not None:
+        raise ConfigError("--seq-len max searches one profile: give --profile NAME")
+
+
+def _find_longest_sequence(profile: str, experiment: str, gpu_memory: str | None, steps: int, overrides: list[str],
+                           micro: int, as_json: bool) -> None:
+    """The longest sequence that fits at `micro`, measured: probes from the predicted length outwards."""
+    exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, None, None, overrides)
+    from memlab.cli.fit_measure import measured_longest_seq
+    from memlab.core.predict import card_for
+    from memlab.core.predict.analytic import card_size
+    from memlab.core.predict.fit import longest_sequence
+
+    err = _err_console()
+    predicted = longest_sequence(exp, prof, card_for(gpu_memory), micro)
+    err.print(f"[dim]predicted: {predicted} tokens at micro-batch {micro}; probing from there[/dim]")
+    cap = card_size(gpu_memory) if gpu_memory else None
+    found = measured_longest_seq(profile, experiment, overrides, exp, micro, predicted, cap, err.print)
+    if as_json:
+        typer.echo(json.dumps({"profile": profile, "experiment": experiment, "micro_batch": micro,
+                               "max_seq_len": found, "predicted_max_seq_len": predicted}))
+        return
+    typer.echo(f"longest sequence at micro-batch {micro}: {found} tokens (a multiple of 64; predicted {predicted})")
 
 
 @dataclasses.dataclass

@@ -27,16 +27,24 @@ def measured_row(experiment_ref: str, profile: str, overrides: list[str], exp: E
     def batch_fits(b: int) -> bool:
         return _probe(profile, experiment_ref, overrides, T, b, cap, say)
 
-    def seq_fits(n: int) -> bool:
-        return _probe(profile, experiment_ref, overrides + [f"model.seq_len={n * SEQ_GRANULE}"], n * SEQ_GRANULE, 1, cap, say)
-
-    positions = max_positions(exp) or LIMIT
     batch = largest_near(batch_fits, max(1, row.max_batch), LIMIT)
-    seq = SEQ_GRANULE * largest_near(seq_fits, max(1, row.longest_seq // SEQ_GRANULE), min(LIMIT, positions) // SEQ_GRANULE)
+    seq = measured_longest_seq(profile, experiment_ref, overrides, exp, 1, row.longest_seq, cap, say)
     say(f"{profile}: max micro-batch predicted {row.max_batch}, measured {batch}; longest sequence predicted "
         f"{row.longest_seq}, measured {seq}")
     return {"measured_max_batch": batch, "batch_error": _error(row.max_batch, batch),
             "measured_longest_seq": seq, "seq_error": _error(row.longest_seq, seq)}
+
+
+def measured_longest_seq(profile: str, experiment_ref: str, overrides: list[str], exp: Experiment, micro: int,
+                         guess: int, cap: int | None, say: Callable[[str], None]) -> int:
+    """The longest sequence (a multiple of SEQ_GRANULE, up to the model's positions) whose probe fits at `micro`,
+    searched from `guess` (0: nothing fits)."""
+    def fits(n: int) -> bool:
+        return _probe(profile, experiment_ref, overrides + [f"model.seq_len={n * SEQ_GRANULE}"], n * SEQ_GRANULE, micro,
+                      cap, say)
+
+    limit = min(LIMIT, max_positions(exp) or LIMIT) // SEQ_GRANULE
+    return SEQ_GRANULE * largest_near(fits, max(1, guess // SEQ_GRANULE), limit)
 
 
 def _probe(profile: str, experiment_ref: str, overrides: list[str], seq_len: int, b: int, cap: int | None,
