@@ -1,7 +1,7 @@
 """What fits on a card, per profile: the predicted peak at the experiment's micro-batch and sequence, the largest
 micro-batch at that sequence, and the longest sequence at micro-batch 1 (`memlab fit`).
 
-"Fits" is the allocator replay's verdict (memlab.core.predict.trace.fits_replayed): the step's fake trace, replayed
+"Fits" is the allocator replay's verdict (memlab.core.predict.trace.trace_fits): the step's fake trace, replayed
 through CUDA's caching allocator, stays within the card's allocator budget (the card less the CUDA context,
 libraries and driver reserve) less REPLAY_MARGIN, without an allocator retry; the answer's next smaller size must fit
 too. A search starts from a guess: the step's tensors are affine in the micro-batch and, with a fused attention
