@@ -67,12 +67,12 @@ def test_lora_and_a_4bit_base_are_traced_with_what_they_keep():
     card = card_for("80GiB")
     weights = {}
     for profile in ("bf16", "lora", "qlora"):
-        e, p = _tiny(profile)
+        e, p = _tiny(profile, "model.n_layer=1")
         got = predict(e, p, 2, card)
         assert got.method == "trace" and got.allocated_bytes > 0, profile
         weights[profile] = got.components["weights"]
     # the frozen bf16 base holds half of full training's fp32 weights, plus the fp32 adapters; NF4 about a quarter of bf16
-    e, _ = _tiny("lora")
+    e, _ = _tiny("lora", "model.n_layer=1")
     linear = _block_linear_weights(e)
     assert weights["lora"] < weights["bf16"]
     assert weights["lora"] - weights["qlora"] == pytest.approx(2 * linear - _nf4_bytes(e), rel=0.02)
@@ -105,13 +105,15 @@ def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsy
     from memlab.core.predict.prediction import with_seq_len
     from memlab.core.predict.trace import fits_replayed
 
-    main(["fit", "--experiment", "llama-tiny", "--profiles", "lora", "--gpu-memory", "1.6GiB", "--format", "json"])
+    one_block = "model.n_layer=1"  # the search is what is checked: one block traces faster
+    main(["fit", "--experiment", "llama-tiny", "--profiles", "lora", "--gpu-memory", "1.6GiB", "--format", "json",
+          "--set", one_block])
     out = json.loads(capsys.readouterr().out)
     assert "micro-batch 8 x 64 tokens" in out["header"] and "without an allocator retry" in out["header"]
     card = card_for("1.6GiB")
     budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
     for row in out["rows"]:
-        e, p = _tiny(row["profile"])
+        e, p = _tiny(row["profile"], one_block)
         p, vocab = single(p), vocab_for(e)[0]
         assert row["fits"] and row["max_batch"] > 8 and row["longest_seq"] > 64
 
