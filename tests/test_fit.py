@@ -142,3 +142,14 @@ def test_fit_refuses_bad_input_in_one_line(args, expect, capsys):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert exit_.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expect in lines[0], lines[0]
+
+
+def test_a_card_smaller_than_a_transformers_models_weights_is_refused_before_any_trace(capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["estimate", "--experiment", "llama-8b", "--profile", "qlora_gradcp", "--gpu-memory", "4GiB"])
+    err = capsys.readouterr().err.strip()
+    # 4-bit block weights and bf16 embeddings, head and norms: 5.61 GiB for Llama-3.1-8B
+    assert exit_.value.code == 2 and "\n" not in err
+    assert "the weights need 5.61 GiB; the card has 4.00 GiB (--gpu-memory 4GiB)" in err, err

@@ -18,10 +18,12 @@ from typing import Any
 from memlab.core import techniques
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.models import family
 from memlab.core.predict import analytic, cache, trace
 from memlab.core.predict.calibration import ValidFor, valid_for
 from memlab.core.predict.card import Card, card_for, context_bytes_here
 from memlab.core.predict.fake import fake_estimate
+from memlab.core.techniques.finetune import ADAPTERS, target_layers
 from memlab.core.units import gib
 
 METHODS = ("trace", "analytic")
@@ -111,14 +113,38 @@ def family_of(experiment: Experiment) -> str:
 
 
 def weights_bytes(experiment: Experiment, profile: Profile) -> int | None:
-    """The weights alone, for the refusal below. Hook for the model families: the gpt family's from its formula
-    (instant); another family's from its fake-built model once the family adapter says how (None: not checked)."""
+    """The weights alone, for the refusal below: the gpt family's from its formula (instant), another family's from
+    its skeleton on the meta device (a second for an 8B model), stored as the profile stores them: a frozen base in
+    bf16, or in 4 bits plus its scales (a lower bound: the adapters are left out)."""
     if family_of(experiment) not in ANALYTIC_FAMILIES:
-        return None
+        return _skeleton_weights_bytes(experiment, profile)
     m = experiment.model
     vocab, _ = analytic.vocab_for(experiment)
     params = analytic.param_count(m.n_layer, m.d_model, m.d_ff or 4 * m.d_model, m.seq_len, vocab)
     return params * analytic.param_bytes(profile)
+
+
+def _skeleton_weights_bytes(experiment: Experiment, profile: Profile) -> int:
+    """Kept in the prediction cache: the skeleton needs transformers' modeling code, seconds to import."""
+    name = cache.key(experiment, profile, 0, {}, "weights", 1)
+    known = cache.read(name)
+    if known is not None:
+        return known["bytes"]
+    need = _counted_weights_bytes(experiment, profile)
+    cache.write(name, {"bytes": need})
+    return need
+
+
+def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
+    model = family.skeleton(experiment)
+    total = sum(p.numel() for p in model.parameters())
+    f = profile.finetune
+    if f.method not in ADAPTERS or f.base not in ("bf16", "nf4"):
+        return total * analytic.param_bytes(profile)
+    if f.base == "bf16":
+        return total * 2
+    packed = sum(m.weight.numel() for m in target_layers(model, f.targets).values())
+    return (total - packed) * 2 + packed * 9 // 16  # NF4: half a byte a weight, an 8-bit scale per 64 (and less)
 
 
 def refuse_weights_over_card(experiment: Experiment, profile: Profile, card: Card) -> None:
