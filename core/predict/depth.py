@@ -5,15 +5,14 @@ extrapolating each phase's peak to the model's depth costs a few blocks' tracing
 model's 32: seconds, not minutes). The phases are extrapolated apart because the phase that peaks can change with
 depth: Llama-3.2-1B under gradcp_bf16 peaks at the loss with 2 or 4 blocks and in the optimizer's step with 16.
 
-The allocator's reserve is not affine in depth (which freed blocks a request reuses depends on the whole order), so
-the reserve is the extrapolated peak times the larger reserve-to-peak ratio of the two shallow traces; the full
-trace checks it where it matters (bench/results/depth-check/).
+Only the tensors' peak: the allocator's reserve is not affine in depth (which freed blocks a request reuses depends
+on the whole order; on Llama-3.2-1B a ratio or a waste taken from the shallow traces was 12% off either way), so
+memlab.core.predict.fit takes its guesses from here and every verdict from a full trace.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator, replayed
@@ -21,12 +20,6 @@ from memlab.core.predict.trace import fake_trace
 
 SHALLOW = (2, 4)  # two depths, both even: a model whose blocks alternate (Gemma-2's sliding and global) has whole pairs
 DEEP_ENOUGH = 3 * SHALLOW[1]  # below this many blocks the full trace is cheap enough
-
-
-@dataclass(frozen=True)
-class Peaks:
-    allocated: int
-    reserved: int
 
 
 def applies(experiment: Experiment, profile: Profile) -> bool:
@@ -38,15 +31,14 @@ def applies(experiment: Experiment, profile: Profile) -> bool:
             and SHALLOW[0] % max(1, every) == 0 and profile.finetune.method != "freeze")
 
 
-def extrapolated_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-                       capped: bool) -> Peaks:
+def extrapolated_peak(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+                      capped: bool) -> int:
+    """The step's tensors' peak at the model's depth, each phase's peak extrapolated from the SHALLOW depths."""
     shallow = [_phase_peaks(_at_depth(experiment, n), profile, vocab_size, micro_batch, capped) for n in SHALLOW]
     (d1, d2), depth = SHALLOW, experiment.model.n_layer
     if len(shallow[0]) != len(shallow[1]):
         raise ValueError("the shallow traces have different phases")
-    allocated = max(a1 + (a2 - a1) * (depth - d1) // (d2 - d1) for (a1, _), (a2, _) in zip(*shallow))
-    ratio = max(max(r for _, r in phases) / max(a for a, _ in phases) for phases in shallow)
-    return Peaks(allocated, int(allocated * ratio))
+    return max(a1 + (a2 - a1) * (depth - d1) // (d2 - d1) for a1, a2 in zip(*shallow))
 
 
 def _at_depth(experiment: Experiment, n_layer: int) -> Experiment:
@@ -54,16 +46,16 @@ def _at_depth(experiment: Experiment, n_layer: int) -> Experiment:
 
 
 def _phase_peaks(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int,
-                 capped: bool) -> list[tuple[int, int]]:
-    """(allocated, reserved) peaks between the trace's phase marks: building the model, then each phase of two steps
-    (the first is the model's construction, which the steps' peaks do not count: STEPS resets them)."""
+                 capped: bool) -> list[int]:
+    """The tensors' peak between the trace's phase marks: building the model, then each phase of two steps (the
+    first is the model's construction, which the steps' peaks do not count: STEPS resets them)."""
     events = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, phases=True)
     model = ExpandableAllocator() if profile.allocator.expandable_segments else Allocator()
     peaks = []
     for event in events:
         if event[0] == PHASE:
-            peaks.append((model.peak_allocated, model.peak_reserved))
-            model.peak_allocated, model.peak_reserved = model.allocated, model.reserved
+            peaks.append(model.peak_allocated)
+            model.peak_allocated = model.allocated
         else:
             replayed(model, event)
-    return peaks + [(model.peak_allocated, model.peak_reserved)]
+    return peaks + [model.peak_allocated]

@@ -20,7 +20,7 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
-from memlab.core.predict.depth import applies, extrapolated_peaks
+from memlab.core.predict.depth import applies, extrapolated_peak
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
 from memlab.core.predict.prediction import max_positions, with_seq_len
 from memlab.core.predict.allocator import replay
@@ -79,29 +79,33 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
         return dataclasses.replace(row, error=f"not traced ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     row = dataclasses.replace(row, allocated_bytes=allocated, reserved_bytes=reserved)
     share = allocated / reserved  # of the reserve, what tensors hold at the experiment's shape
-    lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), 1), one, vocab, card)
-    positions = max_positions(experiment) or LIMIT
-    n0 = max(1, experiment.model.seq_len // SEQ_GRANULE)
     return dataclasses.replace(row, max_batch=batches.largest(micro, share, LIMIT),
-                               longest_seq=SEQ_GRANULE * lengths.largest(n0, share, min(LIMIT, positions) // SEQ_GRANULE))
+                               longest_seq=_longest(experiment, one, vocab, card, 1, share))
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:
     """The longest sequence (a multiple of SEQ_GRANULE) that fits at micro-batch `micro`, searched as fit searches
     it: find-batch --seq-len max starts its probes here."""
-    one, vocab = single(profile), analytic.vocab_for(experiment)[0]
+    return _longest(experiment, single(profile), analytic.vocab_for(experiment)[0], card, micro, None)
+
+
+def _longest(experiment: Experiment, one: Profile, vocab: int, card: Card, micro: int, share: float | None) -> int:
+    """The sequence axis's search from the experiment's length; `share` (None: read at that length) guides the guess."""
     lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), micro), one, vocab, card)
     n0 = max(1, experiment.model.seq_len // SEQ_GRANULE)
-    allocated, reserved = lengths.peaks(n0)
+    if share is None:
+        allocated, reserved = lengths.peaks(n0)
+        share = allocated / reserved
     limit = min(LIMIT, max_positions(experiment) or LIMIT) // SEQ_GRANULE
-    return SEQ_GRANULE * lengths.largest(n0, allocated / reserved, limit)
+    return SEQ_GRANULE * lengths.largest(n0, share, limit)
 
 
 class _Axis:
     """One axis of the search (the micro-batch, or the sequence in units of SEQ_GRANULE): each size's step traced
     once, its peaks and its verdict under the budget both replayed from that trace."""
 
-    def __init__(self, shaped: Callable[[int], tuple[Experiment, int]], profile: Profile, vocab: int, card: Card) -> None:
+    def __init__(self, shaped: Callable[[int], tuple[Experiment, int]], profile: Profile, vocab: int,
+                 card: Card) -> None:
         self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
         self.budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
         self._traces: dict[int, list] = {}
@@ -129,8 +133,8 @@ class _Axis:
         """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
         exp, micro = self.shaped(size)
         if size not in self._traces and applies(exp, self.profile):
-            return extrapolated_peaks(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
-                                      capped=self.card.capped).allocated
+            return extrapolated_peak(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
+                                     capped=self.card.capped)
         return self.peaks(size)[0]
 
     def largest(self, x0: int, share: float, limit: int) -> int:

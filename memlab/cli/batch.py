@@ -350,14 +350,14 @@ def _find_longest_sequence(profile: str, experiment: str, gpu_memory: str | None
     """The longest sequence that fits at `micro`, measured: probes from the predicted length outwards."""
     exp, prof = _checked_find_args(experiment, profile, gpu_memory, steps, None, None, overrides)
     from memlab.cli.fit_measure import measured_longest_seq
+    from memlab.core import gpu_memory as gpus
     from memlab.core.predict import card_for
-    from memlab.core.predict.analytic import card_size
     from memlab.core.predict.fit import longest_sequence
 
     err = _err_console()
     predicted = longest_sequence(exp, prof, card_for(gpu_memory), micro)
     err.print(f"[dim]predicted: {predicted} tokens at micro-batch {micro}; probing from there[/dim]")
-    cap = card_size(gpu_memory) if gpu_memory else None
+    cap = _cap_for(gpu_memory, gpus.gpu_info())
     found = measured_longest_seq(profile, experiment, overrides, exp, micro, predicted, cap, err.print)
     if as_json:
         typer.echo(json.dumps({"profile": profile, "experiment": experiment, "micro_batch": micro,

@@ -65,10 +65,7 @@ def fit(
     from memlab.core import predict as P  # torch from here: every input is known to be good
     from memlab.core.predict.fit import fit as fit_row
 
-    if measure:
-        from memlab.cli.batch import _require_cuda
-
-        _require_cuda("memlab fit --measure")
+    cap = _measured_cap(gpu_memory) if measure else None
     card = P.card_for(gpu_memory)
     exp = loaded[0][0]
     earlier = _earlier(predicted, _for(exp, card), names)
@@ -81,7 +78,7 @@ def fit(
         if measure:
             from memlab.cli.fit_measure import measured_row
 
-            measured.append(measured_row(experiment, name, overrides, e, row, gpu_memory, err.print))
+            measured.append(measured_row(experiment, name, overrides, e, row, cap, err.print))
     frame = _frame(rows, measured)
     if not len(frame):
         raise ConfigError("no profile to fit")
@@ -112,6 +109,15 @@ def _earlier(path: Path | None, head: str, names: list[str]) -> dict[str, Fit]:
     if missing:
         raise ConfigError(f"--predicted {path} has no row for {', '.join(missing)}; it has {', '.join(rows)}")
     return rows
+
+
+def _measured_cap(gpu_memory: str | None) -> int | None:
+    """--measure's probes run on this GPU under find-batch's cap (refused where it is more than the GPU has)."""
+    from memlab.cli.batch import _cap_for, _require_cuda
+    from memlab.core import gpu_memory as gpus
+
+    _require_cuda("memlab fit --measure")
+    return _cap_for(gpu_memory, gpus.gpu_info())
 
 
 def _err() -> Any:

@@ -12,16 +12,14 @@ from memlab.core.predict.fit import Fit
 from memlab.core.predict.maxbatch import SEQ_GRANULE
 from memlab.core.predict.prediction import max_positions
 from memlab.core.predict.search import LIMIT, largest_near
-from memlab.core.predict.analytic import card_size
 
 PROBE_STEPS = 2  # the first step makes the optimizer state; the second is the steady step whose peak counts
 
 
 def measured_row(experiment_ref: str, profile: str, overrides: list[str], exp: Experiment, row: Fit,
-                 gpu_memory: str | None, say: Callable[[str], None]) -> dict[str, Any]:
+                 cap: int | None, say: Callable[[str], None]) -> dict[str, Any]:
     if row.error:
         return {"measured_max_batch": None, "batch_error": None, "measured_longest_seq": None, "seq_error": None}
-    cap = card_size(gpu_memory) if gpu_memory else None
     T = exp.model.seq_len
 
     def batch_fits(b: int) -> bool:
