@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 49: FSDP2 against DDP at equal batch on 2 GPUs of one host, the knobs that decide FSDP's pace one at a time.
+#
+#   bash bench/fsdp_h100.sh        (on nvidia-h100-x2 or -x4, polars carried as bench/README.md says; ~6 min)
+#
+# gpt2s at the GPU default batch per GPU (16 x 1024) and Llama-3.2-1B's shape (2 x 2048 per GPU); each case built
+# and timed as the engine runs it, the whole list twice over (interleaved): bench/fsdp_speed.py.
+set -u
+source bench/gpu_env.sh   # keeps NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/fsdp"
+export MEMLAB_CACHE=${MEMLAB_CACHE:-/root/cache}
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m | head -6
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  python3 -m memlab data prepare --experiment gpt2s 2>&1 | tail -2
+  CUDA_VISIBLE_DEVICES=0,1 timeout ${FSDP_LIMIT_S:-480} torchrun --standalone --nproc_per_node 2 bench/fsdp_speed.py \
+    --out "$OUT/fsdp" --steps 15 --rounds 2 2>&1 | grep -E '^\{|Error|error' 
+} 2>&1 | tee "$OUT/fsdp/fsdp_h100.log"
