@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 bench/fsdp_speed.py --out DIR [--cases FILE] [--steps 15] [--rounds 2]
 
-Each case is `experiment|profile|set,set,...` (a line of --cases, or the built-in CASES). Every rank builds the
+Each case is `experiment|profile|set,set,...` (a line of --cases; bench/fsdp_cases/ holds the lists run). Every rank builds the
 step as the engine builds it (memlab.core.distributed.setup, then build_step) and runs it as the engine's loop does
 (phase meters, the loss all-reduced and read a step late), on random tokens:
 3 warm-up steps, then `--steps` steps between two device synchronizes; the step time is the slowest rank's. Then
@@ -29,23 +29,8 @@ from memlab.core.engine import prepare
 from memlab.core.meters import PhaseMeter
 from memlab.core.step import build_step
 
-# gpt2s at the GPU default batch per GPU (16 x 1024), and Llama-3.2-1B at its experiment's (2 x 2048), both ranks
-CASES = """\
-gpt2s|ddp_bf16|train.batch_size=32
-gpt2s|fsdp_bf16|train.batch_size=32
-gpt2s|fsdp_bf16|train.batch_size=32,distributed.prefetch=2
-gpt2s|fsdp_bf16|train.batch_size=32,distributed.reshard_after_forward=false
-gpt2s|fsdp_bf16|train.batch_size=32,distributed.reduce_dtype=param
-gpt2s|fsdp_bf16|train.batch_size=32,distributed.prefetch=2,distributed.reshard_after_forward=false,distributed.reduce_dtype=param
-gpt2s|ddp_bf16|train.batch_size=32,optimizer.fused=true
-gpt2s|fsdp_bf16|train.batch_size=32,optimizer.fused=true
-gpt2s|fsdp_bf16|train.batch_size=32,optimizer.fused=true,distributed.prefetch=2,distributed.reshard_after_forward=false,distributed.reduce_dtype=param
-llama-1b|ddp_bf16|train.batch_size=4
-llama-1b|fsdp_bf16|train.batch_size=4
-llama-1b|fsdp_bf16|train.batch_size=4,distributed.prefetch=2,distributed.reshard_after_forward=false,distributed.reduce_dtype=param
-llama-1b|ddp_bf16|train.batch_size=4,optimizer.fused=true
-llama-1b|fsdp_bf16|train.batch_size=4,optimizer.fused=true,distributed.prefetch=2,distributed.reshard_after_forward=false,distributed.reduce_dtype=param
-"""
+# The first pass: gpt2s at the GPU default batch per GPU (16 x 1024) and Llama-3.2-1B (2 x 2048), each knob alone
+DEFAULT_CASES = Path(__file__).parent / "fsdp_cases" / "knobs.txt"
 
 
 def random_batches(step, vocab: int, n: int, seq: int, device) -> list:
@@ -69,23 +54,30 @@ def slowest(x: float) -> float:
     return t.item()
 
 
-def engine_steps(step, batches: list) -> None:
+def engine_steps(step, batches: list) -> list:
     """The engine's loop (memlab.core.engine._train_loop) without the loader: phase meters, the loss all-reduced and
-    read one step late."""
-    meter = PhaseMeter(step.device)
+    read one step late. Returns the steps' records (phase times from CUDA events)."""
+    meter, records = PhaseMeter(step.device), []
     for i, mb in enumerate(batches):
         meter.start_step(i)
         result = step.run(mb, meter)
-        meter.finish_step(step.dist.reduce_loss(result.loss_sum), result.grad_norm)
-    meter.flush()
+        records.append(meter.finish_step(step.dist.reduce_loss(result.loss_sum), result.grad_norm))
+    records.append(meter.flush())
+    return [r for r in records if r is not None]
+
+
+PHASE_MS: dict[str, float] = {}  # the last timed case's median phase times (fwd, bwd, opt), set by timed_steps
 
 
 def timed_steps(step, batches: list) -> float:
     sync()
     dist.barrier()
     t0 = time.perf_counter()
-    engine_steps(step, batches)
+    records = engine_steps(step, batches)
     sync()
+    for phase in ("fwd", "bwd", "opt"):
+        times = sorted(getattr(r, f"{phase}_ms") or 0.0 for r in records)
+        PHASE_MS[phase] = times[len(times) // 2] if times else 0.0
     return slowest((time.perf_counter() - t0) / len(batches) * 1000)
 
 
@@ -115,6 +107,11 @@ def profiled(step, batches: list) -> dict:
     nccl = [e for e in kernels if "nccl" in e.name.lower()]
     compute = [e for e in kernels if "nccl" not in e.name.lower()]
     events = prof.key_averages()
+    labelled: dict[str, float] = {}  # FSDP2's and the optimizer's record_function ranges, inclusive host time
+    for e in events:
+        if e.key.startswith(("FSDP::", "Optimizer.", "DistributedDataParallel", "aten::_foreach_norm")):
+            name = e.key.split(" (")[0]
+            labelled[name] = labelled.get(name, 0.0) + e.cpu_time_total / 1000 / n
     host_top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     dev_top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:8]
     return {
@@ -123,6 +120,7 @@ def profiled(step, batches: list) -> dict:
         "nccl_ms": sum(e.time_range.elapsed_us() for e in nccl) / 1000 / n,
         "host_busy_ms": sum(e.self_cpu_time_total for e in events) / 1000 / n,
         "host_top": [(e.key[:50], round(e.self_cpu_time_total / 1000 / n, 2)) for e in host_top],
+        "host_labelled": sorted(((k, round(v, 2)) for k, v in labelled.items()), key=lambda kv: -kv[1])[:12],
         "device_top": [(e.key[:50], round(e.self_device_time_total / 1000 / n, 2)) for e in dev_top],
     }
 
@@ -146,7 +144,7 @@ def run_case(line: str, steps: int) -> dict:
     row = {"case": line, "experiment": experiment, "profile": profile, "sets": sets, "world": dist.get_world_size(),
            "micro_batch": step.micro_batch, "seq_len": e.model.seq_len, "step_ms": step_ms,
            "tokens_per_s": e.train.batch_size * e.model.seq_len / step_ms * 1000, "peak_alloc_gib": peak,
-           "applied": str(desc), "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
+           "applied": str(desc), **{f"{k}_ms": v for k, v in PHASE_MS.items()}, "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
     row.update(profiled(step, data[-2:]))
     del step, data
     gc.collect()
@@ -173,20 +171,22 @@ def report(rows: list[dict]) -> str:
     lines += ["", "x DDP: against the DDP row of the same round, experiment and optimizer implementation.", ""]
     for r in rows:
         if "host_top" in r and r["round"] == 1:
-            lines += [f"## {r['case']}", "", f"host top: {r['host_top']}", "", f"device top: {r['device_top']}", ""]
+            lines += [f"## {r['case']}", "", f"phases (CUDA events, median): fwd {r.get('fwd_ms', 0):.1f} ms, bwd {r.get('bwd_ms', 0):.1f}, "
+                      f"opt {r.get('opt_ms', 0):.1f}", "", f"host, labelled ranges (inclusive): {r.get('host_labelled')}", "",
+                      f"host top (self): {r['host_top']}", "", f"device top: {r['device_top']}", ""]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cases", help="a file of experiment|profile|sets lines (default: the built-in CASES)")
+    ap.add_argument("--cases", default=str(DEFAULT_CASES), help="a file of experiment|profile|sets lines")
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=2, help="the whole case list this many times over (interleaved)")
     args = ap.parse_args()
     distributed.init_from_env(torch.device("cuda" if CUDA else "cpu"))
     out = Path(args.out)
-    lines = [ln for ln in (Path(args.cases).read_text() if args.cases else CASES).splitlines() if ln.strip()]
+    lines = [ln for ln in Path(args.cases).read_text().splitlines() if ln.strip()]
     rows: list[dict] = []
     for round_, line in [(r, ln) for r in range(1, args.rounds + 1) for ln in lines]:
         try:

@@ -223,6 +223,12 @@ class AllocatorConfig:
 class DistributedConfig:
     mode: Literal["none", "ddp", "fsdp"] = "none"
     cpu_offload: bool = False  # fsdp: keep sharded parameters on the CPU
+    # fsdp: free each block's gathered parameters after its forward (and gather them again for its backward); false
+    # keeps them until backward (ZeRO-2: one all-gather a step, the whole model's compute-dtype weights held)
+    reshard_after_forward: bool = True
+    reduce_dtype: Literal["fp32", "param"] = "fp32"  # fsdp: gradients reduce-scattered in fp32 or in the params' dtype
+    prefetch: int = 1  # fsdp: units whose all-gather is issued ahead of the one computing (FSDP2's own default: 1)
+    blocks_per_unit: int = 1  # fsdp: consecutive blocks gathered and reduced as one unit (fewer units, less host work)
 
 
 @dataclass

@@ -58,6 +58,9 @@ RANK_COLUMNS = metrics.per_rank_names()  # ranks.parquet (memlab.core.schema.RAN
 # FSDP2 keeps (and all-gathers) parameters in the profile's compute dtype; fp32 / tf32 leave them in fp32.
 _PARAM_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+# knobs of FSDP2's units alone, with their defaults (set under another mode: a config error)
+_FSDP_KNOBS = {"reshard_after_forward": True, "reduce_dtype": "fp32", "prefetch": 1, "blocks_per_unit": 1}
+
 _stop = {"requested": False}
 _control: dict[str, Any] = {"group": None}
 
@@ -145,6 +148,13 @@ def check(experiment: Experiment, profile: Profile, world: int, device_type: str
         raise ConfigError(f"distributed.cpu_offload offloads FSDP2's sharded parameters and applies to distributed.mode = fsdp, not {mode}")
     if device_type != "cuda" and (why := CUDA_NEEDS["distributed.cpu_offload"](profile)):
         raise DeviceError(why)
+    if d.prefetch < 1:
+        raise ConfigError(f"distributed.prefetch = {d.prefetch}: it counts the units gathered ahead; use 1 (FSDP2's own order) or more")
+    if d.blocks_per_unit < 1:
+        raise ConfigError(f"distributed.blocks_per_unit = {d.blocks_per_unit}: use 1 (one FSDP unit per block) or more")
+    changed = [f"distributed.{k}" for k, default in _FSDP_KNOBS.items() if getattr(d, k) != default]
+    if changed and mode != "fsdp":
+        raise ConfigError(f"{', '.join(changed)} applies to distributed.mode = fsdp, not {mode}")
     if mode == "fsdp":
         if profile.optimizer.offload:
             raise ConfigError(
@@ -208,13 +218,18 @@ class DistContext:
 
         inner = getattr(model, "_orig_mod", model)  # under torch.compile's wrapper
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        mp = MixedPrecisionPolicy(param_dtype=_PARAM_DTYPE.get(profile.precision.dtype), reduce_dtype=torch.float32)
-        offload = CPUOffloadPolicy(pin_memory=True) if profile.distributed.cpu_offload else OffloadPolicy()
-        for block in inner.blocks:  # one all-gather / reduce-scatter unit per block: only one block is ever whole
-            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        d = profile.distributed
+        mp = MixedPrecisionPolicy(param_dtype=_PARAM_DTYPE.get(profile.precision.dtype),
+                                  reduce_dtype=torch.float32 if d.reduce_dtype == "fp32" else None)  # None: the params'
+        offload = CPUOffloadPolicy(pin_memory=True) if d.cpu_offload else OffloadPolicy()
+        blocks, k = list(inner.blocks), d.blocks_per_unit
+        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+        for unit in units:  # one all-gather / reduce-scatter per unit: only one unit (of k blocks) is ever whole
+            fully_shard(unit if k > 1 else unit[0], mesh=mesh, mp_policy=mp, offload_policy=offload,
+                        reshard_after_forward=d.reshard_after_forward)
         fully_shard(inner, mesh=mesh, mp_policy=mp, offload_policy=offload)  # the root: embeddings, final norm, head
-        desc = f"fsdp x{self.world_size} ({len(inner.blocks)} blocks + root; params {profile.precision.dtype if profile.precision.dtype in _PARAM_DTYPE else 'fp32'}, reduce fp32)"
-        return model, desc + (" cpu_offload" if profile.distributed.cpu_offload else "")
+        _prefetch([unit[0] for unit in units], d.prefetch)  # a unit's hooks and prefetch lists sit on its first block
+        return model, _fsdp_description(len(blocks), profile)
 
     def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler:
         """fp16: FSDP's gradients are sharded, so an overflow seen by one rank must skip the step on every rank."""
@@ -289,6 +304,31 @@ class DistContext:
     def close(self) -> None:
         if self.owns_group:
             shutdown()
+
+
+def _prefetch(blocks: list[torch.nn.Module], ahead: int) -> None:
+    """ahead > 1: each unit issues the all-gathers of the next `ahead` units (forward) and of the `ahead` before it
+    (backward) from its own hooks, so they overlap compute even when the host does not run ahead of the GPU; 1 leaves
+    FSDP2's own order (the next unit's all-gather issued when it is reached)."""
+    if ahead <= 1:
+        return
+    for i, block in enumerate(blocks):
+        block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + ahead])
+        block.set_modules_to_backward_prefetch(blocks[max(0, i - ahead):i][::-1])
+
+
+def _fsdp_description(n_blocks: int, profile: Profile) -> str:
+    d, dtype = profile.distributed, profile.precision.dtype
+    parts = [f"params {dtype if dtype in _PARAM_DTYPE else 'fp32'}",
+             f"reduce {'fp32' if d.reduce_dtype == 'fp32' else (dtype if dtype in _PARAM_DTYPE else 'fp32')}"]
+    if not d.reshard_after_forward:
+        parts.append("kept after forward")
+    if d.prefetch > 1:
+        parts.append(f"prefetch {d.prefetch}")
+    if d.blocks_per_unit > 1:
+        parts.append(f"{d.blocks_per_unit} blocks a unit")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return f"fsdp x{world} ({n_blocks} blocks + root; {', '.join(parts)})" + (" cpu_offload" if d.cpu_offload else "")
 
 
 def aggregate(summaries: list[dict[str, Any]], world: int) -> dict[str, Any]:
