@@ -712,6 +712,15 @@ class _Static:
         }
 
 
+def _gathered_blocks(d, n_layer: int) -> int:
+    """Blocks whose unsharded parameters FSDP2 holds at once: one unit (blocks_per_unit blocks; the default's one block
+    is what the H100 measurements fit, FSDP2's own prefetch included) plus the units gathered ahead (prefetch > 1);
+    every block when reshard_after_forward is off (each stays gathered from its forward to its backward)."""
+    if not d.reshard_after_forward:
+        return n_layer
+    return min(n_layer, d.blocks_per_unit * max(1, d.prefetch))
+
+
 def _static_memory(st: _Step, notes: list[str]) -> _Static:
     """Distributed (profile.distributed, world_size ranks; memlab.core.distributed builds the wrappers):
       ddp   every rank keeps whole weights, gradients and optimizer state, plus DDP's gradient buckets: one fp32
@@ -743,9 +752,10 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         notes.append(f"ddp x{st.world_size}: whole weights, gradients and optimizer state per GPU, plus DDP's gradient buckets (one fp32 copy of the gradients, alive all step)")
     elif st.fsdp:
         root = s.V * s.C + s.T * s.C + 2 * s.C
-        gathered = st.pr.e * (bp["matrix"] + bp["vector"] + root)
+        blocks = _gathered_blocks(p.distributed, s.L)
+        gathered = st.pr.e * (blocks * (bp["matrix"] + bp["vector"]) + root)
         where = "on the host (cpu_offload); the GPU holds" if st.host else f"sharded {st.world_size} ways, plus"
-        notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of one block and the root")
+        notes.append(f"fsdp x{st.world_size}: weights, gradients and optimizer state {where} the unsharded parameters of {blocks} block(s) and the root")
     in_bwd = _in_backward(p, s, notes)
     return _Static(
         params=N,
