@@ -31,7 +31,7 @@ def run_memlab(spec: str, args, out: Path) -> dict:
     profile, *sets = spec.split("+")
     runs = out / "runs"
     cmd = [sys.executable, "-m", "memlab", "run", "--profile", profile, "--experiment", args.experiment,
-           "--steps", str(args.steps), "--runs-dir", str(runs)] + [a for s in sets for a in ("--set", s)]
+           "--steps", str(args.steps), "--runs-dir", str(runs)] + [a for s in sets for a in ("--set", s)] + args.run_args.split()
     before = set(runs.glob("*")) if runs.exists() else set()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     new = sorted(set(runs.glob("*")) - before)
@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--run-args", default="", help="more `memlab run` options for every memlab case, e.g. '--data stdlib --tokenizer bpe:8192'")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting runs after this many seconds")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,9 @@ class KernelsConfig:
     # torchao float8 training: the blocks' Linear layers compute in float8 (H100 / Ada). A speed technique: the
     # weights stay fp32 masters, so memory barely moves.
     float8: bool = False
+    # Liger Kernel's patches of a transformers model (hf family): RMSNorm, RoPE and SwiGLU as Triton kernels
+    # (memlab.core.techniques.liger_patches); the `liger` profile adds Liger's fused linear cross-entropy head
+    liger: bool = False
 
 
 @dataclass

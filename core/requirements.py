@@ -97,6 +97,12 @@ def _fsdp_offload(p: Profile) -> str | None:
     return None
 
 
+def _liger(p: Profile) -> str | None:
+    if p.kernels.liger:
+        return "kernels.liger runs Liger Kernel's Triton kernels and needs CUDA; set it to false on the CPU backend"
+    return None
+
+
 def _optimizer(p: Profile) -> str | None:
     name = p.optimizer.name
     if name in OPTIMIZER_CUDA_ONLY:
@@ -131,6 +137,7 @@ CUDA_NEEDS: dict[str, Callable[[Profile], str | None]] = {
     "loader": _loader,
     "precision": _precision,
     "attention.sdpa_backend": _sdpa_backend,
+    "kernels.liger": _liger,
     "finetune.base": _finetune_base,
     "loss": _loss,
     "kernels.float8": _float8,
@@ -184,6 +191,15 @@ def _float8_package(p: Profile) -> tuple[str, str] | None:
     return None
 
 
+LIGER_MISSING = "kernels.liger needs Liger Kernel: pip install 'memlab[liger]', or kernels.liger = false"
+
+
+def _liger_package(p: Profile) -> tuple[str, str] | None:
+    if p.kernels.liger and _missing_module("liger"):
+        return "liger", LIGER_MISSING
+    return None
+
+
 def _optimizer_package(p: Profile) -> tuple[str, str] | None:
     name = p.optimizer.name
     if name not in OPTIMIZER_PACKAGES:
@@ -201,6 +217,7 @@ EXTRA_NEEDS: dict[str, Callable[[Profile], tuple[str, str] | None]] = {
     "finetune": _finetune_package,
     "loss.fused": _loss_package,
     "kernels.float8": _float8_package,
+    "kernels.liger": _liger_package,
     "optimizer.name": _optimizer_package,
 }
 

@@ -21,6 +21,8 @@ ISSUE_19_PROFILES = frozenset({
 # tables; it is measured where fit uses it (bench/results/fit-h100).
 FINETUNE_PROFILES = frozenset({"lora", "lora_gradcp", "lora_fast", "qlora", "qlora_gradcp", "dora", "freeze",
                                "gradcp_adamw8bit"})
+# The profiles of the transformers family alone (refused on memlab's GPT, so never in the gpt shapes' tables).
+HF_ONLY_PROFILES = frozenset({"liger"})
 
 
 def bench_module(stem: str) -> ModuleType:

@@ -8,12 +8,13 @@ within 10%.
 from __future__ import annotations
 
 import pytest
-from bench_helpers import FINETUNE_PROFILES, ISSUE_19_PROFILES, bench_module
+from bench_helpers import FINETUNE_PROFILES, HF_ONLY_PROFILES, ISSUE_19_PROFILES, bench_module
 
 # The profiles issue 19 added: their peaks are checked against the H100 runs of tests/data/gpu/frontier-h100/
 # (tests/test_frontier_vs_h100.py); this file's sets (micro-batch 16 runs and find-batch searches under 12 and
 # 16 GiB) do not hold them yet. Each leaves this set when bench/estimate_vs_measured.py has measured it.
 AWAITING_H100 = ISSUE_19_PROFILES | FINETUNE_PROFILES
+NOT_GPT = HF_ONLY_PROFILES  # refused on the gpt shapes these tables hold
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def test_every_profile_was_measured_at_micro_batch_16(comparison):
     from memlab.core.config import builtin_names
 
     measured = {r["profile"] for r in comparison["peaks"] if r["kind"] == "fixed"}
-    assert measured == set(builtin_names("profile")) - AWAITING_H100
+    assert measured == set(builtin_names("profile")) - AWAITING_H100 - NOT_GPT
 
 
 def test_predicted_peaks_are_within_ten_percent_of_the_h100(comparison):
@@ -37,7 +38,7 @@ def test_every_profile_was_searched_to_one_batch_unit(comparison):
     from memlab.core.config import builtin_names
 
     exact = {r["profile"] for r in comparison["max_batches"] if r["smallest_oom"] == r["largest_fit"] + 1}
-    assert exact == set(builtin_names("profile")) - AWAITING_H100
+    assert exact == set(builtin_names("profile")) - AWAITING_H100 - NOT_GPT
 
 
 def test_predicted_max_batches_are_within_ten_percent_of_the_searches(comparison):

@@ -103,11 +103,15 @@ def _cpu_refusal(profile) -> str | None:
     from memlab.core.techniques import check_techniques
 
     world = 2 if profile.distributed.mode != "none" else 1
-    try:
-        check_techniques(load_experiment("tiny"), copy.deepcopy(profile), torch.device("cpu"), world)
-    except DeviceError as e:
-        return str(e)
-    except MemlabError:
+    for experiment in ("tiny", "llama-tiny"):  # a transformers-only knob is checked on the family it supports
+        try:
+            check_techniques(load_experiment(experiment), copy.deepcopy(profile), torch.device("cpu"), world)
+        except DeviceError as e:
+            return str(e)
+        except MemlabError as e:
+            if "model.family = hf, not gpt" in str(e):
+                continue
+            return None
         return None
     return None
 
@@ -117,7 +121,7 @@ def _one_knob_variants():
     out = []
     for path, value in (("allocator.expandable_segments", True), ("loader.pin_memory", True), ("precision.dtype", "tf32"),
                         ("attention.sdpa_backend", "cudnn"), ("attention.sdpa_backend", "efficient"), ("loss.fused", "liger"),
-                        ("loss.fused", "cce"), ("kernels.float8", True), ("optimizer.name", "adamw8bit"),
+                        ("loss.fused", "cce"), ("kernels.float8", True), ("kernels.liger", True), ("optimizer.name", "adamw8bit"),
                         ("optimizer.name", "adamw4bit"), ("optimizer.name", "paged_adamw8bit"), ("optimizer.offload", True),
                         ("checkpointing.offload", True), ("cuda_graph.enabled", True)):
         p = load_profile("bf16")

@@ -117,6 +117,8 @@ REQUIRED = (
     "adamw8bit optim_offload compile chunked_ce liger_ce cce fastest leanest"
 ).split()
 # On the CPU backend these stop before any work with a DeviceError that says they need CUDA.
+# The transformers family's alone: refused on the tiny GPT before any work, naming the family.
+HF_ONLY = {"liger"}
 NEEDS_CUDA = {"tf32", "act_offload", "act_offload_overlap", "adamw8bit", "optim_offload", "fastest", "leanest", "adamw4bit", "paged_adamw8bit", "float8", "liger_ce", "cce", "qlora", "qlora_gradcp", "gradcp_adamw8bit"}
 
 
@@ -159,6 +161,11 @@ def test_every_builtin_profile_trains_on_cpu_or_says_it_needs_cuda(name, tiny):
         overrides.append("checkpointing.budget=1")  # a compile setting; compiled under a budget in test_ckpt_frontier
     apply_overrides(tiny, profile, overrides)
     sink = ListSink()
+    if name in HF_ONLY:
+        with pytest.raises(ConfigError, match="model.family = hf, not gpt"):
+            train(tiny, profile, sink, device=CPU)
+        assert not sink.of("step")
+        return
     missing = _missing_library(profile)
     if missing and name not in NEEDS_CUDA:  # CI installs no extras: refused before any work, naming the extra
         with pytest.raises(ConfigError, match=r"pip install 'memlab\["):

@@ -10,6 +10,7 @@ step. `apply_techniques` applies them in this order, and why:
  3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
     finetune        the frozen base's storage dtype (bf16 for LoRA and QLoRA) is the model's build dtype;
     -- the model is built here (memlab.core.models.family), with that kernel, on the device --
+    liger patches   Liger's kernels in the transformers model's norms, MLPs and RoPE: on the bare model;
     finetune        freeze, quantize (QLoRA) and add adapters: before every wrapper and the optimizer;
  4. loss            chunked cross-entropy or a library's fused kernel is a setting of the model's head;
  5. fused kernels   switch the model's forward to memlab.core.fused: what compile traces;
@@ -44,6 +45,7 @@ from memlab.core.techniques import (
     finetune,
     float8,
     fused_kernels,
+    liger_patches,
     loader,
     loss,
     memory_cap,
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
     from memlab.core.step import TrainStep
 
 BEFORE_MODEL = (memory_cap, precision, attention)
-ON_MODEL = (finetune, loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
+ON_MODEL = (liger_patches, finetune, loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
 CHECK_ONLY = (allocator, loader, accumulation)
 TECHNIQUES = CHECK_ONLY + BEFORE_MODEL + ON_MODEL
 
@@ -80,6 +82,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int = 1) -> None
     fused_kernels.check_plan(experiment, profile, world)
     optimizer.check_in_backward(experiment, profile)
     float8.check_plan(experiment, profile)
+    liger_patches.check_plan(experiment, profile)
     loss.check_plan(experiment, profile, world)
     act_offload.check_plan(experiment, profile)
     cuda_graph.check_plan(experiment, profile)

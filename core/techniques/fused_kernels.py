@@ -40,7 +40,7 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
 def apply(step: TrainStep) -> None:
     """Switch the model to the fused forward (before compile, which traces it); the label goes to the summary."""
     if not step.profile.kernels.fused:
-        step.applied["kernels"] = "off"
+        step.applied.setdefault("kernels", "off")  # kernels.liger's label, where Liger patched the model
         return
     if step.device.type == "cuda":
         import triton
