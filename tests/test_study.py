@@ -797,3 +797,35 @@ def test_study_figures_tick_plain_numbers_and_keep_their_labels_inside():
     label = fig.axes[0].yaxis.label.get_window_extent(renderer)
     page = fig.bbox
     assert page.y0 <= label.y0 and label.y1 <= page.y1 and page.x0 <= label.x0  # the y label is whole on the page
+
+
+def test_the_common_batch_is_accumulated_where_a_profiles_measured_micro_batch_is_smaller(tmp_path):
+    """On the H100 a Llama-3.2-1B study under 24 GiB measured max micro-batch 1 for gradcp_bf16 and ran its common
+    batch 2 as micro-batch 2 anyway (out of memory). The common batch stays the same (the same math); it is split
+    into micro-batch x accumulation within what the search measured, and not run where micro-batch 1 does not fit."""
+    from memlab.core.study import Study, StudyState
+
+    names = ["baseline", "bf16", "gradcp_bf16", "accum", "chunked_ce"]
+    options, plan = _three_lanes(names)
+    options.batch = "12"
+    state = StudyState(options, {})
+    for name, status, found in (("baseline", "measured", 40), ("bf16", "measured", 5), ("gradcp_bf16", "measured", 1),
+                                ("accum", "measured", 2), ("chunked_ce", "does not fit", 0)):
+        state.item("max", name).status, state.item("max", name).max_batch = status, found
+    study = Study(plan, state, tmp_path, lambda line: None)
+    split = {n: study._batch_for(state.item("common", n)) for n in names}
+    assert split["baseline"] == (12, None, "")  # fits whole: the profile's own accumulation (1)
+    assert split["bf16"] == (12, 3, "")  # micro-batch 4 x 3: the largest divisor of 12 within 5
+    assert split["gradcp_bf16"] == (12, 12, "")
+    assert split["accum"] == (12, 6, "")  # its own 4 steps would need micro-batch 3 > 2: 2 x 6
+    assert split["chunked_ce"][0] is None and "even micro-batch 1 does not fit" in split["chunked_ce"][2]
+
+
+def test_a_failures_finding_keeps_an_out_of_memory_message_to_the_allocation_that_failed():
+    """The allocator's paragraph of advice stays in the run's folder; the finding is one line."""
+    from memlab.core.study.findings import _first_sentence
+
+    oom = ("CUDA out of memory in backward: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity of "
+           "79.18 GiB of which 56.13 GiB is free. If reserved but unallocated memory is large try setting ...")
+    assert _first_sentence(oom) == "CUDA out of memory in backward: CUDA out of memory. Tried to allocate 1.96 GiB."
+    assert _first_sentence("nan: the loss went NaN at step 3") == "nan: the loss went NaN at step 3"

@@ -155,12 +155,27 @@ class Study:
             return (size, 1, "") if size else (None, None, f"its max batch is unknown ({own.status}: {own.message})")
         mode = self.plan.options.batch
         if mode == "experiment":
-            return self.plan.experiment.train.batch_size, None, ""
+            return self._split(item.profile, self.plan.experiment.train.batch_size)
         if mode.isdigit():
-            return int(mode), None, ""
+            return self._split(item.profile, int(mode))
         base = self.state.item("max", "baseline")
         size = base.max_batch if self.plan.on_cuda else base.predicted_max_batch
-        return (size, None, "") if size else (None, None, f"the baseline's max batch is unknown ({base.status}: {base.message})")
+        return self._split(item.profile, size) if size else (None, None, f"the baseline's max batch is unknown ({base.status}: {base.message})")
+
+    def _split(self, profile: str, batch: int) -> tuple[int | None, int | None, str]:
+        """The common batch as micro-batch x accumulation within the micro-batch this profile's search measured:
+        the same effective batch (the same math), accumulated where the profile's own micro-batch would not fit
+        under the cap; not run where even micro-batch 1 does not fit."""
+        own = self.state.item("max", profile)
+        if not self.plan.on_cuda or own.status not in ("measured", "does not fit"):
+            return batch, None, ""
+        if not own.max_batch:
+            return None, None, f"even micro-batch 1 does not fit under the cap (its max-batch search: {own.message})"
+        steps = self.plan.profiles[profile].accumulation.steps
+        if batch % steps == 0 and batch // steps <= own.max_batch:
+            return batch, None, ""
+        steps = next(a for a in range(steps, batch + 1) if batch % a == 0 and batch // a <= own.max_batch)
+        return batch, steps, ""
 
     def _ended(self, outcome: QueueOutcome) -> None:
         item: Item = outcome.key

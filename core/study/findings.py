@@ -17,6 +17,7 @@ from memlab.core.units import gib
 
 SMALL_PCT = 1.0  # a memory change below this is "no effect"
 _WINDOW = re.compile(r"window \d+ >= seq_len \d+[^)(;]*")
+_OOM_TAIL = re.compile(r"Tried to allocate [\d.]+ [KMGT]?i?B\.?")
 STATIC = ("weights", "gradients", "optimizer_state")
 
 
@@ -187,4 +188,11 @@ def _estimator(frame: pl.DataFrame) -> list[str]:
 def _failures(frame: pl.DataFrame) -> list[str]:
     bad = frame.filter(pl.col("study_status") != "finished")
     return [f"{r['profile']} ({'at its max' if r['study_kind'] == 'at_max' else 'common batch'}): {r['study_status']}"
-            + (f": {r['study_message']}" if r["study_message"] else "") for r in bad.iter_rows(named=True)]
+            + (f": {_first_sentence(r['study_message'])}" if r["study_message"] else "") for r in bad.iter_rows(named=True)]
+
+
+def _first_sentence(message: str) -> str:
+    """PyTorch's out-of-memory message up to the allocation that failed (the allocator's advice after it is in the
+    run's own folder): a finding is one line."""
+    cut = _OOM_TAIL.search(message)
+    return message[:cut.end()] if cut else message
