@@ -51,7 +51,8 @@ def analytic_bound(experiment: Experiment, profile: Profile, card: Card, *, worl
 def max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: bool, world_size: int = 1,
               at: int = 1) -> MaxBatch:
     """`memlab estimate`'s figures: the analytic bound, and with `replay` the allocator replay over the fake trace
-    (`at`: the micro-batch whose reserve it also reports), the smaller under the plain-margin guard (guarded). A
+    (`at`: the micro-batch whose reserve it also reports; without the formula the search starts there, from the
+    trace the estimate made already), the smaller under the plain-margin guard (guarded). A
     family without the formula has the replay's figure alone (always replayed). A replayed answer is kept in the
     prediction cache (a search traces the step several times: a minute for an 8B model)."""
     name = cache.key(experiment, profile, at, dataclasses.asdict(card), f"max_batch replay={replay}", world_size)
@@ -71,7 +72,7 @@ def _max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: 
         return MaxBatch(bound, bound)
     try:
         replayed = replay_for_card(experiment, profile, vocab_size=analytic.vocab_for(experiment)[0], micro_batch=at,
-                                   memory_bytes=card.total_bytes, start=max(1, bound or NO_FORMULA_START),
+                                   memory_bytes=card.total_bytes, start=max(1, bound or at),
                                    margin=REPLAY_MARGIN, capped=card.capped)
     except MemlabError as e:
         return MaxBatch(bound or 0, bound, None, str(e))

@@ -34,6 +34,7 @@ from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.model import GPT
 from memlab.core.predict import analytic as est
+from memlab.core.predict import cache
 from memlab.core.predict import inductor
 from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
@@ -247,12 +248,24 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                capped: bool = False) -> list[Event]:
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
-    fake_trace's; `capped`: a run under --gpu-memory's cap."""
+    fake_trace's; `capped`: a run under --gpu-memory's cap. The last few are kept in this process: an estimate
+    replays its own micro-batch's trace for the peaks and again in the max-batch search (12 s each for an 8B model)."""
+    name = cache.key(experiment, profile, micro_batch, {"vocab": vocab_size, "capped": capped}, "step_trace", 1)
+    if name in _RECENT_TRACES:
+        return _RECENT_TRACES[name]
     if profile.compile.enabled:
+        trace = compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
+                               capped=capped)
+    else:
+        trace = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+    _RECENT_TRACES[name] = trace
+    while len(_RECENT_TRACES) > RECENT_TRACES:
+        _RECENT_TRACES.pop(next(iter(_RECENT_TRACES)))  # the oldest: a dict keeps its insertion order
+    return trace
 
-        return compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
-                              capped=capped)
-    return fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+
+RECENT_TRACES = 4  # step_trace's memo: a trace of an 8B step holds a few hundred thousand events
+_RECENT_TRACES: dict[str, list[Event]] = {}
 
 
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)
