@@ -151,3 +151,18 @@ def test_a_card_smaller_than_a_transformers_models_weights_is_refused_before_any
     # 4-bit block weights and bf16 embeddings, head and norms: 5.61 GiB for Llama-3.1-8B
     assert exit_.value.code == 2 and "\n" not in err
     assert "the weights need 5.61 GiB; the card has 4.00 GiB (--gpu-memory 4GiB)" in err, err
+
+
+@pytest.mark.parametrize("name", ["bf16", "lora", "dora", "freeze"])
+def test_fits_trainable_count_on_the_skeleton_is_what_the_engine_trains(name):
+    """memlab fit counts trainable parameters on the meta skeleton (an 8B model is never built); the engine counts
+    them on the model it built, adapters and all. (On the H100, Llama-3.2-1B's lora: 11,272,192; dora: 11,649,024.)"""
+    import torch
+
+    from memlab.core.models import family
+    from memlab.core.step import build_step
+    from memlab.core.techniques import finetune
+
+    e, p = load_experiment("llama-tiny"), load_profile(name)
+    step = build_step(e, p, torch.device("cpu"), vocab_for(e)[0])
+    assert finetune.trainable_params(family.skeleton(e), p.finetune) == step.applied["trainable_params"] > 0

@@ -12,11 +12,14 @@ then search from there (largest_near).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-from memlab.core.config import Experiment, Profile
+from memlab.core.config import Experiment, Profile, experiment_from_dict, to_dict
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
@@ -26,6 +29,8 @@ from memlab.core.predict.prediction import max_positions, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
+from memlab.core.models import family
+from memlab.core.techniques import finetune
 
 # The profiles `memlab fit` tries without --profiles: full training as a user would (bf16; checkpointing; with 8-bit
 # AdamW too), and the fine-tuning ones.
@@ -44,6 +49,7 @@ class Fit:
     budget_bytes: int = 0
     max_batch: int = 0  # at seq_len
     longest_seq: int = 0  # at micro-batch 1, a multiple of SEQ_GRANULE
+    trainable_params: int = 0  # what the optimizer updates (finetune.trainable_params, on the model's skeleton)
     error: str = ""
 
     @property
@@ -68,8 +74,9 @@ def fit(experiment: Experiment, profile: Profile, card: Card) -> Fit:
 
 def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) -> Fit:
     one = single(profile)
-    row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes)
     vocab, _ = analytic.vocab_for(experiment)
+    row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
+              trainable_params=_trainable(experiment, profile, vocab))
     batches = _Axis(lambda b: (experiment, b), one, vocab, card)
     try:
         allocated, reserved = batches.peaks(micro)
@@ -81,6 +88,18 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     share = allocated / reserved  # of the reserve, what tensors hold at the experiment's shape
     return dataclasses.replace(row, max_batch=batches.largest(micro, share, LIMIT),
                                longest_seq=_longest(experiment, one, vocab, card, 1, share))
+
+
+def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
+    shaped = copy.deepcopy(experiment)
+    shaped.model.vocab_size = vocab  # the gpt family's skeleton takes its head from here
+    return finetune.trainable_params(_skeleton(json.dumps(to_dict(shaped), sort_keys=True)), profile.finetune)
+
+
+@functools.lru_cache(maxsize=2)
+def _skeleton(experiment_json: str) -> Any:
+    """One meta skeleton per experiment for every row (seconds for an 8B model: transformers' modeling code)."""
+    return family.skeleton(experiment_from_dict(json.loads(experiment_json)))
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:

@@ -178,6 +178,22 @@ def apply(step: TrainStep) -> None:
     step.applied["frozen_params"] = sum(p.numel() for p in model.parameters()) - trainable
 
 
+def trainable_params(model: nn.Module, f: Any) -> int:
+    """What the optimizer will update under `f`, counted on the model before any adapter (a meta skeleton will do, as
+    memlab fit counts it): every parameter (full); the last blocks, the final norm and the head (freeze; a weight
+    shared with the embedding once); or what peft adds to the target layers: r x (in + out) each, and DoRA's
+    magnitude, one per output feature."""
+    if f.method == "freeze":
+        blocks = list(model.blocks)
+        parts = [*blocks[-f.last_blocks:], model.final_norm, model.head]
+        return sum(p.numel() for p in {id(p): p for part in parts for p in part.parameters()}.values())
+    if f.method not in ADAPTERS:
+        return sum(p.numel() for p in model.parameters())
+    dora = f.method == "dora"
+    return sum(f.rank * (m.in_features + m.out_features) + (m.out_features if dora else 0)
+               for m in target_layers(model, f.targets).values())
+
+
 def _freeze(model: nn.Module, last: int) -> str:
     for p in model.parameters():
         p.requires_grad_(False)

@@ -156,7 +156,7 @@ def _frame(rows: list[Fit], measured: list[dict]) -> pl.DataFrame:
 
     records = []
     for i, r in enumerate(rows):
-        rec = {"profile": r.profile, "peak_gib": _g(r.allocated_bytes), "reserved_gib": _g(r.reserved_bytes),
+        rec = {"profile": r.profile, "trainable": r.trainable_params or None, "peak_gib": _g(r.allocated_bytes), "reserved_gib": _g(r.reserved_bytes),
                "fits": r.fits, "max_batch": r.max_batch if not r.error else None,
                "longest_seq": r.longest_seq if not r.error else None, "note": r.error}
         if measured:
@@ -176,7 +176,7 @@ def header(exp: Experiment, card: Card, micro: int) -> str:
     what = f"{exp.name}" + (f" ({m.source})" if getattr(m, "family", "gpt") == "hf" else "")
     return (f"{what} on {card.where}: {gib(card.budget_bytes)} for the allocator after the CUDA context. "
             f"peak: the step's tensors at micro-batch {micro} x {m.seq_len} tokens (reserved: the allocator's reserve); "
-            f"each profile's own optimizer and precision (memlab profiles); fits: the allocator replay's reserve within "
+            f"each profile's own optimizer and precision (memlab profiles); trainable: the parameters it updates; fits: the allocator replay's reserve within "
             f"the budget less {REPLAY_MARGIN:.0%}, without an allocator retry; max_batch: the largest micro-batch at "
             f"{m.seq_len} tokens; longest_seq: the longest sequence at micro-batch 1 (a multiple of 64); 0: not even "
             f"the smallest fits")
