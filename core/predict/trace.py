@@ -248,24 +248,47 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                capped: bool = False) -> list[Event]:
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
-    fake_trace's; `capped`: a run under --gpu-memory's cap. The last few are kept in this process: an estimate
-    replays its own micro-batch's trace for the peaks and again in the max-batch search (12 s each for an 8B model)."""
+    fake_trace's; `capped`: a run under --gpu-memory's cap. Within `traces_kept()` the last few are kept: an
+    estimate replays its own micro-batch's trace for the peaks and again in the max-batch search (12 s each for an
+    8B model)."""
+    kept = _KEPT["traces"]
     name = cache.key(experiment, profile, micro_batch, {"vocab": vocab_size, "capped": capped}, "step_trace", 1)
-    if name in _RECENT_TRACES:
-        return _RECENT_TRACES[name]
-    if profile.compile.enabled:
+    if kept is not None and name in kept:
+        return kept[name]
+    if reads_compiled_graphs(experiment, profile):
         trace = compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                                capped=capped)
     else:
         trace = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-    _RECENT_TRACES[name] = trace
-    while len(_RECENT_TRACES) > RECENT_TRACES:
-        _RECENT_TRACES.pop(next(iter(_RECENT_TRACES)))  # the oldest: a dict keeps its insertion order
+    if kept is not None:
+        kept[name] = trace
+        while len(kept) > KEPT_TRACES:
+            kept.pop(next(iter(kept)))  # the oldest: a dict keeps its insertion order
     return trace
 
 
-RECENT_TRACES = 4  # step_trace's memo: a trace of an 8B step holds a few hundred thousand events
-_RECENT_TRACES: dict[str, list[Event]] = {}
+@contextlib.contextmanager
+def traces_kept() -> Iterator[None]:
+    """step_trace keeps its last KEPT_TRACES traces within (one command's predictions of one shape); outside, every
+    call traces, so nothing outlives what decided it (a monkeypatched tracer, an edited profile)."""
+    outer = _KEPT["traces"]
+    _KEPT["traces"] = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _KEPT["traces"] = outer
+
+
+def reads_compiled_graphs(experiment: Experiment, profile: Profile) -> bool:
+    """Whether the replay reads the compiled step's own graphs. The Inductor reader (memlab.core.predict.inductor)
+    compiles memlab's GPT at the experiment's dimensions, so for another family it would read a different model
+    (Llama-3.2-1B's compile: +34.9% on the H100, lora_fast +60.8%); there the eager step is traced instead, an upper
+    bound: Inductor frees and fuses what the eager step keeps (fake.py says so in the prediction's notes)."""
+    return profile.compile.enabled and getattr(experiment.model, "family", "gpt") == "gpt"
+
+
+KEPT_TRACES = 4  # traces_kept's: a trace of an 8B step holds a few hundred thousand events
+_KEPT: dict[str, dict[str, list[Event]] | None] = {"traces": None}
 
 
 CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)

@@ -81,19 +81,21 @@ def estimate(
     from memlab.core import predict as P  # torch from here: the names and values are known to be good
     from memlab.core.predict.analytic import vocab_for
     from memlab.core.predict.prediction import family_of
+    from memlab.core.predict.trace import traces_kept
 
     world = _world(exp, prof, nproc)
     traced = method in ("fake", "trace") or (method == "auto" and family_of(exp) != "gpt")
     if traced and world > 1:
         raise ConfigError(f"--method {method} measures one process; with --nproc use --method analytic")
     card = P.card_for(gpu_memory)
-    result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
-    analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
-    # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
-    replay_too = traced or (method == "auto" and gpu_memory is not None and world == 1)
-    found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
+    with traces_kept():  # the peaks' trace serves the max-batch search too
+        result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
+        analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
+        # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
+        replay_too = traced or (method == "auto" and gpu_memory is not None and world == 1)
+        found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
+        longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     vocab_from = vocab_for(exp)[1]
-    longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     if as_json:
         typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, replay_too)
                               | ({"max_seq_len": longest} if longest_seq else {})))
