@@ -166,3 +166,17 @@ def test_fits_trainable_count_on_the_skeleton_is_what_the_engine_trains(name):
     e, p = load_experiment("llama-tiny"), load_profile(name)
     step = build_step(e, p, torch.device("cpu"), vocab_for(e)[0])
     assert finetune.trainable_params(family.skeleton(e), p.finetune) == step.applied["trainable_params"] > 0
+
+
+def test_a_profile_whose_weights_alone_exceed_the_card_is_not_searched():
+    """Full training of an 8B model on a 24 GiB card: no trace at the model's depth, no search; the peak from two
+    shallow traces (depth.py), and the note says why every figure is 0."""
+    from memlab.core.predict.fit import fit
+    from memlab.core.predict.prediction import weights_bytes
+
+    e, p = _tiny("bf16", "model.n_layer=12", "model.d_model=768", "model.d_ff=3072", "model.n_head=12", "model.n_kv_head=4")
+    card = card_for("1.6GiB")
+    assert weights_bytes(e, p) > card.budget_bytes
+    row = fit(e, p, card)
+    assert not row.fits and (row.max_batch, row.longest_seq, row.reserved_bytes) == (0, 0, 0)
+    assert row.note.startswith("the weights alone need 0.4 GiB") and row.allocated_bytes > weights_bytes(e, p)

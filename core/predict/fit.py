@@ -25,7 +25,7 @@ from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
 from memlab.core.predict.depth import applies, extrapolated_peak
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
-from memlab.core.predict.prediction import max_positions, with_seq_len
+from memlab.core.predict.prediction import max_positions, weights_bytes, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
@@ -50,6 +50,7 @@ class Fit:
     max_batch: int = 0  # at seq_len
     longest_seq: int = 0  # at micro-batch 1, a multiple of SEQ_GRANULE
     trainable_params: int = 0  # what the optimizer updates (finetune.trainable_params, on the model's skeleton)
+    note: str = ""  # why a row was not searched (its figures stay 0: nothing fits)
     error: str = ""
 
     @property
@@ -77,6 +78,9 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     vocab, _ = analytic.vocab_for(experiment)
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
+    weights = weights_bytes(experiment, one)
+    if weights is not None and weights > card.budget_bytes:
+        return _weights_over_budget(experiment, one, vocab, card, row, weights)
     batches = _Axis(lambda b: (experiment, b), one, vocab, card)
     try:
         allocated, reserved = batches.peaks(micro)
@@ -88,6 +92,16 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     share = allocated / reserved  # of the reserve, what tensors hold at the experiment's shape
     return dataclasses.replace(row, max_batch=batches.largest(micro, share, LIMIT),
                                longest_seq=_longest(experiment, one, vocab, card, 1, share))
+
+
+def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card: Card, row: Fit, weights: int) -> Fit:
+    """Not even the weights fit (full training of an 8B model on a 24 GiB card): nothing is searched. The peak
+    column comes from two shallow traces (depth.py) where that is sound; the reserve is not extrapolated."""
+    note = f"the weights alone need {weights / 2**30:.1f} GiB"
+    if not applies(experiment, one):
+        return dataclasses.replace(row, note=note)
+    peak = extrapolated_peak(experiment, one, vocab_size=vocab, micro_batch=row.micro_batch, capped=card.capped)
+    return dataclasses.replace(row, allocated_bytes=peak, note=note + "; the peak extrapolated from 2 and 4 blocks")
 
 
 def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:

@@ -158,7 +158,7 @@ def _frame(rows: list[Fit], measured: list[dict]) -> pl.DataFrame:
     for i, r in enumerate(rows):
         rec = {"profile": r.profile, "trainable": r.trainable_params or None, "peak_gib": _g(r.allocated_bytes), "reserved_gib": _g(r.reserved_bytes),
                "fits": r.fits, "max_batch": r.max_batch if not r.error else None,
-               "longest_seq": r.longest_seq if not r.error else None, "note": r.error}
+               "longest_seq": r.longest_seq if not r.error else None, "note": r.error or r.note}
         if measured:
             rec |= measured[i]
         records.append(rec)
