@@ -79,7 +79,7 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
     weights = weights_bytes(experiment, one)
-    if weights is not None and weights > card.budget_bytes:
+    if weights is not None and weights > card.budget_bytes and one.distributed.mode == "none":  # FSDP shards them
         return _weights_over_budget(experiment, one, vocab, card, row, weights)
     batches = _Axis(lambda b: (experiment, b), one, vocab, card)
     try:
