@@ -14,22 +14,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from memlab.core.config import Experiment, Profile, experiment_from_dict, to_dict
+from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
 from memlab.core.predict.depth import applies, extrapolated_peak
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
-from memlab.core.predict.prediction import max_positions, weights_bytes, with_seq_len
+from memlab.core.predict.prediction import max_positions, skeleton, weights_bytes, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
-from memlab.core.models import family
 from memlab.core.techniques import finetune
 
 # The profiles `memlab fit` tries without --profiles: full training as a user would (bf16; checkpointing; with 8-bit
@@ -107,13 +104,7 @@ def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card:
 def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
     shaped = copy.deepcopy(experiment)
     shaped.model.vocab_size = vocab  # the gpt family's skeleton takes its head from here
-    return finetune.trainable_params(_skeleton(json.dumps(to_dict(shaped), sort_keys=True)), profile.finetune)
-
-
-@functools.lru_cache(maxsize=2)
-def _skeleton(experiment_json: str) -> Any:
-    """One meta skeleton per experiment for every row (seconds for an 8B model: transformers' modeling code)."""
-    return family.skeleton(experiment_from_dict(json.loads(experiment_json)))
+    return finetune.trainable_params(skeleton(shaped), profile.finetune)
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:
