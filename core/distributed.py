@@ -318,9 +318,9 @@ def _prefetch(blocks: list[torch.nn.Module], ahead: int) -> None:
 
 
 def _fsdp_description(n_blocks: int, profile: Profile) -> str:
-    d, dtype = profile.distributed, profile.precision.dtype
-    parts = [f"params {dtype if dtype in _PARAM_DTYPE else 'fp32'}",
-             f"reduce {'fp32' if d.reduce_dtype == 'fp32' else (dtype if dtype in _PARAM_DTYPE else 'fp32')}"]
+    d = profile.distributed
+    params = profile.precision.dtype if profile.precision.dtype in _PARAM_DTYPE else "fp32"
+    parts = [f"params {params}", f"reduce {'fp32' if d.reduce_dtype == 'fp32' else params}"]
     if not d.reshard_after_forward:
         parts.append("kept after forward")
     if d.prefetch > 1:

@@ -252,8 +252,8 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     estimate replays its own micro-batch's trace for the peaks and again in the max-batch search (12 s each for an
     8B model)."""
     kept = _KEPT["traces"]
-    name = cache.key(experiment, profile, micro_batch, {"vocab": vocab_size, "capped": capped}, "step_trace", 1)
-    if kept is not None and name in kept:
+    name = cache.key(experiment, profile, micro_batch, {"vocab": vocab_size, "capped": capped}, "step_trace", 1) if kept is not None else ""
+    if name in (kept or {}):
         return kept[name]
     if reads_compiled_graphs(experiment, profile):
         trace = compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
