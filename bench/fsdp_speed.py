@@ -66,21 +66,20 @@ def engine_steps(step, batches: list) -> list:
     return [r for r in records if r is not None]
 
 
-PHASE_MS: dict[str, float] = {}  # the last timed case's median phase times (fwd, bwd, opt), set by timed_steps
-
-
-def timed_steps(step, batches: list) -> float:
+def timed_steps(step, batches: list) -> tuple[float, dict[str, float], int]:
+    """The slowest rank's wall ms a step; this rank's median phase times (CUDA events) and its step peak."""
     sync()
     dist.barrier()
     t0 = time.perf_counter()
     records = engine_steps(step, batches)
     sync()
+    phases = {}
     for phase in ("fwd", "bwd", "opt"):
         times = sorted(getattr(r, f"{phase}_ms") or 0.0 for r in records)
-        PHASE_MS[phase] = times[len(times) // 2] if times else 0.0
+        phases[f"{phase}_ms"] = times[len(times) // 2] if times else 0.0
     # the meters reset the peak at each phase: the step's peak is the largest phase peak they recorded
-    PHASE_MS["peak_bytes"] = max((v or 0 for r in records for v in r.peak.values()), default=0)
-    return slowest((time.perf_counter() - t0) / len(batches) * 1000)
+    peak = max((v or 0 for r in records for v in r.peak.values()), default=0)
+    return slowest((time.perf_counter() - t0) / len(batches) * 1000), phases, peak
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -139,12 +138,12 @@ def run_case(line: str, steps: int) -> dict:
     desc = step.applied.get("distributed") if isinstance(step.applied, dict) else None
     data = random_batches(step, min(prepared.vocab_size, 8192), 3 + steps + 2, e.model.seq_len, device)
     engine_steps(step, data[:3])
-    step_ms = timed_steps(step, data[3:3 + steps])
-    peak = slowest(PHASE_MS.pop("peak_bytes") / 2**30)
+    step_ms, phases, peak_bytes = timed_steps(step, data[3:3 + steps])
+    peak = slowest(peak_bytes / 2**30)
     row = {"case": line, "experiment": experiment, "profile": profile, "sets": sets, "world": dist.get_world_size(),
            "micro_batch": step.micro_batch, "seq_len": e.model.seq_len, "step_ms": step_ms,
            "tokens_per_s": e.train.batch_size * e.model.seq_len / step_ms * 1000, "peak_alloc_gib": peak,
-           "applied": str(desc), **{f"{k}_ms": v for k, v in PHASE_MS.items()}, "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
+           "applied": str(desc), **phases, "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
     row.update(profiled(step, data[-2:]))
     del step, data
     gc.collect()
