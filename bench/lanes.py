@@ -1,8 +1,9 @@
 """Lanes on a 4-GPU host (issue 49): figures stay the run's own, and a study goes faster.
 
-(a) side: the same profiles (bf16, gradcp_bf16, sac_ops on the GPU default experiment, 30 steps) each run on one GPU
-    while the three other GPUs train without pause ("beside"), then alone on that same GPU with the host otherwise
-    idle. Each pair: median step time within 3%, peak allocated memory exactly equal. Both rounds go through
+(a) side: the same profiles (bf16, gradcp_bf16, sac_ops on the GPU default experiment, 60 steps) each run on one GPU
+    while the three other GPUs train without pause ("beside"), and alone on that same GPU with the host otherwise
+    idle, in 3 rounds whose order alternates. Each profile: the median step times within 3%, the peak allocated
+    memory of every run equal. Both rounds go through
     memlab.core.lanes.LaneQueue, what `memlab sweep --gpus` drives; the three neighbours are stopped as Ctrl-C
     stops a sweep once the measured runs have finished (they end `interrupted`, every finished run is kept).
 (b) study: `memlab study --gpus 0,1,2,3` of a small study, then the same study with `--gpus 0`, each in its own
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -61,14 +63,16 @@ class Results:
         lines = ["# Lanes on a 4-GPU host (bench/lanes.py)", ""]
         if side:
             lines += ["## (a) alone vs beside three busy GPUs", "",
-                      "| profile | GPU | step ms alone | step ms beside | diff | within 3% | peak alloc alone | peak alloc beside | equal |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+                      "Median over rounds of each run's median step time; every run's peak allocated bytes (alone, then beside).", "",
+                      "| profile | GPU | step ms alone | step ms beside | diff | within 3% | rounds' step ms alone / beside | peaks alone | peaks beside | all equal |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             for r in side:
-                if "error" in r:
-                    lines.append(f"| {r['profile']} | not measured: {r['error']} | | | | | | | |")
-                    continue
+                rounds = " / ".join(", ".join(_f(v) for v in r[k]) for k in ("step_ms_alone_rounds", "step_ms_beside_rounds"))
                 lines.append(f"| {r['profile']} | {r['gpu_index']} ({r['gpu_name']}) | {_f(r['step_ms_alone'])} | {_f(r['step_ms_beside'])} | "
-                             f"{_pct(r['step_diff'])} | {_yes(r['step_ok'])} | {r['peak_alloc_alone']} | {r['peak_alloc_beside']} | {_yes(r['peak_equal'])} |")
+                             f"{_pct(r['step_diff'])} | {_yes(r['step_ok'])} | {rounds} | {_peaks(r['peak_alloc_alone'])} | "
+                             f"{_peaks(r['peak_alloc_beside'])} | {_yes(r['peak_equal'])} |")
+                if r.get("error"):
+                    lines.append(f"| {r['profile']} | {r['error']} | | | | | | | | |")
         if study:
             lines += ["", "## (b) a whole study on 4 lanes vs 1", "",
                       "| lanes | GPUs | wall s | finished | runs | note |", "|---|---|---|---|---|---|"]
@@ -93,6 +97,10 @@ def _pct(v) -> str:
     return "—" if v is None else f"{v:+.2%}"
 
 
+def _peaks(values: list) -> str:
+    return ", ".join("—" if v is None else str(v) for v in values)
+
+
 def _yes(v) -> str:
     return "yes" if v else "NO"
 
@@ -111,60 +119,96 @@ def summary(run_dir: str | None) -> dict:
 
 
 def side_by_side(args, results: Results) -> None:
+    """`args.rounds` rounds, each a beside and an alone pass over the measured profiles on the same GPU, the order
+    alternating between rounds (beside first in odd rounds) so neither side always runs on a warmer or cooler host."""
     from memlab.core.lanes import LaneQueue, plan_lanes
-    from memlab.core.supervisor import ChildSpec
 
     lanes = plan_lanes(None, "cuda")
     if len(lanes) < 4:
         print(f"side: {len(lanes)} GPU(s) visible; this part needs 4", flush=True)
         return
-    lanes = lanes[:4]
-    runs = Path(args.runs) / "side"
-    profiles = args.side_profiles.split(",")
-    sets = [f"train.steps={args.steps}", "train.eval_every=0"]
+    lanes, profiles = lanes[:4], args.side_profiles.split(",")
+    runs: dict[str, dict[str, list]] = {p: {"alone": [], "beside": []} for p in profiles}
+    if args.warm_up:  # compile caches (sac_ops compiles its blocks) warm before either side is measured
+        warm = LaneQueue([lanes[3]]).run([(p, _spec(args, p, Path(args.runs) / "side" / "warm-up", ["train.steps=5", "train.eval_every=0"]))
+                                          for p in profiles])
+        print("side: warm-up " + ", ".join(f"{o.key}={o.status}" for o in warm), flush=True)
+    for r in range(args.rounds):
+        for where in (("beside", "alone") if r % 2 == 0 else ("alone", "beside")):
+            t0 = time.monotonic()
+            outcomes = _beside(args, lanes, profiles, r) if where == "beside" else _alone(args, lanes[3], profiles, r)
+            print(f"side: round {r + 1} {where} {time.monotonic() - t0:.0f} s; "
+                  + ", ".join(f"{p}={o.status if o else 'not run'}" for p, o in outcomes.items()), flush=True)
+            for p, o in outcomes.items():
+                runs[p][where].append(o)
+    for p in profiles:
+        results.add(_side_row(p, runs[p]["alone"], runs[p]["beside"]))
 
-    def spec(profile: str, where: str, steps: list[str]) -> ChildSpec:
-        return ChildSpec(profile=profile, experiment=args.experiment, device=args.device, runs_dir=str(runs / where), overrides=steps)
 
-    for where in ("beside", "alone"):
-        (runs / where).mkdir(parents=True, exist_ok=True)
-    # beside: three neighbours first (long: they are stopped once the measured runs end), then the measured runs,
-    # claimed one after another by the fourth lane while the other three train
-    noise = [(f"noise{i}", spec("bf16", "beside", ["train.steps=100000", "train.eval_every=0"])) for i in range(3)]
-    measured = [(p, spec(p, "beside", sets)) for p in profiles]
-    beside: dict[str, object] = {}
+def _spec(args, profile: str, runs_dir: Path, overrides: list[str]):
+    from memlab.core.supervisor import ChildSpec
+
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    return ChildSpec(profile=profile, experiment=args.experiment, device=args.device, runs_dir=str(runs_dir), overrides=overrides)
+
+
+def _measured_sets(args) -> list[str]:
+    return [f"train.steps={args.steps}", "train.eval_every=0"]
+
+
+def _beside(args, lanes, profiles: list[str], r: int) -> dict:
+    """Three neighbours train without pause on lanes 0-2 while the fourth lane runs the measured profiles one after
+    another; the neighbours are stopped as Ctrl-C stops a sweep once the measured runs have ended (they end
+    `interrupted`, every finished run is kept)."""
+    from memlab.core.lanes import LaneQueue
+
+    where = Path(args.runs) / "side" / f"beside{r}"
+    noise = [(f"noise{i}", _spec(args, "bf16", where, ["train.steps=100000", "train.eval_every=0"])) for i in range(3)]
+    measured = [(p, _spec(args, p, where, _measured_sets(args))) for p in profiles]
+    ended: dict[str, object] = {}
 
     def on_result(outcome) -> None:
         if outcome.key in profiles:
-            beside[outcome.key] = outcome
-            if len(beside) == len(profiles):
-                queue.stop(grace_s=10)  # as Ctrl-C: the neighbours end interrupted, the finished runs stay
+            ended[outcome.key] = outcome
+            if len(ended) == len(profiles):
+                queue.stop(grace_s=10)
 
     queue = LaneQueue(lanes, on_result=on_result)
-    t0 = time.monotonic()
-    outcomes = queue.run(noise + measured)
-    print(f"side: beside round {time.monotonic() - t0:.0f} s; " + ", ".join(f"{o.key}={o.status}" for o in outcomes), flush=True)
-    for p in profiles:
-        o = beside.get(p)
-        if o is None or o.status != "finished":
-            results.add({"part": "side", "profile": p, "error": f"beside: {o.status if o else 'not run'} {o.result.message if o else ''}"})
-            continue
-        alone = LaneQueue([o.lane]).run([(p, spec(p, "alone", sets))])[0]  # the same GPU, nothing else running
-        results.add(_side_row(p, o, alone))
+    queue.run(noise + measured)  # the neighbours are queued first, so they claim lanes 0-2
+    return {p: ended.get(p) for p in profiles}
 
 
-def _side_row(profile: str, beside, alone) -> dict:
-    b, a = summary(beside.result.run_dir), summary(alone.result.run_dir)
-    sb, sa = b.get("step_ms_median"), a.get("step_ms_median")
-    diff = (sb - sa) / sa if sa and sb else None
+def _alone(args, lane, profiles: list[str], r: int) -> dict:
+    """The measured profiles one after another on `lane`'s GPU with the host otherwise idle."""
+    from memlab.core.lanes import LaneQueue
+
+    where = Path(args.runs) / "side" / f"alone{r}"
+    outcomes = LaneQueue([lane]).run([(p, _spec(args, p, where, _measured_sets(args))) for p in profiles])
+    return {o.key: o for o in outcomes}
+
+
+def _side_row(profile: str, alone: list, beside: list) -> dict:
+    """The median over rounds of each side's median step time; the peaks of every run (equal means all equal)."""
+    def figures(outcomes: list) -> tuple[list, list, list]:
+        rows = [summary(o.result.run_dir) if o is not None and o.status == "finished" else {} for o in outcomes]
+        return ([r.get("step_ms_median") for r in rows], [r.get("peak_alloc_bytes") for r in rows],
+                [(r.get("gpu_index"), r.get("gpu_name"), r.get("gpu_serial")) for r in rows])
+
+    (step_a, peak_a, gpu_a), (step_b, peak_b, gpu_b) = figures(alone), figures(beside)
+    ok_a, ok_b = [s for s in step_a if s], [s for s in step_b if s]
+    ma = float(np.median(ok_a)) if ok_a else None
+    mb = float(np.median(ok_b)) if ok_b else None
+    diff = (mb - ma) / ma if ma and mb else None
+    peaks = peak_a + peak_b
     return {
-        "part": "side", "profile": profile, "lane": beside.lane.name, "gpu_index": b.get("gpu_index"), "gpu_name": b.get("gpu_name"),
-        "gpu_serial": b.get("gpu_serial"), "gpu_index_alone": a.get("gpu_index"), "status_alone": alone.status,
-        "step_ms_beside": sb, "step_ms_alone": sa, "step_diff": diff, "step_ok": diff is not None and abs(diff) <= STEP_TOLERANCE,
-        "peak_alloc_beside": b.get("peak_alloc_bytes"), "peak_alloc_alone": a.get("peak_alloc_bytes"),
-        "peak_equal": b.get("peak_alloc_bytes") is not None and b.get("peak_alloc_bytes") == a.get("peak_alloc_bytes"),
-        "peak_reserved_beside": b.get("peak_reserved_bytes"), "peak_reserved_alone": a.get("peak_reserved_bytes"),
-        "run_beside": beside.result.run_dir, "run_alone": alone.result.run_dir,
+        "part": "side", "profile": profile, "rounds": len(alone), "gpu_index": gpu_b[0][0] if gpu_b else None,
+        "gpu_name": gpu_b[0][1] if gpu_b else None, "gpus": sorted({str(g) for g in gpu_a + gpu_b}),
+        "step_ms_alone": ma, "step_ms_beside": mb, "step_diff": diff, "step_ok": diff is not None and abs(diff) <= STEP_TOLERANCE,
+        "step_ms_alone_rounds": step_a, "step_ms_beside_rounds": step_b,
+        "peak_alloc_alone": peak_a, "peak_alloc_beside": peak_b,
+        "peak_equal": None not in peaks and len(set(peaks)) == 1,
+        "error": None if len(ok_a) == len(alone) and len(ok_b) == len(beside) else
+        f"runs not finished: alone {[o.status if o else None for o in alone]}, beside {[o.status if o else None for o in beside]}",
     }
 
 
@@ -245,7 +289,10 @@ def main() -> None:
     ap.add_argument("--part", default="side,study", help="side, study or both (comma-separated)")
     ap.add_argument("--experiment", default="gpt2s")
     ap.add_argument("--device", default="cuda", help="the children's; cpu (with MEMLAB_FAKE_GPU_COUNT=4) only to try part side on a laptop")
-    ap.add_argument("--steps", type=int, default=30, help="steps of each measured run in part side")
+    ap.add_argument("--steps", type=int, default=60, help="steps of each measured run in part side")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of part side, each a beside and an alone pass, the order alternating")
+    ap.add_argument("--warm-up", action=argparse.BooleanOptionalAction, default=True,
+                    help="run each profile of part side once, unmeasured, before the rounds (warms the compile caches)")
     ap.add_argument("--side-profiles", default=SIDE_PROFILES)
     ap.add_argument("--study-profiles", default=STUDY_PROFILES)
     ap.add_argument("--study-set", action="append", default=None, help=f"--set items of the study (default: {' '.join(STUDY_SETS)})")
