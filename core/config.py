@@ -232,6 +232,7 @@ class DistributedConfig:
     reduce_dtype: Literal["fp32", "param"] = "fp32"  # fsdp: gradients reduce-scattered in fp32 or in the params' dtype
     prefetch: int = 1  # fsdp: units whose all-gather is issued ahead of the one computing (FSDP2's own default: 1)
     blocks_per_unit: int = 1  # fsdp: consecutive blocks gathered and reduced as one unit (fewer units, less host work)
+    local_optimizer: bool = True  # fsdp: AdamW and the gradient norm on each rank's local shards (memlab.core.shard_step)
 
 
 @dataclass

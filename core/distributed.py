@@ -59,7 +59,7 @@ RANK_COLUMNS = metrics.per_rank_names()  # ranks.parquet (memlab.core.schema.RAN
 _PARAM_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # knobs of FSDP2's units alone, with their defaults (set under another mode: a config error)
-_FSDP_KNOBS = {"reshard_after_forward": True, "reduce_dtype": "fp32", "prefetch": 1, "blocks_per_unit": 1}
+_FSDP_KNOBS = {"reshard_after_forward": True, "reduce_dtype": "fp32", "prefetch": 1, "blocks_per_unit": 1, "local_optimizer": True}
 
 _stop = {"requested": False}
 _control: dict[str, Any] = {"group": None}
@@ -327,6 +327,8 @@ def _fsdp_description(n_blocks: int, profile: Profile) -> str:
         parts.append(f"prefetch {d.prefetch}")
     if d.blocks_per_unit > 1:
         parts.append(f"{d.blocks_per_unit} blocks a unit")
+    if not d.local_optimizer:
+        parts.append("optimizer on DTensors")
     world = dist.get_world_size() if dist.is_initialized() else 1
     return f"fsdp x{world} ({n_blocks} blocks + root; {', '.join(parts)})" + (" cpu_offload" if d.cpu_offload else "")
 

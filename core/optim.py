@@ -23,8 +23,10 @@ def decay_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    groups = param_groups(model, train.weight_decay)
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device,
+                    params: list[torch.Tensor] | None = None) -> torch.optim.Optimizer:
+    """`params`: the tensors AdamW holds when they are not the model's trainable parameters (FSDP's local shards)."""
+    groups = decay_groups(params, train.weight_decay) if params is not None else param_groups(model, train.weight_decay)
     betas = (train.beta1, train.beta2)
     if cfg.offload:
         from memlab.core.techniques.optim_offload import build_offloaded

@@ -49,6 +49,7 @@ class TrainStep:
     model: torch.nn.Module | None = None  # the module whose parameters train: the family's model (memlab.core.models)
     train_model: torch.nn.Module | None = None  # what forward runs: the model, or its compiled / DDP wrapper
     optimizer: torch.optim.Optimizer | None = None
+    shards: Any = None  # memlab.core.shard_step.LocalShards: under FSDP the optimizer holds the local shards
     scaler: torch.amp.GradScaler | None = None
     autocast: Callable[[], ContextManager] = contextlib.nullcontext
     offload: Callable[[], ContextManager] = contextlib.nullcontext
@@ -112,15 +113,18 @@ class TrainStep:
 
     def _optimizer_step(self) -> tuple[torch.Tensor | None, bool | torch.Tensor]:
         grad_norm, skipped, scaler = None, False, self.scaler
+        if self.shards is not None:
+            self.shards.link_grads()
         if scaler:
             scaler.unscale_(self.optimizer)
         if self.clip and not scaler and _folds_clipping(self.optimizer):
             # torch's fused Adam(W) divides each gradient by its grad_scale as it reads it (GradScaler's door): the
             # clip factor goes in there instead of a pass of its own over every gradient; the same arithmetic
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            grad_norm = self._total_norm()
             self.optimizer.grad_scale = torch.clamp((grad_norm + 1e-6) / self.clip, min=1.0)
         elif self.clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            grad_norm = self.shards.clip(self.clip) if self.shards is not None else \
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         if scaler:
             # whether the scaler skips this step is its found-inf flags, kept on the device: comparing get_scale()
             # before and after would add two host syncs to GradScaler's own one
@@ -132,7 +136,14 @@ class TrainStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.shards is not None:
+            self.shards.drop_grads()
         return grad_norm, skipped
+
+    def _total_norm(self) -> torch.Tensor:
+        if self.shards is not None:
+            return self.shards.total_norm()
+        return torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
 
 
 def _folds_clipping(optimizer: Any) -> bool:

@@ -122,6 +122,7 @@ def test_sweep_runs_the_bf16_fsdp_profile_on_two_ranks(tmp_path):
         (["--profile", "fsdp_bf16", "--set", "optimizer.offload=true"], "use distributed.cpu_offload = true instead"),
         (["--profile", "fsdp_bf16", "--set", "optimizer.name=adafactor"], "adafactor does not run on FSDP2"),
         (["--profile", "ddp_bf16", "--set", "distributed.cpu_offload=true"], "applies to distributed.mode = fsdp, not ddp"),
+        (["--profile", "ddp_bf16", "--set", "distributed.local_optimizer=false"], "distributed.local_optimizer applies to distributed.mode = fsdp"),
         (["--profile", "fsdp_bf16", "--set", "distributed.cpu_offload=true"], "needs CUDA"),
         (["--profile", "ddp_bf16", "--batch-size", "max"], "--batch-size max probes one GPU at a time"),
     ],

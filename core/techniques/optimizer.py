@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError
+from memlab.core import shard_step
 from memlab.core.techniques.standin import StandIn
 from memlab.core.optim import build_optimizer
 from memlab.core.optim_library import PACKAGES, library_version, require_package
@@ -100,6 +101,10 @@ def memory_libraries(profile: Profile) -> tuple[str, ...]:
 
 
 def apply(step: TrainStep) -> None:
-    """After every wrapper: FSDP2 swaps in sharded parameters, which the optimizer must hold."""
-    step.optimizer = build_optimizer(step.model, step.profile.optimizer, step.experiment.train, step.device)
+    """After every wrapper: FSDP2 swaps in sharded parameters, which the optimizer must hold (under FSDP across
+    ranks, their local shards: memlab.core.shard_step)."""
+    if shard_step.wanted(step.profile, step.dist):
+        step.shards = shard_step.LocalShards([p for p in step.model.parameters() if p.requires_grad])
+    held = step.shards.tensors if step.shards is not None else None
+    step.optimizer = build_optimizer(step.model, step.profile.optimizer, step.experiment.train, step.device, held)
     step.applied["optimizer"] = describe(step.profile)
