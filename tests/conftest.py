@@ -15,6 +15,9 @@ import torch
 _CACHE = Path(os.environ.get("MEMLAB_TEST_CACHE", Path(__file__).resolve().parent.parent / ".pytest_cache" / "memlab-cache"))
 os.environ.setdefault("MEMLAB_CACHE", str(_CACHE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# No kept answers of estimate and fit (memlab.core.answers): tests patch what decides an answer and ask again;
+# tests/test_answers.py turns them on in a cache of its own.
+os.environ["MEMLAB_ANSWERS"] = "off"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # pytest-xdist runs two workers (pyproject addopts): one thread each, so together they fill the 2 cores CI has.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))

@@ -28,16 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from memlab.core.errors import DataError
+from memlab.core.paths import cache_root
 
 FORMAT = 1  # bump when the layout or the way tokens are made changes: old entries are then simply not found
-
-
-def cache_root() -> Path:
-    if os.environ.get("MEMLAB_CACHE"):
-        return Path(os.environ["MEMLAB_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "memlab"
-    return Path.home() / ".cache" / "memlab"
 
 
 def tokens_dir() -> Path:

@@ -29,11 +29,6 @@ from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
 from memlab.core.techniques import finetune
 
-# The profiles `memlab fit` tries without --profiles: full training as a user would (bf16; checkpointing; with 8-bit
-# AdamW too), and the fine-tuning ones.
-DEFAULT_PROFILES = ("bf16", "gradcp_bf16", "gradcp_adamw8bit", "lora", "lora_gradcp", "qlora", "qlora_gradcp", "freeze")
-
-
 @dataclass(frozen=True)
 class Fit:
     """One profile on one card. Sizes are 0 where not even the smallest fits; `error` says why a row has no figures."""

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import re
 import subprocess
@@ -61,6 +60,7 @@ from typing import Any, Callable
 from unittest import mock
 
 from memlab.core import stopping
+from memlab.core.answers import source_fingerprint
 from memlab.core.data.cache import cache_root
 from memlab.core.model import GPT, GPTConfig
 from memlab.core.errors import MemlabError
@@ -354,13 +354,8 @@ def _cache_file(name: str = _BUDGET_CACHE):
 @functools.lru_cache(maxsize=4)
 def tracer_fingerprint(root: Path = Path(__file__).resolve().parents[1]) -> str:
     """The source of memlab.core (`root`), hashed: the tracer, the model it builds and the techniques that change it all
-    live there. predict/inductor_traces.py is left out: it is the tracer's output (its keys name their torch release, and
-    bench/retrace_budget_table.py rewrites it after a change)."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        if path.name != "inductor_traces.py":
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
+    live there (memlab.core.answers.source_fingerprint, which leaves out this tracer's own output table)."""
+    return source_fingerprint(root)
 
 
 def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:

@@ -77,7 +77,23 @@ def estimate(
     if gpu_memory is not None:
         parse_size(gpu_memory)  # refused before the checks that import torch
     overrides = list(set_ or []) + ([f"train.batch_size={batch_size}"] if batch_size is not None else [])
-    exp, prof = _load(experiment, profile, overrides)
+    from memlab.cli.answers import answered
+    from memlab.cli.options import resolve
+    from memlab.core.config import to_dict
+
+    exp, prof = resolve("gpt2s" if experiment == "auto" else experiment, profile, "cuda", overrides)
+    inputs = {"experiment": to_dict(exp), "profile": to_dict(prof), "nproc": nproc, "gpu_memory": gpu_memory,
+              "method": method, "longest_seq": longest_seq, "json": as_json}
+    answered("estimate", inputs, lambda: _estimate(exp, prof, nproc, gpu_memory, method, longest_seq, as_json))
+
+
+def _estimate(exp: Experiment, prof: Profile, nproc: int | None, gpu_memory: str | None, method: str,
+              longest_seq: bool, as_json: bool) -> None:
+    """The estimate itself: the plan's checks (torch from here), the prediction, the max-batch search, the page."""
+    from memlab.core.errors import ConfigError
+    from memlab.core.techniques import check_plan
+
+    check_plan(exp, prof)
     from memlab.core import predict as P  # torch from here: the names and values are known to be good
     from memlab.core.predict.analytic import vocab_for
     from memlab.core.predict.prediction import family_of

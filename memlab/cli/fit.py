@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from memlab.core.predict.fit import Fit
 
 
+# The profiles `memlab fit` tries without --profiles: full training as a user would (bf16; checkpointing; with 8-bit
+# AdamW too), and the fine-tuning ones.
+DEFAULT_PROFILES = ("bf16", "gradcp_bf16", "gradcp_adamw8bit", "lora", "lora_gradcp", "qlora", "qlora_gradcp", "freeze")
+
+
 class FitFormat(str, Enum):
     table = "table"
     markdown = "markdown"
@@ -55,13 +60,35 @@ def fit(
 ) -> None:
     """Which profiles fit the experiment's model on a card: the predicted peak at its batch and sequence, the largest
     micro-batch at that sequence, and the longest sequence at micro-batch 1."""
-    from memlab.core.errors import ConfigError
 
     if gpu_memory is not None:
         parse_size(gpu_memory)
     names = _profile_names(profiles)
     overrides = model_overrides(model) + list(set_ or [])
-    loaded = _load_all(experiment, names, overrides)
+    loaded = _resolve_all(experiment, names, overrides)
+
+    def compute() -> None:
+        _fit(experiment, names, overrides, loaded, gpu_memory, measure, format_, plot, out, predicted)
+
+    if measure or plot or out or predicted:  # files written or a GPU asked: nothing to keep
+        compute()
+        return
+    from memlab.cli.answers import answered
+    from memlab.core.config import to_dict
+
+    inputs = {"loaded": [(to_dict(e), to_dict(p)) for e, p in loaded], "gpu_memory": gpu_memory, "format": format_.value}
+    answered("fit", inputs, compute)
+
+
+def _fit(experiment: str, names: list[str], overrides: list[str], loaded: list[tuple[Experiment, Any]],
+         gpu_memory: str | None, measure: bool, format_: FitFormat, plot: Path | None, out: Path | None,
+         predicted: Path | None) -> None:
+    """The plans' checks (torch from here), a row a profile (measured too with --measure), the table."""
+    from memlab.core.errors import ConfigError
+    from memlab.core.techniques import check_plan
+
+    for e, prof in loaded:
+        check_plan(e, prof)
     from memlab.core import predict as P  # torch from here: every input is known to be good
     from memlab.core.predict.fit import fit as fit_row
 
@@ -128,8 +155,6 @@ def _err() -> Any:
 
 def _profile_names(profiles: str | None) -> list[str]:
     from memlab.core.errors import ConfigError
-    from memlab.core.predict.fit import DEFAULT_PROFILES
-
     if profiles is None:
         return list(DEFAULT_PROFILES)
     names = [p.strip() for p in profiles.split(",") if p.strip()]
@@ -140,15 +165,11 @@ def _profile_names(profiles: str | None) -> list[str]:
     return names
 
 
-def _load_all(experiment: str, names: list[str], overrides: list[str]) -> list[tuple[Experiment, Any]]:
-    """Every profile resolved and planned before any prediction: a bad name or --set is one line, before work."""
+def _resolve_all(experiment: str, names: list[str], overrides: list[str]) -> list[tuple[Experiment, Any]]:
+    """Every profile resolved before any prediction (torch-free): a bad name or --set is one line, before work."""
     from memlab.cli.options import resolve
-    from memlab.core.techniques import check_plan
 
-    loaded = [resolve(experiment, name, "cuda", overrides) for name in names]
-    for exp, prof in loaded:
-        check_plan(exp, prof)
-    return loaded
+    return [resolve(experiment, name, "cuda", overrides) for name in names]
 
 
 def _frame(rows: list[Fit], measured: list[dict]) -> pl.DataFrame:
