@@ -17,7 +17,7 @@ export MEMLAB_CACHE=${MEMLAB_CACHE:-/root/cache}
   python3 -m memlab data prepare --experiment gpt2s 2>&1 | tail -2
   # CASES: a file of bench/fsdp_cases/ (knobs.txt: the first pass; units.txt: FSDP units of several blocks; compile.txt)
   for c in ${CASES:-knobs}; do
-    r=2; [ "$c" = compile ] && r=1   # compile's builds take a minute each: one round
+    r=${ROUNDS:-2}; [ "$c" = compile ] && r=1   # compile's builds take a minute each: one round
     CUDA_VISIBLE_DEVICES=0,1 timeout ${FSDP_LIMIT_S:-480} torchrun --standalone --nproc_per_node 2 bench/fsdp_speed.py \
       --cases bench/fsdp_cases/$c.txt --out "$OUT/fsdp/$c" --steps 15 --rounds $r 2>&1 | grep -E '^\{|Error|error'
   done
