@@ -73,7 +73,8 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     weights = weights_bytes(experiment, one)
     if weights is not None and weights > card.budget_bytes and one.distributed.mode == "none":  # FSDP shards them
         return _weights_over_budget(experiment, one, vocab, card, row, weights)
-    batches = _Axis(lambda b: (experiment, b), one, vocab, card)
+    traces: dict[tuple[int, int], list] = {}  # (sequence, micro-batch): the two axes meet at the experiment's shape
+    batches = _Axis(lambda b: (experiment, b), one, vocab, card, traces)
     try:
         allocated, reserved = batches.peaks(micro)
     except MemlabError as e:
@@ -83,7 +84,7 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     row = dataclasses.replace(row, allocated_bytes=allocated, reserved_bytes=reserved)
     share = allocated / reserved  # of the reserve, what tensors hold at the experiment's shape
     return dataclasses.replace(row, max_batch=batches.largest(micro, share, LIMIT),
-                               longest_seq=_longest(experiment, one, vocab, card, 1, share))
+                               longest_seq=_longest(experiment, one, vocab, card, 1, share, traces))
 
 
 def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card: Card, row: Fit, weights: int) -> Fit:
@@ -108,9 +109,11 @@ def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro
     return _longest(experiment, single(profile), analytic.vocab_for(experiment)[0], card, micro, None)
 
 
-def _longest(experiment: Experiment, one: Profile, vocab: int, card: Card, micro: int, share: float | None) -> int:
-    """The sequence axis's search from the experiment's length; `share` (None: read at that length) guides the guess."""
-    lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), micro), one, vocab, card)
+def _longest(experiment: Experiment, one: Profile, vocab: int, card: Card, micro: int, share: float | None,
+             traces: dict[tuple[int, int], list] | None = None) -> int:
+    """The sequence axis's search from the experiment's length; `share` (None: read at that length) guides the guess.
+    `traces`: the batch axis's, by (sequence, micro-batch), so a shape both axes reach is traced once."""
+    lengths = _Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), micro), one, vocab, card, traces)
     n0 = max(1, experiment.model.seq_len // SEQ_GRANULE)
     if share is None:
         allocated, reserved = lengths.peaks(n0)
@@ -124,17 +127,22 @@ class _Axis:
     once, its peaks and its verdict under the budget both replayed from that trace."""
 
     def __init__(self, shaped: Callable[[int], tuple[Experiment, int]], profile: Profile, vocab: int,
-                 card: Card) -> None:
+                 card: Card, traces: dict[tuple[int, int], list] | None = None) -> None:
         self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
         self.budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
-        self._traces: dict[int, list] = {}
+        self._traces = traces if traces is not None else {}  # by (sequence, micro-batch)
+
+    def _shape(self, size: int) -> tuple[int, int]:
+        exp, micro = self.shaped(size)
+        return exp.model.seq_len, micro
 
     def trace(self, size: int) -> list:
-        if size not in self._traces:
+        shape = self._shape(size)
+        if shape not in self._traces:
             exp, micro = self.shaped(size)
-            self._traces[size] = step_trace(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
-                                            capped=self.card.capped)
-        return self._traces[size]
+            self._traces[shape] = step_trace(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
+                                             capped=self.card.capped)
+        return self._traces[shape]
 
     def peaks(self, size: int) -> tuple[int, int]:
         if float8_untraced(self.profile):
@@ -151,7 +159,7 @@ class _Axis:
     def tensors(self, size: int) -> int:
         """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
         exp, micro = self.shaped(size)
-        if size not in self._traces and applies(exp, self.profile):
+        if self._shape(size) not in self._traces and applies(exp, self.profile):
             return extrapolated_peak(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
                                      capped=self.card.capped)
         return self.peaks(size)[0]
