@@ -829,3 +829,14 @@ def test_a_failures_finding_keeps_an_out_of_memory_message_to_the_allocation_tha
            "79.18 GiB of which 56.13 GiB is free. If reserved but unallocated memory is large try setting ...")
     assert _first_sentence(oom) == "CUDA out of memory in backward: CUDA out of memory. Tried to allocate 1.96 GiB."
     assert _first_sentence("nan: the loss went NaN at step 3") == "nan: the loss went NaN at step 3"
+
+
+def test_the_peak_breakdown_is_the_gpt_formula_s_and_only_for_memlab_s_gpt():
+    """"Where the peak goes" reads the analytic GPT-2 formula: for a transformers model it is left out, not told."""
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study.findings import breakdown
+
+    prof = load_profile("bf16")
+    gpt = breakdown(load_experiment("tiny"), prof, 512, 2, "cpu")
+    assert gpt is not None and gpt.total_bytes > 0 and gpt.components["logits_loss"] > 0
+    assert breakdown(load_experiment("llama-tiny"), prof, 512, 2, "cpu") is None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from memlab.core.config import Experiment, Profile
 from memlab.core.predict.analytic import Estimate, estimate, vocab_for
 from memlab.core.runfolder import read_info
 from memlab.core.study.frame import common, finished, peak_column, started_event
@@ -31,10 +32,19 @@ def estimates(frame: pl.DataFrame, out: Path) -> dict[str, Estimate]:
             info = read_info(Path(row["path"]))
             exp, prof = experiment_from_dict(info["experiment"]), profile_from_dict(info["profile"])
             vocab = started_event(Path(row["path"])).get("vocab_size") or vocab_for(exp)[0]
-            found[row["profile"]] = estimate(exp, prof, vocab_size=int(vocab), micro_batch=int(row["micro_batch"]), device=row["device"] or "cuda")
+            found[row["profile"]] = breakdown(exp, prof, int(vocab), int(row["micro_batch"]), row["device"] or "cuda")
         except Exception:  # noqa: BLE001 (a breakdown is a nicety: a finding without it is left out)
             continue
-    return found
+    return {name: est for name, est in found.items() if est is not None}
+
+
+def breakdown(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, device: str) -> Estimate | None:
+    """The analytic formula's breakdown of one run's peak, for memlab's GPT only: the formula is GPT-2's, and a
+    transformers model's own breakdown (the trace's) does not tell the logits from the other activations. None
+    elsewhere: "where the peak goes" is then left out, not told with another model's physics."""
+    if getattr(exp.model, "family", "gpt") != "gpt":
+        return None
+    return estimate(exp, prof, vocab_size=vocab, micro_batch=micro_batch, device=device)
 
 
 def findings(frame: pl.DataFrame, breakdown: dict[str, Estimate], baseline: str) -> list[str]:
