@@ -10,65 +10,74 @@ from pathlib import Path
 
 import pytest
 
+from memlab.cli import main
 from memlab.core import answers
 
 ESTIMATE = ["estimate", "--profile", "gradcp_bf16", "--experiment", "tiny", "--method", "analytic"]
-
-
-def memlab(args: list[str], cache: Path, *, no_torch: Path | None = None) -> subprocess.CompletedProcess:
-    """A child with answers kept in `cache`; `no_torch`: a folder whose `torch` package fails to import."""
-    env = {**os.environ, "MEMLAB_CACHE": str(cache), "MEMLAB_ANSWERS": "on", "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "200"}
-    if no_torch is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(no_torch), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "memlab", *args], capture_output=True, text=True, env=env, timeout=300)
+# A model whose weights alone exceed the card: its fit row is quick to predict (nothing to search).
+FIT = ["fit", "--experiment", "tiny", "--profiles", "bf16", "--gpu-memory", "2GiB", "--format", "markdown",
+       "--set", "model.d_model=4096"]
+SHOWN = {"COLUMNS": "200", "CUDA_VISIBLE_DEVICES": ""}  # the same output settings in this process and the child's
 
 
 @pytest.fixture
-def no_torch(tmp_path) -> Path:
-    folder = tmp_path / "no-torch"
-    (folder / "torch").mkdir(parents=True)
-    (folder / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
-    return folder
-
-
-@pytest.mark.slow
-def test_an_estimate_asked_again_is_answered_without_torch(tmp_path, no_torch):
+def kept(tmp_path, monkeypatch) -> Path:
+    """Answers kept in a cache of this test's own, in this process (the first asking) and in children."""
     cache = tmp_path / "cache"
-    first = memlab(ESTIMATE, cache)
-    assert first.returncode == 0, first.stderr
-    assert "gradcp_bf16 · tiny" in first.stdout and list((cache / answers.FOLDER).glob("*.json"))
-    again = memlab(ESTIMATE, cache, no_torch=no_torch)
+    for name, value in {**SHOWN, "MEMLAB_CACHE": str(cache), answers.SWITCH_ENV: "on"}.items():
+        monkeypatch.setenv(name, value)
+    return cache
+
+
+def ask(args: list[str], capsys) -> tuple[int, str, str]:
+    """The command in this process (torch is imported here already): exit status, stdout, stderr."""
+    capsys.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def child_without_torch(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """The command in a child whose `torch` package fails to import."""
+    folder = tmp_path / "no-torch"
+    (folder / "torch").mkdir(parents=True, exist_ok=True)
+    (folder / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "memlab", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_an_estimate_asked_again_is_answered_without_torch(kept, tmp_path, capsys):
+    code, first, err = ask(ESTIMATE, capsys)
+    assert code == 0, err
+    assert "gradcp_bf16 · tiny" in first and list((kept / answers.FOLDER).glob("*.json"))
+    again = child_without_torch(ESTIMATE, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == first.stdout
+    assert again.stdout == first
     # another input is another question: the predictor runs (and here cannot, without torch)
-    other = memlab([*ESTIMATE, "--set", "model.n_layer=3"], cache, no_torch=no_torch)
+    other = child_without_torch([*ESTIMATE, "--set", "model.n_layer=3"], tmp_path)
     assert other.returncode != 0 and "torch was imported" in other.stderr
 
 
-@pytest.mark.slow
-def test_a_fit_asked_again_is_answered_without_torch(tmp_path, no_torch):
-    # a model whose weights alone exceed the card: its row is quick to predict (nothing to search)
-    fit = ["fit", "--experiment", "tiny", "--profiles", "bf16", "--gpu-memory", "2GiB", "--format", "markdown",
-           "--set", "model.d_model=4096"]
-    first = memlab(fit, tmp_path / "cache")
-    assert first.returncode == 0, first.stderr
-    assert "| bf16 |" in first.stdout and "the weights alone need" in first.stdout
-    again = memlab(fit, tmp_path / "cache", no_torch=no_torch)
+def test_a_fit_asked_again_is_answered_without_torch(kept, tmp_path, capsys):
+    code, first, err = ask(FIT, capsys)
+    assert code == 0, err
+    assert "| bf16 |" in first and "the weights alone need" in first
+    again = child_without_torch(FIT, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == first.stdout
+    assert again.stdout == first
     # files asked for: computed every time (here: torch is needed again)
-    out = memlab([*fit, "--out", str(tmp_path / "rows.parquet")], tmp_path / "cache", no_torch=no_torch)
+    out = child_without_torch([*FIT, "--out", str(tmp_path / "rows.parquet")], tmp_path)
     assert out.returncode != 0 and "torch was imported" in out.stderr
 
 
-@pytest.mark.slow
-def test_a_refused_input_keeps_no_answer_and_is_refused_again(tmp_path):
-    cache = tmp_path / "cache"
-    bad = [*ESTIMATE, "--nproc", "0"]
-    for _ in range(2):
-        r = memlab(bad, cache)
-        assert r.returncode == 2 and "--nproc must be at least 1" in r.stderr
-    assert not (cache / answers.FOLDER).exists()
+def test_a_refused_input_keeps_no_answer(kept, capsys):
+    code, _, err = ask([*ESTIMATE, "--nproc", "0"], capsys)
+    assert code == 2 and "--nproc must be at least 1" in err
+    assert not (kept / answers.FOLDER).exists()
 
 
 def test_no_answer_is_kept_where_a_gpu_may_be_or_when_switched_off(monkeypatch):
