@@ -180,3 +180,43 @@ def test_a_profile_whose_weights_alone_exceed_the_card_is_not_searched():
     row = fit(e, p, card)
     assert not row.fits and (row.max_batch, row.longest_seq, row.reserved_bytes) == (0, 0, 0)
     assert row.note.startswith("the weights alone need 0.4 GiB") and row.allocated_bytes > weights_bytes(e, p)
+
+
+# A model whose weights alone exceed the card: each row is quick (nothing to search), the children's path is checked.
+CHILDREN_FIT = ["fit", "--experiment", "tiny", "--profiles", "bf16,lora", "--gpu-memory", "2GiB", "--format", "csv",
+                "--set", "model.d_model=4096"]
+
+
+@pytest.mark.slow
+def test_a_large_models_rows_are_predicted_in_children_and_read_from_the_cache(tmp_path, monkeypatch, capsys):
+    from memlab.cli import fit_children, main
+    from memlab.core.predict import fit as fit_module
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)  # tiny counts as large here
+    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("this process predicted a row the children should have")
+
+    monkeypatch.setattr(fit_module, "_fitted", not_here)
+    main(CHILDREN_FIT)
+    out, err = capsys.readouterr()
+    assert "predicting 2 profiles, 2 at a time" in err and "bf16: predicted" in err and "lora: predicted" in err
+    assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2
+
+
+def test_a_child_that_fails_leaves_its_row_to_this_process(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    from memlab.cli import fit_children, main
+
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)
+    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(fit_children, "_start", lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    main(CHILDREN_FIT)
+    out, err = capsys.readouterr()
+    assert "bf16: its child ended with status 3; predicting it here" in err
+    assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2

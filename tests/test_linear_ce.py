@@ -158,6 +158,7 @@ print("liger ok")
 """
 
 
+@pytest.mark.slow
 def test_liger_itself_gives_the_stock_loss_in_tritons_interpreter():
     """Liger's own kernel on the CPU (Triton's interpreter, chosen at import: a subprocess), fp32, when the extra is
     installed. CCE's kernels do not run in the interpreter (triton 3.9), so its adapter is checked above only."""

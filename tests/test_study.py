@@ -35,7 +35,10 @@ def _state(out: Path) -> dict:
 
 
 # The tests that read `done` share one xdist worker (pyproject: --dist loadgroup), so the study is made once, not on each.
-SHARES_DONE = pytest.mark.xdist_group("study-done")
+# Marked slow as a whole (the study takes ~20 s, the group ~40): handed out first, it never runs last on one worker
+# while the other has nothing left.
+def SHARES_DONE(test):
+    return pytest.mark.slow(pytest.mark.xdist_group("study-done")(test))
 
 
 @pytest.fixture(scope="module")
@@ -499,6 +502,7 @@ def test_a_stop_cancels_the_probes_in_flight_instead_of_waiting_for_them(tmp_pat
     assert len(calls) == 3  # the fourth profile never started a probe
 
 
+@pytest.mark.slow
 def test_a_cancelled_probe_child_ends_as_interrupted_not_as_a_fit(tmp_path):
     """The real probe: a `memlab run` child cancelled mid-run is a ProbeError (interrupted), never a fit or an OOM."""
     import threading

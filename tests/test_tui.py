@@ -142,6 +142,7 @@ async def test_quitting_stops_the_child_which_leaves_its_run_interrupted(tmp_pat
 # ---------------------------------------------------------------------------------------------- synthetic events
 
 
+@pytest.mark.slow
 async def test_stays_responsive_at_20_events_a_second_and_redraws_throttled(tmp_path):
     """Issue 8: a worker thread feeds 20 events a second (steps and NVML samples). While it does, the stream takes
     well under half of the UI thread's CPU, key presses are answered promptly, and the live panel redraws at most
@@ -243,6 +244,7 @@ async def test_an_oom_child_is_shown_as_such_and_the_log_says_why(tmp_path):
 # ---------------------------------------------------------------------------------------------- keyboard, views
 
 
+@pytest.mark.slow
 async def test_queue_is_reordered_and_trimmed_with_the_keyboard(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:

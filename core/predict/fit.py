@@ -53,16 +53,28 @@ class Fit:
 def fit(experiment: Experiment, profile: Profile, card: Card) -> Fit:
     """The predicted row for `profile` (one process; accumulation 1: each figure is one micro-batch's step), from the
     prediction cache where this shape was fitted before on these releases (memlab.core.predict.cache)."""
-    micro = max(1, experiment.train.batch_size // profile.accumulation.steps)
-    name = cache.key(experiment, profile, micro, dataclasses.asdict(card) | {"budget": card.budget_bytes},
-                     "fit", 1)
-    known = cache.read(name)
+    known = kept(experiment, profile, card)
     if known is not None:
-        return Fit(**known)
-    row = _fitted(experiment, profile, card, micro)
+        return known
+    row = _fitted(experiment, profile, card, _micro(experiment, profile))
     if not row.error:
-        cache.write(name, dataclasses.asdict(row))
+        cache.write(_key(experiment, profile, card), dataclasses.asdict(row))
     return row
+
+
+def kept(experiment: Experiment, profile: Profile, card: Card) -> Fit | None:
+    """The row from the prediction cache, or None where this shape was not fitted on these releases."""
+    known = cache.read(_key(experiment, profile, card))
+    return Fit(**known) if known is not None else None
+
+
+def _micro(experiment: Experiment, profile: Profile) -> int:
+    return max(1, experiment.train.batch_size // profile.accumulation.steps)
+
+
+def _key(experiment: Experiment, profile: Profile, card: Card) -> str:
+    card_key = dataclasses.asdict(card) | {"budget": card.budget_bytes}
+    return cache.key(experiment, profile, _micro(experiment, profile), card_key, "fit", 1)
 
 
 def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) -> Fit:

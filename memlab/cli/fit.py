@@ -97,6 +97,8 @@ def _fit(experiment: str, names: list[str], overrides: list[str], loaded: list[t
     exp = loaded[0][0]
     earlier = _earlier(predicted, _for(exp, card), names)
     err = _err()
+    if not earlier:
+        _ahead(experiment, overrides, gpu_memory, loaded, names, card, err)
     rows, measured = [], []
     for (e, prof), name in zip(loaded, names):
         err.print(f"[dim]{name}: {'predicted earlier' if earlier else 'predicting…'}[/dim]")
@@ -110,6 +112,19 @@ def _fit(experiment: str, names: list[str], overrides: list[str], loaded: list[t
     if not len(frame):
         raise ConfigError("no profile to fit")
     _write(frame, header(exp, card, rows[0].micro_batch), format_, out, plot, rows, _for(exp, card))
+
+
+def _ahead(experiment: str, overrides: list[str], gpu_memory: str | None, loaded: list[tuple[Experiment, Any]],
+           names: list[str], card: Card, err: Any) -> None:
+    """A large model's rows not yet in the prediction cache, predicted several at once in child processes (each row
+    then reads from the cache below); memlab.cli.fit_children says when that pays."""
+    from memlab.cli.fit_children import predict_in_children, worth_children
+    from memlab.core.predict.fit import kept
+
+    pending = [name for (e, prof), name in zip(loaded, names) if kept(e, prof, card) is None]
+    m = loaded[0][0].model
+    if worth_children(m.n_layer, m.d_model, len(pending)):
+        predict_in_children(experiment, overrides, gpu_memory, pending, lambda line: err.print(f"[dim]{line}[/dim]"))
 
 
 def _for(exp: Experiment, card: Card) -> str:

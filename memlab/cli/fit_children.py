@@ -1,0 +1,56 @@
+"""`memlab fit`'s rows predicted several at once, one child process each.
+
+A large model's row takes a minute or more of tracing on one core (Llama-3.1-8B: about 7 traces of 11-13 s). Each
+row not yet in the prediction cache is therefore predicted by a child `memlab fit` of that one profile, up to one
+child per CPU core. The children fill the prediction cache, and the command then reads every row from it. A child
+costs a second or two to start, so a small model's rows stay in this process.
+
+A child that fails leaves its row to this process, which predicts it (or says why it cannot) as it would alone.
+Ctrl-C stops the children with the command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+# Below about this many parameters, a row's traces take no longer than a child's start.
+LARGE_PARAMS = 100_000_000
+POLL_S = 0.2
+
+
+def worth_children(n_layer: int, d_model: int, pending: int) -> bool:
+    """Several rows to predict, a model large enough, and more than one core to do it on."""
+    return pending > 1 and (os.cpu_count() or 1) > 1 and 12 * n_layer * d_model**2 >= LARGE_PARAMS
+
+
+def predict_in_children(experiment: str, overrides: list[str], gpu_memory: str | None, names: list[str],
+                        say: Callable[[str], None]) -> None:
+    """Each profile of `names` predicted by its own child `memlab fit`, one per core at a time, into the cache."""
+    jobs = min(len(names), os.cpu_count() or 1)
+    say(f"predicting {len(names)} profiles, {jobs} at a time, each in its own process…")
+    waiting, running = list(names), []
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop(0)
+                running.append((name, _start(experiment, overrides, gpu_memory, name)))
+            time.sleep(POLL_S)
+            for name, child in [(n, c) for n, c in running if c.poll() is not None]:
+                running.remove((name, child))
+                say(f"{name}: predicted" if child.returncode == 0 else
+                    f"{name}: its child ended with status {child.returncode}; predicting it here")
+    finally:
+        for _, child in running:  # Ctrl-C, or an error here: no child outlives the command
+            child.terminate()
+            child.wait()
+
+
+def _start(experiment: str, overrides: list[str], gpu_memory: str | None, name: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "memlab", "fit", "--experiment", experiment, "--profiles", name, "--format", "csv",
+           *(["--gpu-memory", gpu_memory] if gpu_memory else []), *[a for o in overrides for a in ("--set", o)]]
+    env = {**os.environ, "MEMLAB_ANSWERS": "off"}  # the row goes to the prediction cache; no page to keep
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
