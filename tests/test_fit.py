@@ -188,35 +188,33 @@ CHILDREN_FIT = ["fit", "--experiment", "tiny", "--profiles", "bf16,lora", "--gpu
 
 
 @pytest.mark.slow
-def test_a_large_models_rows_are_predicted_in_children_and_read_from_the_cache(tmp_path, monkeypatch, capsys):
+def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_here(tmp_path, monkeypatch, capsys):
+    """bf16's row from a real child, through the prediction cache; lora's child fails, so the command predicts it."""
+    import subprocess
+    import sys
+
     from memlab.cli import fit_children, main
     from memlab.core.predict import fit as fit_module
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)  # tiny counts as large here
     monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    real_start, real_fitted, here = fit_children._start, fit_module._fitted, []
 
-    def not_here(*args, **kwargs):
-        raise AssertionError("this process predicted a row the children should have")
+    def start(experiment, overrides, gpu_memory, name):
+        if name == "lora":
+            return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        return real_start(experiment, overrides, gpu_memory, name)
 
-    monkeypatch.setattr(fit_module, "_fitted", not_here)
+    def fitted(experiment, profile, card, micro):
+        here.append(profile.name)
+        return real_fitted(experiment, profile, card, micro)
+
+    monkeypatch.setattr(fit_children, "_start", start)
+    monkeypatch.setattr(fit_module, "_fitted", fitted)
     main(CHILDREN_FIT)
     out, err = capsys.readouterr()
-    assert "predicting 2 profiles, 2 at a time" in err and "bf16: predicted" in err and "lora: predicted" in err
-    assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2
-
-
-def test_a_child_that_fails_leaves_its_row_to_this_process(tmp_path, monkeypatch, capsys):
-    import subprocess
-    import sys
-
-    from memlab.cli import fit_children, main
-
-    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)
-    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(fit_children, "_start", lambda *a: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
-    main(CHILDREN_FIT)
-    out, err = capsys.readouterr()
-    assert "bf16: its child ended with status 3; predicting it here" in err
+    assert "predicting 2 profiles, 2 at a time" in err and "bf16: predicted" in err
+    assert "lora: its child ended with status 3; predicting it here" in err
+    assert here == ["lora"]  # bf16's row came from its child, through the cache
     assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2
