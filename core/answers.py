@@ -16,25 +16,24 @@ Imports nothing heavy.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from memlab.core.paths import cache_root
+from memlab.core.releases import LIBRARIES, installed_version
 
 FOLDER = "answers"
 SWITCH_ENV = "MEMLAB_ANSWERS"  # "off": keep and read no answers (the test suite, which patches what decides them)
 ENGINE = Path(__file__).resolve().parent  # memlab.core's source
-# The distributions whose release can change a prediction: torch, transformers and peft (the models and adapters
-# traced), and the libraries whose stand-ins are keyed (memlab.core.predict.calibration.LIBRARIES).
-DISTRIBUTIONS = ("torch", "transformers", "peft", "torchao", "bitsandbytes", "liger-kernel", "cut-cross-entropy",
-                 "galore-torch", "flash-attn-4", "rich")
+# The distributions whose release can change an answer: torch, transformers and peft (the models and adapters
+# traced), rich (the page), and the libraries whose stand-ins are keyed (memlab.core.releases.LIBRARIES).
+DISTRIBUTIONS = ("torch", "transformers", "peft", "rich", *LIBRARIES)
 
 
 def key(command: str, inputs: dict[str, Any], sources: tuple[Path, ...] = (ENGINE,)) -> str:
-    parts = {"command": command, "inputs": inputs, "versions": {d: _version(d) for d in DISTRIBUTIONS},
+    parts = {"command": command, "inputs": inputs, "versions": {d: installed_version(d) for d in DISTRIBUTIONS},
              "code": [source_fingerprint(root) for root in sources]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -90,13 +89,6 @@ def gpu_visible() -> bool:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 (any NVML failure: no usable driver here)
         return False
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _path(name: str) -> Path:

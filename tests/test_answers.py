@@ -94,7 +94,7 @@ def test_the_key_follows_the_inputs_the_releases_and_the_source(tmp_path, monkey
     base = answers.key("estimate", {"a": 1})
     assert answers.key("estimate", {"a": 1}) == base
     assert answers.key("estimate", {"a": 2}) != base and answers.key("fit", {"a": 1}) != base
-    monkeypatch.setattr(answers, "_version", lambda d: "9.9.9")
+    monkeypatch.setattr(answers, "installed_version", lambda d: "9.9.9")
     assert answers.key("estimate", {"a": 1}) != base
     monkeypatch.undo()
     src = tmp_path / "src"

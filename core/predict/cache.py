@@ -13,8 +13,8 @@ import torch
 
 from memlab.core.config import Experiment, Profile, to_dict
 from memlab.core.data.cache import cache_root
-from memlab.core.predict.calibration import LIBRARIES, installed_version
 from memlab.core.predict.inductor import tracer_fingerprint
+from memlab.core.releases import LIBRARIES, installed_version
 from memlab.core.runfolder import atomic_write_json
 
 FOLDER = "predictions"

@@ -8,11 +8,12 @@ ones, "not calibrated for ...: expect +-N%" with N from the largest error seen a
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from dataclasses import dataclass, field
 
 import torch
+
+from memlab.core.releases import LIBRARIES, installed_version
 
 MIB = 1024**2
 
@@ -63,13 +64,6 @@ CALIBRATIONS: tuple[Calibration, ...] = (
 )
 CALIBRATION = CALIBRATIONS[0]
 
-# The library releases whose source the stand-ins (memlab.core.predict.standins, the analytic formula) were read
-# from: another release may allocate otherwise.
-LIBRARIES: dict[str, str] = {
-    "torchao": "0.18.0", "bitsandbytes": "0.50.2", "liger-kernel": "0.8.5", "cut-cross-entropy": "25.1.1",
-    "galore-torch": "1.0", "flash-attn-4": "4.0.0b36",
-}
-
 # Inductor's wrapper code as memlab.core.predict.inductor reads it: the releases its format was checked under.
 INDUCTOR_WRAPPER_TORCH: tuple[str, ...] = ("2.11", "2.13")
 
@@ -98,13 +92,6 @@ def model_name(name: str | None) -> str:
 
 def _with_article(model: str) -> str:
     return f"an {model}" if model[:1].upper() in "AEFHILMNORSX" else f"a {model}"
-
-
-def installed_version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)

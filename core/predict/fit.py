@@ -144,14 +144,10 @@ class _Axis:
         self.budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
         self._traces = traces if traces is not None else {}  # by (sequence, micro-batch)
 
-    def _shape(self, size: int) -> tuple[int, int]:
-        exp, micro = self.shaped(size)
-        return exp.model.seq_len, micro
-
     def trace(self, size: int) -> list:
-        shape = self._shape(size)
+        exp, micro = self.shaped(size)
+        shape = (exp.model.seq_len, micro)
         if shape not in self._traces:
-            exp, micro = self.shaped(size)
             self._traces[shape] = step_trace(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
                                              capped=self.card.capped)
         return self._traces[shape]
@@ -171,7 +167,7 @@ class _Axis:
     def tensors(self, size: int) -> int:
         """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
         exp, micro = self.shaped(size)
-        if self._shape(size) not in self._traces and applies(exp, self.profile):
+        if (exp.model.seq_len, micro) not in self._traces and applies(exp, self.profile):
             return extrapolated_peak(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
                                      capped=self.card.capped)
         return self.peaks(size)[0]
