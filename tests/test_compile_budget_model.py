@@ -17,7 +17,7 @@ from model_helpers import small
 
 from memlab.core.predict import inductor as M
 from memlab.core.predict import analytic as E
-from memlab.core.predict.inductor_traces import TRACED
+from memlab.core.predict.inductor_traces import EVENTS, TRACED
 from memlab.core.config import load_profile
 
 WRAPPER = textwrap.dedent("""
@@ -99,15 +99,19 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_the_first_seed_entry_traces_again_to_the_byte():
-    """The whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the replay) in a
-    child process, on the smallest shape traced ahead: about 10 s on one core."""
-    key = next(iter(TRACED))
-    shape = M.shape_of(key)
-    traced = M._traced_in_child(shape)
-    if json.loads(key)["torch"] != torch.__version__.split("+")[0]:
-        pytest.skip(f"the table was traced under torch {json.loads(key)['torch']}, this is {torch.__version__}")
-    assert traced == M.BudgetTrace.from_json(TRACED[key])
+def test_the_inductor_reader_reads_this_torchs_wrapper_code():
+    """The canary, and the whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the
+    replay) in one child process: the smallest budget trace and the smallest step's events traced ahead, traced
+    again. This torch's real wrapper code is read line by line, so a release that changes its format fails loudly
+    (WrapperFormatChanged names the line); under the release the tables were traced with, both equal them to the byte."""
+    budget_key, events_key = next(iter(TRACED)), next(iter(EVENTS))
+    budget, events = M.children_output([[budget_key], ["--events", events_key]])
+    events = M.StepEvents.from_json(events)
+    assert any(ev[0] == "alloc" for ev in events.forward) and any(ev[0] == "alloc" for ev in events.backward)
+    if json.loads(budget_key)["torch"] != torch.__version__.split("+")[0]:
+        pytest.skip(f"the tables were traced under torch {json.loads(budget_key)['torch']}, this is {torch.__version__}")
+    assert M.BudgetTrace.from_json(budget) == M.BudgetTrace.from_json(TRACED[budget_key])
+    assert events == M.StepEvents.from_json(EVENTS[events_key])
 
 
 def test_a_budget_of_zero_peaks_about_as_high_as_none_and_the_middle_lowest():

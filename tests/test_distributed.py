@@ -1,8 +1,8 @@
 """Several ranks (issue 9): torchrun with gloo on the CPU, DDP and FSDP2 as memory techniques.
 
-Three real torchrun spawns of 2 ranks (a few seconds each): DDP and FSDP2 in fp32 must train exactly as one process on
-the same global batch (same seed, same data: each rank a disjoint half), and the bf16 FSDP2 profile runs through the
-supervisor (`memlab sweep --nproc 2`). The rest is in process: one-line errors before any process starts, the
+Two real torchrun spawns of 2 ranks (a few seconds each): DDP, and FSDP2 with every block checkpointed through the
+supervisor (`memlab sweep --nproc 2`), in fp32 must train exactly as one process on the same global batch (same seed,
+same data: each rank a disjoint half). The rest is in process: one-line errors before any process starts, the
 one-process group the engine makes for ddp/fsdp outside torchrun, and how rank summaries combine.
 """
 
@@ -85,30 +85,25 @@ def test_ddp_on_two_ranks_trains_exactly_as_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_ranks_trains_as_one_process(tmp_path):
-    """FSDP2 with an fp32 mixed-precision policy: sharded weights, grads and AdamW state, the same training."""
-    reference = single_process_losses("baseline", [])
-    events, run_dir = two_ranks(tmp_path, "baseline", ["distributed.mode=fsdp"])
-    check_rank_rows(events, run_dir)
-    assert events[0]["distributed"].startswith("fsdp x2 (2 blocks + root")
-    losses = [e["loss"] for e in events if e["event"] == "step"]
-    torch.testing.assert_close(losses, reference, rtol=1e-5, atol=1e-5)
-    finished = events[-1]
-    assert finished["summary"]["final_loss"] == pytest.approx(losses[-1])
-
-
-@pytest.mark.slow
-def test_sweep_runs_the_bf16_fsdp_profile_on_two_ranks(tmp_path):
-    """Through the supervisor: the child becomes torchrun, rank 0's events are the one stream it reads."""
-    r = memlab("sweep", "--profiles", "fsdp_gradcp_bf16", "--nproc", "2", "--experiment", "tiny", "--device", "cpu",
-               "--steps", "3", "--set", "train.measure_after=1", "--runs-dir", str(tmp_path))
+def test_sweep_runs_fsdp_with_checkpointing_on_two_ranks_exactly_as_one_process(tmp_path):
+    """FSDP2 through the supervisor (the child becomes torchrun, rank 0's events are the one stream it reads), fp32
+    with an fp32 mixed-precision policy and every block checkpointed: sharded weights, grads and AdamW state (on
+    each rank's local shards), the same training as one process."""
+    overrides = ["checkpointing.mode=full"]
+    reference = single_process_losses("baseline", overrides)
+    r = memlab("sweep", "--profiles", "baseline", "--nproc", "2", *TINY, "--set", "distributed.mode=fsdp",
+               "--set", overrides[0], "--runs-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "fsdp_gradcp_bf16: finished" in r.stderr and "1/1 finished" in r.stderr
+    assert "baseline: finished" in r.stderr and "1/1 finished" in r.stderr
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     ranks = pl.read_parquet(run_dir / schema.RANKS)
-    assert ranks.height == 2 and set(ranks["status"]) == {"finished"}
+    assert ranks.height == 2 and set(ranks["status"]) == {"finished"} and set(ranks["steps"]) == {STEPS}
     summary = pl.read_parquet(run_dir / schema.SUMMARY).row(0, named=True)
-    assert summary["precision"] == "bf16" and summary["checkpointing"].startswith("full")
+    assert summary["checkpointing"].startswith("full")
+    assert json.loads((run_dir / schema.RUN_JSON).read_text())["distributed"].startswith("fsdp x2 (2 blocks + root")
+    losses = pl.read_parquet(run_dir / schema.STEPS)["loss"].to_list()  # the mean over ranks, as the events carry it
+    torch.testing.assert_close(losses, reference, rtol=1e-5, atol=1e-5)
+    assert summary["final_loss"] == pytest.approx(losses[-1])
 
 
 # ---------------------------------------------------------------------------------------------- in process

@@ -189,13 +189,18 @@ def _traced_in_child(shape: GraphShape) -> BudgetTrace:
 
 def _child_output(shape: GraphShape, *flags: str) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
-    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *flags, json.dumps(asdict(shape))]
+    return children_output([[*flags, json.dumps(asdict(shape))]])[0]
+
+
+def children_output(requests: list[list[str]]) -> list[dict]:
+    """Each request (`[shape JSON]` or `["--events", shape JSON]`) traced in one fresh interpreter, in order."""
+    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *(a for r in requests for a in r)]
     returncode, out, err = _run_child(cmd)
     lines = out.strip().splitlines()
-    if returncode != 0 or not lines:
+    if returncode != 0 or len(lines) < len(requests):
         tail = (err.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"tracing the compiled step failed: {tail}")
-    return json.loads(lines[-1])
+    return [json.loads(line) for line in lines[-len(requests):]]
 
 
 def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
@@ -219,10 +224,15 @@ def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
 def main(argv: list[str] | None = None) -> None:
     """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}'`: trace one shape and print its
     BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
-    With `--events` first: its StepEvents instead (the allocator replay's child)."""
+    With `--events` first: its StepEvents instead (the allocator replay's child). Several requests, each a shape
+    with or without `--events` before it, are traced one after another in this process, a JSON line each (the
+    canary test's two, without a second start-up of torch.compile)."""
     args = argv or sys.argv[1:]
-    shape = shape_of(args[-1])
-    print(json.dumps((_step_events_traced(shape) if args[0] == "--events" else _traced(shape)).to_json()))
+    while args:
+        events = args[0] == "--events"
+        shape = shape_of(args[1 if events else 0])
+        args = args[2 if events else 1:]
+        print(json.dumps((_step_events_traced(shape) if events else _traced(shape)).to_json()), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- the step's events
