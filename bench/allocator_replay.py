@@ -138,15 +138,20 @@ GIB = 2**30
 
 
 def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overrides: list[str],
-               gpu_kernels: bool = True) -> list[tuple]:
-    """memlab.core.predict.trace.fake_trace for a built-in experiment and profile, as memlab run resolves them."""
+               gpu_kernels: bool = True, compiled: bool = False) -> list[tuple]:
+    """memlab.core.predict.trace.fake_trace for a built-in experiment and profile, as memlab run resolves them; with
+    `compiled`, the trace the predictor replays (step_trace: a compiled step's own graphs where it reads them)."""
     import torch
+
+    from memlab.core.predict.trace import step_trace
 
     from memlab.cli.options import resolve
     from memlab.core.predict.analytic import vocab_for
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     experiment, profile = resolve(experiment_name, profile_name, device, overrides)
+    if compiled:
+        return step_trace(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch, capped=False)
     return _trace_of(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch,
                      gpu_kernels=gpu_kernels)
 
@@ -410,6 +415,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="an experiment override, as memlab's --set")
     ap.add_argument("--device-kernels", action="store_true", help="--fake: this machine's own SDPA and dropout, not the fused kernels' tensors (on a CPU the math path: it saves T x T)")
     ap.add_argument("--cap", help="the allocator's budget, e.g. 23.26GiB: the model then releases free segments and may run out")
+    ap.add_argument("--compiled", action="store_true", help="--fake: the trace the predictor replays (a compiled step's own graphs)")
     ap.add_argument("--dump", help="also write the trace as JSON lines (action, id, bytes, where), to set two traces side by side")
     ap.add_argument("--expandable", action="store_true", help="replay with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
     ap.add_argument("--against-h100", action="store_true", help="replay fake traces of the committed H100 runs' cases and print the table")
@@ -432,7 +438,8 @@ def main() -> None:
         with open(a.snapshot, "rb") as f:
             events, real = snapshot_trace(pickle.load(f))  # a file memlab wrote: the user's own
     else:
-        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, gpu_kernels=not a.device_kernels)
+        events = fake_trace(a.fake[0], a.fake[1], int(a.fake[2]), a.set, gpu_kernels=not a.device_kernels,
+                            compiled=a.compiled)
     if a.dump:
         import json
 

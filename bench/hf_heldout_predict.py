@@ -4,7 +4,8 @@ committed before any prediction of these shapes was made): predicted allocated p
   python bench/hf_heldout_predict.py --out bench/results/hf-h100/predicted.md
 
 Each measured row of peer-round2.jsonl and lora.jsonl (llama-1b, the memlab side; the fine-tuning profiles were measured
-before the predictor could trace peft or a 4-bit base) and qwen.jsonl (qwen-1.5b) names its profile and
+before the predictor could trace peft or a 4-bit base), qwen.jsonl (qwen-1.5b), and the H200's rows in
+../hf-heldout-h200/call1 (llama-1b chunked_ce, qwen-1.5b compile) names its profile and
 --set items; the same experiment, profile and items are predicted on this machine (trace: the real step on fake
 tensors, then the allocator replay) at the run's micro-batch on an 80 GB H100.
 """
@@ -21,7 +22,9 @@ from memlab.core.errors import MemlabError
 from memlab.core.predict import card_for, predict
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf-h100"
-MEASURED = (("llama-1b", "peer-round2.jsonl"), ("qwen-1.5b", "qwen.jsonl"), ("llama-1b", "lora.jsonl"))
+H200 = "../hf-heldout-h200/call1"  # measured on an H200 and committed before any prediction of them
+MEASURED = (("llama-1b", "peer-round2.jsonl"), ("qwen-1.5b", "qwen.jsonl"), ("llama-1b", "lora.jsonl"),
+            ("llama-1b", f"{H200}/peaks-llama-1b/rows.jsonl"), ("qwen-1.5b", f"{H200}/peaks-qwen-1.5b/rows.jsonl"))
 
 
 def cases() -> list[tuple[str, str, list[str], int]]:
@@ -38,10 +41,13 @@ def cases() -> list[tuple[str, str, list[str], int]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma-separated cases (profile+sets, as the table names them); default all")
     args = ap.parse_args()
     card = card_for("80GiB")
     lines = ["| experiment | profile | measured GiB | predicted GiB | error | method | seconds |", "|---|---|---|---|---|---|---|"]
     for experiment, profile, sets, measured in cases():
+        if args.only and "+".join([profile, *sets]) not in args.only.split(","):
+            continue
         e, p = load_experiment(experiment), load_profile(profile)
         apply_overrides(e, p, sets)
         t0 = time.time()

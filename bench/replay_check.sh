@@ -8,7 +8,7 @@
 # profiles the replay reserved too little or too much for through its stand-ins (bench/allocator_replay.py
 # --against-h100 --standins): liger_ce, cce and leanest on the T 8192 shape, leanest on gpt2s, liger_ce on the seed
 # shape and on bigvocab.
-# A case `probe:EXPERIMENT:PROFILE:MICRO_BATCH` runs as a find-batch probe does (3 steps, the optimizer state made in
+# A case `probe:EXPERIMENT:PROFILE:MICRO_BATCH[:KEY=VALUE]` runs as a find-batch probe does (3 steps, the optimizer state made in
 # the first, no evaluation but one window at the end) and replays only the real trace; its fake trace can be made
 # on any machine (`python bench/allocator_replay.py --fake ...`, same overrides).
 # SEGMENTS=1 also writes every trace event with the allocator's segment events (bench/snapshot_events.py).
@@ -44,10 +44,11 @@ for c in "${cases[@]}"; do
     gpt2s_leanest) check gpt2s_leanest gpt2s leanest 16;;
     seed_liger_ce) check seed_liger_ce seed-so-posts liger_ce 64 "${seed[@]}";;
     bigvocab_liger_ce) check bigvocab_liger_ce bigvocab liger_ce 24;;
-    probe:*) IFS=: read -r _ e p b <<<"$c"
+    probe:*) IFS=: read -r _ e p b kv <<<"$c"
+      extra=(); [ -n "$kv" ] && extra=(--set "$kv")
       t=$(python3 -c "from memlab.cli.options import resolve; print(resolve('$e', '$p', 'cpu', [])[0].model.seq_len)")
       steps=3 fake=0 check "$(basename "${e%.toml}")_${p}_$b" "$e" "$p" "$b" --set train.measure_after=1 \
-        --set train.eval_every=0 --set data.val_tokens=$((t + 1));;
+        --set train.eval_every=0 --set data.val_tokens=$((t + 1)) "${extra[@]}";;
     *) echo "unknown case $c";;
   esac
 done

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 import textwrap
 
 import pytest
@@ -18,7 +19,9 @@ from model_helpers import small
 from memlab.core.predict import inductor as M
 from memlab.core.predict import analytic as E
 from memlab.core.predict.inductor_traces import EVENTS, TRACED
-from memlab.core.config import load_profile
+from memlab.core.config import load_experiment, load_profile
+from memlab.core.models import family
+from memlab.core.predict.trace import step_peaks
 
 WRAPPER = textwrap.dedent("""
     def call(self, args):
@@ -99,15 +102,28 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_the_inductor_reader_reads_this_torchs_wrapper_code():
+def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     """The canary, and the whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the
     replay) in one child process: the smallest budget trace and the smallest step's events traced ahead, traced
-    again. This torch's real wrapper code is read line by line, so a release that changes its format fails loudly
-    (WrapperFormatChanged names the line); under the release the tables were traced with, both equal them to the byte."""
+    again, and a transformers Llama's compiled step. This torch's real wrapper code is read line by line, so a
+    release that changes its format fails loudly (WrapperFormatChanged names the line); under the release the tables
+    were traced with, both equal them to the byte. The Llama's graphs return one gradient per parameter, its tied
+    head's included, and replayed in its step they keep less than its eager step."""
+    llama, compiled = load_experiment("llama-tiny"), load_profile("compile")
+    vocab, _ = E.vocab_for(llama)
+    llama_shape = E.compiled_graph_shape(llama, compiled, vocab)
     budget_key, events_key = next(iter(TRACED)), next(iter(EVENTS))
-    budget, events = M.children_output([[budget_key], ["--events", events_key]])
-    events = M.StepEvents.from_json(events)
+    budget, events, hf_events = M.children_output([[budget_key], ["--events", events_key],
+                                                   ["--events", json.dumps(asdict(llama_shape))]])
+    events, hf_events = M.StepEvents.from_json(events), M.StepEvents.from_json(hf_events)
     assert any(ev[0] == "alloc" for ev in events.forward) and any(ev[0] == "alloc" for ev in events.backward)
+
+    parameters = list(family.skeleton(llama).parameters())  # a tied head is one parameter
+    assert sum(g is not None for g in hf_events.gradients) == len(parameters)
+    monkeypatch.setattr(M, "step_events", lambda shape: hf_events if shape == llama_shape else pytest.fail(str(shape)))
+    peak = {name: step_peaks(llama, load_profile(name), vocab_size=vocab, micro_batch=8, capped=False)[0] for name in ("compile", "bf16")}
+    assert peak["compile"] < peak["bf16"]
+
     if json.loads(budget_key)["torch"] != torch.__version__.split("+")[0]:
         pytest.skip(f"the tables were traced under torch {json.loads(budget_key)['torch']}, this is {torch.__version__}")
     assert M.BudgetTrace.from_json(budget) == M.BudgetTrace.from_json(TRACED[budget_key])

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlab.core.config import load_experiment, load_profile
+from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import ConfigError
 from memlab.core.predict import Card, card_for, max_batch, max_seq_len, predict, valid_for
-from memlab.core.predict import analytic, calibration, host, inductor, maxbatch, prediction
+from memlab.core.predict import analytic, calibration, fake, host, inductor, maxbatch, prediction
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,3 +202,16 @@ def test_the_predictor_has_no_function_local_imports_and_is_in_no_import_loop():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "import_loops.py"), "--under", "core/predict"],
                          capture_output=True, text=True, check=True).stdout
     assert "function-local memlab imports: 0" in out and "core.predict" not in out
+
+
+@pytest.mark.parametrize("experiment, profile, sets, reads", [
+    ("tiny", "compile", [], True),  # memlab's GPT
+    ("llama-tiny", "compile", [], True),  # a transformers Llama: its own compiled graphs
+    ("llama-tiny", "bf16", [], False),  # nothing compiled
+    ("llama-tiny", "lora_fast", [], False),  # peft's adapters are not in the traced model: the eager upper bound
+    ("llama-tiny", "compile", ['model.source="gemma-2-2b"', "model.n_layer=2", "model.seq_len=64"], False),  # windows, soft-cap
+])
+def test_the_replay_reads_a_compiled_steps_own_graphs_where_the_tracer_builds_that_model(experiment, profile, sets, reads):
+    e, p = load_experiment(experiment), load_profile(profile)
+    apply_overrides(e, p, sets)
+    assert fake.reads_compiled_graphs(e, p) is reads

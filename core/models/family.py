@@ -10,6 +10,8 @@ Techniques never ask which class a model is; they use the adapter every family's
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,6 +53,20 @@ def skeleton(experiment: Experiment) -> torch.nn.Module:
         return hf.skeleton(experiment)
     with torch.device("meta"):
         return GPT(gpt_config(experiment, experiment.model.vocab_size or 64), kernel=None)
+
+
+def shared_skeleton(experiment: Experiment) -> torch.nn.Module:
+    """skeleton(), one per model configuration for everything a process asks of it (the predictor's weights, fit's
+    trainable counts, whether a compiled step can be traced): seconds each for an 8B model (transformers' modeling
+    code). Read only."""
+    key = json.dumps(dataclasses.asdict(experiment.model), sort_keys=True)
+    if key not in _SKELETONS:
+        _SKELETONS.clear()  # one model at a time: a command predicts one experiment's profiles
+        _SKELETONS[key] = skeleton(experiment)
+    return _SKELETONS[key]
+
+
+_SKELETONS: dict[str, torch.nn.Module] = {}
 
 
 def build(step: TrainStep) -> torch.nn.Module:

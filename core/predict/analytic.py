@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.core.attention import declared, effective_window
-from memlab.core.config import Experiment, Profile
+from memlab.core.config import Experiment, Profile, to_dict
 from memlab.core.data import cache as cache_mod
 from memlab.core.data.tokens import cache_entry
 from memlab.core.errors import ConfigError, MemlabError
@@ -491,8 +491,10 @@ def _graph_shape(st: _Step, experiment: Experiment):
     sdpa_flash = p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("flash", "efficient")
     attention = "flash" if sdpa_flash else "cudnn"
     configured = max(2, experiment.train.batch_size // (st.k * st.world_size))
+    # another family's model is built from its own [model] section (an hf model: the transformers model the engine builds)
+    model = json.dumps(to_dict(experiment.model), sort_keys=True) if experiment.model.family != "gpt" else ""
     return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention,
-                      p.kernels.float8)
+                      p.kernels.float8, model)
 
 
 def torchao_installed() -> bool:

@@ -19,11 +19,12 @@ from typing import Callable
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
+from memlab.core.models import family
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
 from memlab.core.predict.depth import applies, extrapolated_peak
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
-from memlab.core.predict.prediction import max_positions, skeleton, weights_bytes, with_seq_len
+from memlab.core.predict.prediction import max_positions, weights_bytes, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
@@ -112,7 +113,7 @@ def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card:
 def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
     shaped = copy.deepcopy(experiment)
     shaped.model.vocab_size = vocab  # the gpt family's skeleton takes its head from here
-    return finetune.trainable_params(skeleton(shaped), profile.finetune)
+    return finetune.trainable_params(family.shared_skeleton(shaped), profile.finetune)
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:

@@ -12,7 +12,6 @@ Every Prediction says where it is calibrated (`valid_for`) and, outside, what er
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,21 +135,8 @@ def _skeleton_weights_bytes(experiment: Experiment, profile: Profile) -> int:
     return need
 
 
-def skeleton(experiment: Experiment) -> Any:
-    """The model on the meta device (memlab.core.models.family.skeleton), one per model configuration for every
-    profile predicted in this process: seconds each for an 8B model (transformers' modeling code). Read only."""
-    key = json.dumps(dataclasses.asdict(experiment.model), sort_keys=True)
-    if key not in _SKELETONS:
-        _SKELETONS.clear()  # one model at a time: a command predicts one experiment's profiles
-        _SKELETONS[key] = family.skeleton(experiment)
-    return _SKELETONS[key]
-
-
-_SKELETONS: dict[str, Any] = {}
-
-
 def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
-    model = skeleton(experiment)
+    model = family.shared_skeleton(experiment)
     total = sum(p.numel() for p in model.parameters())
     f = profile.finetune
     if f.method not in ADAPTERS or f.base not in ("bf16", "nf4"):

@@ -40,7 +40,7 @@ from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
 from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, attention_backward_kernel, sum_staging_bytes
-from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step
+from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
 from memlab.core.predict.search import bisected, largest_fitting
 from memlab.core.predict.standins import compiled_standin, float8_standin
 from memlab.core.predict.trace_lines import Sized, StepTraces
@@ -277,14 +277,6 @@ def traces_kept() -> Iterator[None]:
         yield
     finally:
         _KEPT["traces"] = outer
-
-
-def reads_compiled_graphs(experiment: Experiment, profile: Profile) -> bool:
-    """Whether the replay reads the compiled step's own graphs. The Inductor reader (memlab.core.predict.inductor)
-    compiles memlab's GPT at the experiment's dimensions, so for another family it would read a different model
-    (Llama-3.2-1B's compile: +34.9% on the H100, lora_fast +60.8%); there the eager step is traced instead, an upper
-    bound: Inductor frees and fuses what the eager step keeps (fake.py says so in the prediction's notes)."""
-    return profile.compile.enabled and getattr(experiment.model, "family", "gpt") == "gpt"
 
 
 KEPT_TRACES = 4  # traces_kept's: a trace of an 8B step holds a few hundred thousand events
