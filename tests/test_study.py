@@ -835,12 +835,34 @@ def test_a_failures_finding_keeps_an_out_of_memory_message_to_the_allocation_tha
     assert _first_sentence("nan: the loss went NaN at step 3") == "nan: the loss went NaN at step 3"
 
 
-def test_the_peak_breakdown_is_the_gpt_formula_s_and_only_for_memlab_s_gpt():
-    """"Where the peak goes" reads the analytic GPT-2 formula: for a transformers model it is left out, not told."""
+def test_where_the_peak_goes_is_the_formulas_for_memlabs_gpt_and_the_traces_for_a_transformers_model():
+    """The GPT-2 formula counts memlab's GPT's logits apart; a transformers model's breakdown is its trace's, which
+    does not, so the finding names one fp32 logits copy's size from the shape, where the run computed full logits."""
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.study.findings import breakdown
+    from memlab.core.predict.analytic import vocab_for
+    from memlab.core.study.findings import _where_the_peak_goes, breakdown
+    from memlab.core.units import gib
 
-    prof = load_profile("bf16")
-    gpt = breakdown(load_experiment("tiny"), prof, 512, 2, "cpu")
-    assert gpt is not None and gpt.total_bytes > 0 and gpt.components["logits_loss"] > 0
-    assert breakdown(load_experiment("llama-tiny"), prof, 512, 2, "cpu") is None
+    gpt = breakdown(load_experiment("tiny"), load_profile("bf16"), 512, 2, "cpu")
+    assert gpt.method == "analytic" and gpt.components["logits_loss"] > 0
+    e = load_experiment("llama-tiny")
+    vocab = vocab_for(e)[0]
+    hf = breakdown(e, load_profile("baseline"), vocab, 2, "cpu")
+    assert hf.method == "fake" and hf.components["logits_loss"] == 0 and hf.components["optimizer_state"] > 0
+    row = {"profile": "baseline", "seq_len": e.model.seq_len, "loss_kernel": "full logits", "checkpointing": "none"}
+    (line,) = _where_the_peak_goes(hf, [row], None)
+    assert line.startswith(f"Where baseline's peak goes (the trace, micro-batch 2, {gib(hf.total_bytes)}): ")
+    assert f"(B=2, T={e.model.seq_len}, V={vocab:,}; the loss upcasts them) is {gib(2 * e.model.seq_len * vocab * 4)}" in line
+    (chunked,) = _where_the_peak_goes(hf, [row | {"loss_kernel": "chunked (1024 rows)"}], None)
+    assert "logits" not in chunked
+
+
+def test_where_the_baseline_did_not_finish_the_peak_told_is_the_first_finished_profiles():
+    """A baseline that did not fit the card (Llama-3.2-1B's bf16 under 24 GiB) has no run to break down."""
+    import dataclasses
+
+    from memlab.core.study.findings import findings
+
+    est = dataclasses.replace(_breakdown("activations")["baseline"], profile="gradcp_bf16")
+    text = "\n".join(findings(_findings_frame({"gradcp_bf16": 30.0, "chunked_ce": 5.0, "tf32": 0.4}), {"gradcp_bf16": est}, "baseline"))
+    assert "Where gradcp_bf16's peak goes (the estimator, micro-batch 8" in text

@@ -12,6 +12,7 @@ import polars as pl
 
 from memlab.core.config import Experiment, Profile
 from memlab.core.predict.analytic import Estimate, estimate, vocab_for
+from memlab.core.predict.fake import fake_estimate
 from memlab.core.runfolder import read_info
 from memlab.core.study.frame import common, finished, peak_column, started_event
 from memlab.core.units import gib
@@ -39,11 +40,11 @@ def estimates(frame: pl.DataFrame, out: Path) -> dict[str, Estimate]:
 
 
 def breakdown(exp: Experiment, prof: Profile, vocab: int, micro_batch: int, device: str) -> Estimate | None:
-    """The analytic formula's breakdown of one run's peak, for memlab's GPT only: the formula is GPT-2's, and a
-    transformers model's own breakdown (the trace's) does not tell the logits from the other activations. None
-    elsewhere: "where the peak goes" is then left out, not told with another model's physics."""
+    """One run's peak by component: for memlab's GPT the analytic formula's (its logits counted apart), for another
+    family the trace's (the real step on fake tensors: weights, gradients, optimizer state, activations and
+    temporaries; the logits are among the last two, and _where_the_peak_goes names their size from the shape)."""
     if getattr(exp.model, "family", "gpt") != "gpt":
-        return None
+        return fake_estimate(exp, prof, vocab_size=vocab, micro_batch=micro_batch)
     return estimate(exp, prof, vocab_size=vocab, micro_batch=micro_batch, device=device)
 
 
@@ -53,8 +54,9 @@ def findings(frame: pl.DataFrame, breakdown: dict[str, Estimate], baseline: str)
     out: list[str] = []
     if base is not None:
         out += _memory(rows, base, frame) + _fastest(rows, base)
-    if baseline in breakdown:
-        out += _where_the_peak_goes(breakdown[baseline], rows, base)
+    told = baseline if baseline in breakdown else next((r["profile"] for r in rows if r["profile"] in breakdown), None)
+    if told is not None:  # the baseline's, or where it did not finish (it did not fit), the first profile's that did
+        out += _where_the_peak_goes(breakdown[told], rows, base)
     out += _no_effect(rows, base, frame, breakdown) + _at_max(frame) + _estimator(frame) + _failures(frame)
     return out or ["nothing finished: no figures to compare yet"]
 
@@ -101,8 +103,9 @@ def share_of_peak(est: Estimate) -> list[tuple[str, float]]:
 def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> list[str]:
     shares = share_of_peak(est)
     listing = ", ".join(f"{k} {v:.0f}%" for k, v in shares if v >= 1)
-    line = (f"Where {est.profile}'s peak goes (the estimator, micro-batch {est.micro_batch}, {gib(est.total_bytes)} at the "
-            f"{est.peak_phase}): {listing}.")
+    how = "the trace" if est.method == "fake" else "the estimator"
+    at = "" if est.method == "fake" else f" at the {est.peak_phase}"
+    line = f"Where {est.profile}'s peak goes ({how}, micro-batch {est.micro_batch}, {gib(est.total_bytes)}{at}): {listing}."
     top, pct = shares[0]
     if top == "logits and loss":
         seq = rows[0]["seq_len"] if rows else "T"
@@ -114,7 +117,20 @@ def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> 
         line += f" Saved activations are {pct:.0f}% of the peak: " + _what_moves_it("checkpointing and activation offload", ckpt, "checkpointing and activation offload move it.")
     elif top.startswith("weights"):
         line += f" Weights, gradients and optimizer state are {pct:.0f}% of the peak: activation techniques cannot move it; a smaller optimizer state, optimizer offload or FSDP can."
-    return [line]
+    return [line + _full_logits(est, rows, base)]
+
+
+def _full_logits(est: Estimate, rows: list[dict], base: dict | None) -> str:
+    """A trace's breakdown does not tell the logits from the other activations: their size, from the shape, where
+    the run computed full logits (the loss upcasts them to fp32: one such copy is B x T x V x 4 bytes)."""
+    row = next((r for r in rows if r["profile"] == est.profile), None)
+    if est.method != "fake" or row is None or row.get("loss_kernel") != "full logits" or not est.total_bytes:
+        return ""
+    logits = est.micro_batch * row["seq_len"] * est.vocab_size * 4
+    chunked = _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
+    return (f" One fp32 copy of the B×T×V logits (B={est.micro_batch}, T={row['seq_len']}, V={est.vocab_size:,}; the loss "
+            f"upcasts them) is {gib(logits)}, {100 * logits / est.total_bytes:.0f}% of the peak, among the activations and "
+            "temporaries: " + _what_moves_it("chunked cross-entropy", chunked, "chunked cross-entropy (loss.chunked = true) would drop it."))
 
 
 def _what_moves_it(technique: str, best: tuple[str, float] | None, untried: str) -> str:
