@@ -823,6 +823,18 @@ def test_the_common_batch_is_accumulated_where_a_profiles_measured_micro_batch_i
     assert split["gradcp_bf16"] == (12, 12, "")
     assert split["accum"] == (12, 6, "")  # its own 4 steps would need micro-batch 3 > 2: 2 x 6
     assert split["chunked_ce"][0] is None and "even micro-batch 1 does not fit" in split["chunked_ce"][2]
+    # final, not "not run": the report does not list it as left to do, and a resume does not try it again
+    assert study._spec(state.item("common", "chunked_ce")) is None and state.item("common", "chunked_ce").final
+
+
+def test_an_out_of_memory_at_an_accumulated_micro_batch_the_search_fitted_says_why():
+    """The H200's Llama-3.2-1B study under 24 GiB: micro-batch 1 fitted alone, its common batch 2 as 1 x 2 did not."""
+    from memlab.core.study.findings import _accumulated
+
+    row = {"study_status": "oom", "micro_batch": 1, "grad_accum": 2, "max_batch": 1}
+    assert "the earlier micro-batches' gradients stay alive through the later ones' forward" in _accumulated(row)
+    assert _accumulated(row | {"grad_accum": 1}) == _accumulated(row | {"micro_batch": 2}) == ""
+    assert _accumulated(row | {"study_status": "nan"}) == ""
 
 
 def test_a_failures_finding_keeps_an_out_of_memory_message_to_the_allocation_that_failed():

@@ -132,7 +132,9 @@ class Study:
         """The child that trains `item`, or None with the item's status saying why it cannot run."""
         batch, accumulation, why = self._batch_for(item)
         if batch is None:
-            item.status, item.message = ("rejected" if why.startswith("refused") else "not run"), why
+            fits_none = self.state.item("max", item.profile).status == "does not fit"  # final: a resume cannot change it
+            item.status = "rejected" if why.startswith("refused") else "does not fit" if fits_none else "not run"
+            item.message = why
             return None
         item.batch, item.accumulation = batch, accumulation
         overrides = self.plan.run_overrides() + [f"train.batch_size={batch}"] + ([f"accumulation.steps={accumulation}"] if accumulation else [])
