@@ -9,8 +9,6 @@ step does, and holds what it holds, is measured on the GPU (bench/graph_step_pro
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -67,13 +65,15 @@ def test_cuda_graph_is_refused_on_the_cpu_backend():
         check_techniques(load_experiment("tiny"), _graphed(precision__dtype="fp32"), CPU)
 
 
-def test_the_cli_refuses_it_on_cpu_in_one_line_before_any_work(tmp_path):
-    code = "import sys; from memlab.cli import main; sys.argv = ['memlab', *sys.argv[1:]]; main()"
-    r = subprocess.run([sys.executable, "-c", code, "run", "--profile", "baseline", "--experiment", "tiny", "--device", "cpu",
-                        "--steps", "2", "--set", "cuda_graph.enabled=true", "--runs-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "cuda_graph.enabled" in r.stderr and not any(tmp_path.iterdir())
+def test_the_cli_refuses_it_on_cpu_in_one_line_before_any_work(tmp_path, capsys):
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["run", "--profile", "baseline", "--experiment", "tiny", "--device", "cpu", "--steps", "2",
+              "--set", "cuda_graph.enabled=true", "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.strip().count("\n") == 0 and "Traceback" not in err, err
+    assert "cuda_graph.enabled" in err and not any(tmp_path.iterdir())
 
 
 # ------------------------------------------------------------------------------ the StepGraph around a capture
