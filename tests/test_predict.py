@@ -208,7 +208,9 @@ def test_the_predictor_has_no_function_local_imports_and_is_in_no_import_loop():
     ("tiny", "compile", [], True),  # memlab's GPT
     ("llama-tiny", "compile", [], True),  # a transformers Llama: its own compiled graphs
     ("llama-tiny", "bf16", [], False),  # nothing compiled
-    ("llama-tiny", "lora_fast", [], False),  # peft's adapters are not in the traced model: the eager upper bound
+    ("llama-tiny", "lora_fast", [], True),  # peft's LoRA on a bf16 base: the reader builds the adapters too
+    ("llama-tiny", "lora_fast", ['finetune.method="dora"'], False),  # not DoRA's: the eager upper bound
+    ("llama-tiny", "lora_fast", ['finetune.base="nf4"'], False),  # nor a 4-bit base (bitsandbytes needs CUDA)
     ("llama-tiny", "compile", ['model.source="gemma-2-2b"', "model.n_layer=2", "model.seq_len=64"], False),  # windows, soft-cap
 ])
 def test_the_replay_reads_a_compiled_steps_own_graphs_where_the_tracer_builds_that_model(experiment, profile, sets, reads):

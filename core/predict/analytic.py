@@ -493,8 +493,9 @@ def _graph_shape(st: _Step, experiment: Experiment):
     configured = max(2, experiment.train.batch_size // (st.k * st.world_size))
     # another family's model is built from its own [model] section (an hf model: the transformers model the engine builds)
     model = json.dumps(to_dict(experiment.model), sort_keys=True) if experiment.model.family != "gpt" else ""
+    finetune = json.dumps(to_dict(p.finetune), sort_keys=True) if p.finetune.method == "lora" else ""
     return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention,
-                      p.kernels.float8, model)
+                      p.kernels.float8, model, finetune)
 
 
 def torchao_installed() -> bool:

@@ -90,22 +90,26 @@ def _compile_note(experiment: Experiment, profile: Profile) -> str:
         return "compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)"
     if reads_compiled_graphs(experiment, profile):
         return "compile: the breakdown is the eager step's; the peaks replay the compiled graphs (Inductor's own buffers)"
-    return ("compile: the eager step is traced, an upper bound (the compiled-graph reader traces neither peft's adapters "
-            "nor a layer's own window; on the H100 Llama-3.2-1B's compiled LoRA step peaked 10.38 GiB, its eager trace 16.69)")
+    return ("compile: the eager step is traced, an upper bound (the compiled-graph reader builds neither DoRA, a 4-bit "
+            "base nor a layer's own window; on the H100 Llama-3.2-1B's compiled LoRA step peaked 10.38 GiB, its eager "
+            "trace 16.69)")
 
 
 def reads_compiled_graphs(experiment: Experiment, profile: Profile) -> bool:
     """Whether the replay reads the compiled step's own graphs (memlab.core.predict.inductor compiles the model the
     engine builds: memlab's GPT, or the transformers model of an hf experiment). Where it cannot, the eager step is
     traced instead, an upper bound (Inductor frees and fuses what the eager step keeps; _compile_note says so in
-    the prediction's notes): a fine-tuned hf model (peft's adapters are not in the traced model: Llama-3.2-1B's compiled
-    LoRA was +60.8% on the H100) and one whose layers window or soft-cap their attention (the CPU's kernel stands
-    in for a plain causal one)."""
+    the prediction's notes): an hf model fine-tuned other than by LoRA on a bf16 base (the reader adds peft's LoRA
+    adapters as the engine does: Llama-3.2-1B's compiled LoRA step predicted 10.38 GiB for the H100's 10.38, +60.8%
+    traced eager; DoRA and a 4-bit base are not built there) and one whose layers window or soft-cap their
+    attention (the CPU's kernel stands in for a plain causal one)."""
     if not profile.compile.enabled:
         return False
     if experiment.model.family == "gpt":
         return True
-    return profile.finetune.method == "full" and not _windowed_layers(experiment)
+    f = profile.finetune
+    lora_on_bf16 = f.method == "lora" and f.base == "bf16"  # the reader builds peft's adapters; not DoRA's, not a 4-bit base
+    return (f.method == "full" or lora_on_bf16) and not _windowed_layers(experiment)
 
 
 def _windowed_layers(experiment: Experiment) -> bool:

@@ -62,7 +62,7 @@ from unittest import mock
 from memlab.core import stopping
 from memlab.core.answers import source_fingerprint
 from memlab.core.data.cache import cache_root
-from memlab.core.config import ModelConfig
+from memlab.core.config import FinetuneConfig, ModelConfig
 from memlab.core.model import GPT, GPTConfig
 from memlab.core.models import hf_attention
 from memlab.core.models.hf import HFCausalLM, transformers_config
@@ -70,6 +70,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
 from memlab.core.predict.inductor_traces import EVENTS, TRACED
 from memlab.core.runfolder import atomic_write_json
+from memlab.core.techniques.finetune import add_adapters, target_layers
 from memlab.core.techniques.float8 import converts
 
 # What the assumed card reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
@@ -101,6 +102,7 @@ class GraphShape:
     attention: str = "cudnn"
     float8: bool = False  # the blocks' Linears are torchao's Float8Linear (kernels.float8; torchao must be installed)
     model: str = ""  # another family's model: its [model] section as JSON (the hf family: the transformers model it builds)
+    finetune: str = ""  # LoRA on a bf16 base: the [finetune] section as JSON (peft's adapters in the traced model)
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,9 @@ def _key(shape: GraphShape) -> str:
         fields["torchao"] = torchao.__version__
     else:
         del fields["float8"]
-    if not shape.model:  # memlab's GPT: the key it had before the field
-        del fields["model"]
+    for field in ("model", "finetune"):
+        if not fields[field]:  # the key a shape had before the field
+            del fields[field]
     return json.dumps(fields, sort_keys=True)
 
 
@@ -513,9 +516,11 @@ def _hf(shape: GraphShape) -> Any:
     from transformers import AutoModelForCausalLM
 
     hf_attention.register()
+    tuned = FinetuneConfig(**json.loads(shape.finetune)) if shape.finetune else None
+    dtype = torch.bfloat16 if tuned else torch.float32  # LoRA's frozen base is built in bf16 (finetune.apply_before_model)
     with torch.device("meta"):
         made = AutoModelForCausalLM.from_config(transformers_config(ModelConfig(**json.loads(shape.model))),
-                                                attn_implementation=hf_attention.NAME)
+                                                attn_implementation=hf_attention.NAME, dtype=dtype)
     model = HFCausalLM(made)
     tied = model.head.weight is model.embedding.weight
     model = model.to_empty(device="cpu")
@@ -524,6 +529,8 @@ def _hf(shape: GraphShape) -> Any:
     kernel = _GroupedAttention()
     for block in model.blocks:
         setattr(model.sublayer(block, "attention"), hf_attention.KERNEL_ATTR, kernel)
+    if tuned:
+        add_adapters(model, list(target_layers(model, tuned.targets)), tuned)
     return model
 
 

@@ -201,7 +201,7 @@ def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: li
     compiled forward's events at micro-batch b and returns the loss in the loss's buffer, and whose backward appends
     the backward's and returns each parameter's gradient in its buffer (AccumulateGrad keeps it as .grad, as it
     keeps a compiled backward's output). Each call's keys are its own (accumulation runs the graphs again)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # a frozen base's get no gradient from the graphs
     calls = iter(range(1 << 62))
 
     def replay(graph: tuple, call: int, phase: str) -> None:

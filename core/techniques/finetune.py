@@ -169,7 +169,7 @@ def apply(step: TrainStep) -> None:
         names = list(layers)
         if f.base in QUANTIZED and not step.on_device:
             _quantize(model, layers, f.base, step.device)
-        step.applied["finetune"] = _add_adapters(model, names, f) + (f" {f.base} base (bitsandbytes {_version('bitsandbytes')})" if f.base in QUANTIZED else "")
+        step.applied["finetune"] = add_adapters(model, names, f) + (f" {f.base} base (bitsandbytes {_version('bitsandbytes')})" if f.base in QUANTIZED else "")
         step.applied["adapter_bytes"] = adapter_bytes(model)
     else:
         step.applied["finetune"] = "full"
@@ -204,7 +204,9 @@ def _freeze(model: nn.Module, last: int) -> str:
     return f"freeze: last {last} of {len(blocks)} blocks, final norm, head"
 
 
-def _add_adapters(model: nn.Module, names: list[str], f: Any) -> str:
+def add_adapters(model: nn.Module, names: list[str], f: Any) -> str:
+    """peft's adapters on the named Linear layers, everything else frozen (also what the compiled-step reader,
+    memlab.core.predict.inductor, builds)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     for p in model.parameters():
