@@ -105,7 +105,7 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
 def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     """The canary, and the whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the
     replay) in one child process: the smallest budget trace and the smallest step's events traced ahead, traced
-    again, and a one-layer transformers Llama's compiled step. This torch's real wrapper code is read line by line, so a
+    again, and a one-layer transformers Llama's compiled step, full and LoRA. This torch's real wrapper code is read line by line, so a
     release that changes its format fails loudly (WrapperFormatChanged names the line); under the release the tables
     were traced with, both equal them to the byte. The Llama's graphs return one gradient per parameter, its tied
     head's included, and replayed in its step they keep less than its eager step."""
@@ -113,14 +113,19 @@ def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     llama.model.n_layer = 1  # one decoder layer: the reader's work is per layer, the test's time is not
     vocab, _ = E.vocab_for(llama)
     llama_shape = E.compiled_graph_shape(llama, compiled, vocab)
+    lora_shape = E.compiled_graph_shape(llama, load_profile("lora_fast"), vocab)
     budget_key, events_key = next(iter(TRACED)), next(iter(EVENTS))
-    budget, events, hf_events = M.children_output([[budget_key], ["--events", events_key],
-                                                   ["--events", json.dumps(asdict(llama_shape))]])
+    budget, events, hf_events, lora_events = M.children_output([
+        [budget_key], ["--events", events_key], ["--events", json.dumps(asdict(llama_shape))],
+        ["--events", json.dumps(asdict(lora_shape))]])
     events, hf_events = M.StepEvents.from_json(events), M.StepEvents.from_json(hf_events)
     assert any(ev[0] == "alloc" for ev in events.forward) and any(ev[0] == "alloc" for ev in events.backward)
 
     parameters = list(family.skeleton(llama).parameters())  # a tied head is one parameter
     assert sum(g is not None for g in hf_events.gradients) == len(parameters)
+    # LoRA's graphs: a gradient for each adapter matrix (A and B on each of the layer's 7 Linears), none for the base
+    lora_gradients = [g for g in M.StepEvents.from_json(lora_events).gradients if g is not None]
+    assert len(lora_gradients) == 2 * 7 and {tuple(g[1]) for g in lora_gradients} >= {(16, llama.model.d_model)}
     monkeypatch.setattr(M, "step_events", lambda shape: hf_events if shape == llama_shape else pytest.fail(str(shape)))
     peak = {name: step_peaks(llama, load_profile(name), vocab_size=vocab, micro_batch=8, capped=False)[0] for name in ("compile", "bf16")}
     assert peak["compile"] < peak["bf16"]
