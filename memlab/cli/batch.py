@@ -180,7 +180,8 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
     "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's lora, lora_gradcp, qlora, qlora_gradcp, dora "
           "and gradcp_bf16 within 0.01%, bf16, sac_ops and Qwen2.5-1.5B's within +2.7% (bench/results/hf-h100/predicted.md); "
           "memlab fit's max batch exact in 6 H100 searches, its longest sequence -12.5% to +0.9% (bench/results/fit-h100); "
-          "a compiled step from its own graphs, +3.4% and +3.6%, max batch under 24 GiB on an H200 none above, 8 of 10 exact "
+          "a compiled step from its own graphs, +3.4% and +3.6% (a compiled LoRA step -0.0%), max batch under 24 GiB on an "
+          "H200 none above, 8 of 10 exact "
           "(bench/results/hf-heldout-h200)",
     "float8": "float8's compiled step is not traced without torchao installed here: its tensors from the analytic estimate, counted "
               "5% high, plus what the replay of the same step without float8 reserves beyond its tensors; it errs low (max batch 203 "
