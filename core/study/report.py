@@ -74,7 +74,7 @@ def _blocks(state: StudyState, frame: pl.DataFrame, breakdown: dict, figures: li
                    if o.at_max else "Relative columns are against the baseline's run at the same batch."),
         *[Block("p", line) for line in _own_overrides(frame)],
         Block("h2", "Memory by phase"), Block("table", items=_memory_table(frame)),
-        Block("h2", "Where the predicted peak goes (the estimator)"), Block("table", items=_breakdown_table(breakdown)),
+        Block("h2", "Where the predicted peak goes (memlab's GPT: the analytic formula; another family: the trace)"), Block("table", items=_breakdown_table(breakdown)),
         Block("h2", "Findings"), Block("list", items=findings(frame, breakdown, baseline)),
         Block("h2", "Figures"),
         *[Block("figure", title, [str(path.relative_to(out))]) for title, path in figures],
