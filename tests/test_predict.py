@@ -217,3 +217,16 @@ def test_the_replay_reads_a_compiled_steps_own_graphs_where_the_tracer_builds_th
     e, p = load_experiment(experiment), load_profile(profile)
     apply_overrides(e, p, sets)
     assert fake.reads_compiled_graphs(e, p) is reads
+
+
+def test_a_compiled_step_whose_tracing_child_fails_keeps_the_eager_figures_and_says_why(tmp_path, monkeypatch):
+    """A transformers model Dynamo splits, or an op Inductor cannot lower here: the prediction is the eager step's
+    (an upper bound), with a note, not a traceback."""
+    monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(inductor, "_run_child", lambda cmd: (1, "", "Traceback ...\nUnsupported: a graph break"))
+    inductor._remembered_events.cache_clear()
+    e, p = load_experiment("llama-tiny"), load_profile("compile")
+    got = predict(e, p, 2, card_for("80GiB"), use_cache=False)
+    assert any("tracing the compiled step failed: Unsupported: a graph break" in n for n in got.notes), got.notes
+    eager = fake.fake_estimate(e, p, vocab_size=analytic.vocab_for(e)[0], micro_batch=2)  # the eager step's tensors
+    assert got.allocated_bytes == eager.total_bytes > 0 and got.reserved_bytes is None

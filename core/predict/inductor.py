@@ -208,7 +208,7 @@ def children_output(requests: list[list[str]]) -> list[dict]:
     lines = out.strip().splitlines()
     if returncode != 0 or len(lines) < len(requests):
         tail = (err.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"tracing the compiled step failed: {tail}")
+        raise TraceFailed(f"tracing the compiled step failed: {tail}")
     return [json.loads(line) for line in lines[-len(requests):]]
 
 
@@ -227,7 +227,12 @@ def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
                     raise RuntimeError("tracing the compiled step stopped: the search was asked to stop") from None
         child.kill()
         child.communicate()
-        raise RuntimeError(f"tracing the compiled step took over {TRACE_TIMEOUT_S} s")
+        raise TraceFailed(f"tracing the compiled step took over {TRACE_TIMEOUT_S} s")
+
+
+class TraceFailed(MemlabError):
+    """The child tracing a compiled step failed or ran out of time (a model Dynamo splits, an op Inductor cannot
+    lower on the CPU): a prediction that replays it says so and keeps the eager step's figures."""
 
 
 def main(argv: list[str] | None = None) -> None:
