@@ -162,7 +162,7 @@ def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
                f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
-    checked = "hf" if family == "hf" and not r.compiled else "float8" if r.float8 else "compiled" if r.compiled else r.expandable_segments
+    checked = "hf" if family == "hf" else "float8" if r.float8 else "compiled" if r.compiled else r.expandable_segments
     typer.echo(f"  {REPLAY_CHECKED[checked]}")
 
 
