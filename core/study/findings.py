@@ -116,7 +116,7 @@ def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> 
         ckpt = _best(rows, base, lambda r: (r["checkpointing"] or "none") != "none")
         line += f" Saved activations are {pct:.0f}% of the peak: " + _what_moves_it("checkpointing and activation offload", ckpt, "checkpointing and activation offload move it.")
     elif top.startswith("weights"):
-        line += f" Weights, gradients and optimizer state are {pct:.0f}% of the peak: activation techniques cannot move it; a smaller optimizer state, optimizer offload or FSDP can."
+        line += f" Weights, gradients and optimizer state are {pct:.0f}% of the peak: activation techniques cannot move it; a smaller optimizer state, optimizer offload, FSDP or training fewer parameters (LoRA, freeze) can."
     return [line + _full_logits(est, rows, base)]
 
 
