@@ -240,7 +240,7 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
     try:
         return [by_shape[tuple(shape)].pop(0) for shape in shapes]
     except (KeyError, IndexError):
-        # e.g. a transformers model with a tied head: the compiled graph's gradients do not map onto its parameters
+        # the graphs were traced for another model than the step built: their gradients do not map onto its parameters
         raise ConfigError("the trace of the compiled step returns no gradient for a parameter of this model; predict it "
                           "without compile.enabled, or measure it with find-batch on a GPU") from None
 

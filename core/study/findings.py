@@ -109,7 +109,7 @@ def _where_the_peak_goes(est: Estimate, rows: list[dict], base: dict | None) -> 
     top, pct = shares[0]
     if top == "logits and loss":
         seq = rows[0]["seq_len"] if rows else "T"
-        chunked = _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
+        chunked = _chunked(rows, base)
         line += (f" The B×T×V logits (B={est.micro_batch}, T={seq}, V={est.vocab_size:,}) are {pct:.0f}% of the peak, so attention "
                  "kernels cannot move it; " + _what_moves_it("chunked cross-entropy", chunked, "chunked cross-entropy (loss.chunked = true) would."))
     elif top == "saved activations":
@@ -127,10 +127,15 @@ def _full_logits(est: Estimate, rows: list[dict], base: dict | None) -> str:
     if est.method != "fake" or row is None or row.get("loss_kernel") != "full logits" or not est.total_bytes:
         return ""
     logits = est.micro_batch * row["seq_len"] * est.vocab_size * 4
-    chunked = _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
+    chunked = _chunked(rows, base)
     return (f" One fp32 copy of the B×T×V logits (B={est.micro_batch}, T={row['seq_len']}, V={est.vocab_size:,}; the loss "
             f"upcasts them) is {gib(logits)}, {100 * logits / est.total_bytes:.0f}% of the peak, among the activations and "
             "temporaries: " + _what_moves_it("chunked cross-entropy", chunked, "chunked cross-entropy (loss.chunked = true) would drop it."))
+
+
+def _chunked(rows: list[dict], base: dict | None) -> tuple[str, float] | None:
+    """The chunked-loss row that saved most (_best), for the clauses on what moves the logits."""
+    return _best(rows, base, lambda r: r["profile"] == "chunked_ce" or "chunk" in (r["profile"] or ""))
 
 
 def _what_moves_it(technique: str, best: tuple[str, float] | None, untried: str) -> str:
