@@ -254,3 +254,27 @@ def test_a_pretrained_checkpoint_starts_from_its_own_perplexity(tmp_path):
     random_init = val_after_one_tiny_step([])
     pretrained = val_after_one_tiny_step(['model.source="%s"' % tmp_path, "data.tokenizer=\"bpe:512\""])
     assert pretrained < random_init - 1.0, (pretrained, random_init)
+
+
+def test_the_attention_kernel_gets_q_k_v_in_one_dtype_under_autocast(monkeypatch):
+    """Llama's rotary embedding hands q and k over in fp32 beside a bf16 v under autocast: flash-attn asserts one
+    dtype (SDPA casts itself), so the registry's function casts them to the autocast dtype first."""
+    from memlab.core.models import hf_attention
+
+    seen = []
+
+    class Recording:
+        accepts_gqa, window = True, 0
+
+        def __call__(self, q, k, v, dropout_p=0.0):
+            seen.append((q.dtype, k.dtype, v.dtype))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    step = build_step(llama_tiny(), load_profile("bf16"), CPU, 1024)
+    for module in step.model.modules():
+        if hasattr(module, hf_attention.KERNEL_ATTR):
+            monkeypatch.setattr(module, hf_attention.KERNEL_ATTR, Recording())
+    x = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1))
+    with step.autocast():
+        step.train_model(x, torch.roll(x, -1, 1)).backward()
+    assert seen and set(seen) == {(torch.bfloat16,) * 3}

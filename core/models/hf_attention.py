@@ -57,10 +57,21 @@ def memlab_attention(module, query, key, value, attention_mask, dropout: float =
         return out.transpose(1, 2).contiguous(), None
     if scaling is not None and not math.isclose(scaling, default_scale, rel_tol=1e-6):
         query = query * (scaling / default_scale)  # the kernel scales by 1/sqrt(hs): the layer's own scale folded in
+    query, key, value = _one_dtype(query, key, value)
     if not getattr(kernel, "accepts_gqa", False):
         key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     out = kernel(query, key, value, dropout_p=dropout)  # (B, nh, T, hs)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _one_dtype(q, k, v):
+    """q, k and v in one dtype. Under autocast a layer's rotary embedding (fp32 cos and sin against the fp32 residual
+    stream) hands q and k over in fp32 beside a bf16 v; SDPA casts them itself under autocast, flash-attn asserts."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else v.dtype
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def no_mask(*args, **kwargs):
