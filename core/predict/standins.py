@@ -16,8 +16,8 @@ host memory or in CUDA unified memory is not on the allocator's books, so it is 
     base       finetune.base = nf4            bitsandbytes 0.50.2 nn/modules.py (Linear4bit, Params4bit with
                                               compress_statistics), autograd/_functions.py (MatMul4Bit: saves no
                                               input, dequantizes the weight to bf16 in forward and backward);
-                                              peft 0.21 tuners/lora/bnb.py (Linear4bit.forward: the base output
-                                              cloned, no input cast under autocast)
+                                              the adapters peft's lora.Linear over it (not lora/bnb.py's
+                                              Linear4bit: the model has no is_loaded_in_4bit)
     offload    checkpointing.offload          torch.autograd.graph.save_on_cpu: every saved tensor to the host,
                                               back to the device (a new tensor) when backward unpacks it
                offload_overlap                memlab.core.offload.OverlapOffload itself, with copies that
@@ -135,10 +135,11 @@ NF4_NESTED_BLOCK = 256  # absmaxes per second-level scale (compress_statistics)
 
 
 def quantized_base(model: torch.nn.Module) -> None:
-    """Every adapted Linear's bf16 base swapped for what bitsandbytes keeps of it in NF4, and the adapted layer run
-    as peft runs one over a 4-bit base. The bf16 weights are freed here, as the real quantization frees them."""
-    import types
-
+    """Every adapted Linear's bf16 base swapped for what bitsandbytes keeps of it in NF4; the adapter layer stays
+    peft's lora.Linear, as it is over the real 4-bit base (memlab quantizes a built model, which has no
+    `is_loaded_in_4bit`, so peft wraps bitsandbytes' Linear4bit as any Linear: no clone of the base output, the input
+    cast to the adapters' fp32 under autocast too; the H200's allocator trace of Llama-3.1-8B's qlora_gradcp step
+    shows both). The bf16 weights are freed here, as the real quantization frees them."""
     for module in list(model.modules()):
         base = getattr(module, "base_layer", None)
         if isinstance(base, torch.nn.Linear) and hasattr(module, "lora_A"):
@@ -146,7 +147,6 @@ def quantized_base(model: torch.nn.Module) -> None:
                 raise MemlabError("the NF4 stand-in does not model DoRA over a 4-bit base (its weight norm "
                                   "dequantizes the whole weight); predict dora over base = bf16")
             module.base_layer = NF4Linear(base)
-            module.forward = types.MethodType(_lora_over_4bit_forward, module)
 
 
 class NF4Linear(torch.nn.Module):
@@ -185,21 +185,6 @@ class _Dequantized(torch.autograd.Function):
 
 def _dequantize(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return torch.empty(rows, cols, dtype=torch.bfloat16, device=packed.device)
-
-
-def _lora_over_4bit_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """peft's LoRA Linear4bit.forward, plain LoRA: the base output cloned, the input cast to the adapters' dtype
-    only outside autocast."""
-    result = self.base_layer(x, *args, **kwargs).clone()
-    for name in self.active_adapters:
-        if name not in self.lora_A:
-            continue
-        lora_A, lora_B = self.lora_A[name], self.lora_B[name]
-        cast = not torch.is_autocast_enabled()
-        inp = x.to(lora_A.weight.dtype) if cast else x
-        output = lora_B(lora_A(self.lora_dropout[name](inp))) * self.scaling[name]
-        result = result + (output.to(result.dtype) if cast else output)
-    return result
 
 
 # ---------------------------------------------------------------------------------------------- optimizers
