@@ -233,8 +233,8 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
 
     budget = 1000
     tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
-    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped, traces:
-                        micro_batch <= 30 if budget_bytes == budget else micro_batch in tight_fits)
+    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped, traces, margin:
+                        micro_batch <= 30 if budget_bytes == budget and not margin else micro_batch in tight_fits)
     args = dict(vocab_size=8, budget_bytes=budget, start=16)
     assert allocation_trace.replayed_max_batch(None, None, **args) == 30
     assert allocation_trace.replayed_max_batch(None, None, **{**args, "budget_bytes": int(budget * 0.97)}) == 25
@@ -242,6 +242,20 @@ def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again
     assert stepped == 27 and stepped in tight_fits  # bisection above the floor (27): a fit, at most the whole's
     assert allocation_trace.stepped_down(lambda b: b <= 12, 30, 27) == 12  # the floor does not fit: halving below it
     assert allocation_trace.stepped_down(lambda b: False, 30, 27) == 0
+
+
+def test_the_margin_is_a_share_of_what_the_steps_add_to_the_built_models_reserve():
+    """A 60 MiB model, then a step that adds 30 MiB: under a 95 MiB budget, a 10% margin leaves 3 MiB free (fits),
+    20% leaves 6 (does not); a share of the whole budget (9.5 MiB) would refuse both."""
+    from memlab.core.predict.allocator import STEPS
+    from memlab.core.predict.trace import trace_fits
+
+    MiB = 2**20
+    trace = [("alloc", "weights", 60 * MiB, ""), (STEPS, None, 0, ""), ("alloc", "activations", 30 * MiB, ""),
+             ("free", "activations", 0, "")]
+    assert trace_fits(trace, 95 * MiB, False) and trace_fits(trace, 95 * MiB, False, margin=0.1)
+    assert not trace_fits(trace, 95 * MiB, False, margin=0.2)
+    assert not trace_fits(trace, 89 * MiB, False)
 
 
 @pytest.mark.parametrize("profile, found", [("bf16", 24), ("gradcp_bf16", 68), ("baseline", 8)])

@@ -108,6 +108,7 @@ class Allocator:
     allocated: int = 0
     peak_allocated: int = 0
     retries: int = 0
+    steps_reserved: int = 0  # the reserve where the steps began (STEPS): the built model's segments
     _segments: int = 0
     _live: dict = field(default_factory=dict)  # id -> Block
     _pools: dict = field(default_factory=lambda: {True: [], False: []})  # small? -> free mapped blocks sorted by key
@@ -365,6 +366,10 @@ class GraphedAllocator:
     def retries(self) -> int:
         return sum(a.retries for a in self._pools())
 
+    @property
+    def steps_reserved(self) -> int:
+        return self.main.steps_reserved
+
 
 def replay(events: list[tuple], cap: int | None = None, expandable: bool = False) -> Allocator | GraphedAllocator:
     """Run ("alloc", id, bytes, ...) / ("free", id, ...) events through the model, with expandable segments or
@@ -387,6 +392,7 @@ def replayed(model: Allocator, event: tuple) -> None:
         model.malloc(ident, nbytes)
     elif action == STEPS:  # the meters' torch.cuda.reset_peak_memory_stats(): the peaks are the steps' own
         model.peak_allocated, model.peak_reserved = model.allocated, model.reserved
+        model.steps_reserved = model.reserved
     elif action == EMPTY_CACHE:
         model._release_cached()
     elif action != PHASE:

@@ -3,7 +3,8 @@ micro-batch at that sequence, and the longest sequence at micro-batch 1 (`memlab
 
 "Fits" is the allocator replay's verdict (memlab.core.predict.trace.trace_fits): the step's fake trace, replayed
 through CUDA's caching allocator, stays within the card's allocator budget (the card less the CUDA context,
-libraries and driver reserve) less REPLAY_MARGIN, without an allocator retry; the answer's next smaller size must fit
+libraries and driver reserve) with REPLAY_MARGIN of what the step adds to the built model's reserve left free,
+without an allocator retry; the answer's next smaller size must fit
 too. A search starts from a guess: the step's tensors are affine in the micro-batch and, with a fused attention
 kernel, in the sequence, so two traces of a shallow copy of the model (memlab.core.predict.depth) put the tensors'
 peak against the budget times the share of the reserve the tensors held at the experiment's own shape; full traces
@@ -142,7 +143,8 @@ class _Axis:
     def __init__(self, shaped: Callable[[int], tuple[Experiment, int]], profile: Profile, vocab: int,
                  card: Card, traces: dict[tuple[int, int], list] | None = None) -> None:
         self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
-        self.budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
+        self.budget = card.budget_bytes
+        self.room = int(card.budget_bytes * (1 - REPLAY_MARGIN))  # what the guesses aim at (the verdicts: trace_fits)
         self._traces = traces if traces is not None else {}  # by (sequence, micro-batch)
 
     def trace(self, size: int) -> list:
@@ -162,8 +164,8 @@ class _Axis:
 
     def fits(self, size: int) -> bool:
         if float8_untraced(self.profile):
-            return self.peaks(size)[1] <= self.budget
-        return trace_fits(self.trace(size), self.budget, self.profile.allocator.expandable_segments)
+            return self.peaks(size)[1] <= self.room
+        return trace_fits(self.trace(size), self.budget, self.profile.allocator.expandable_segments, REPLAY_MARGIN)
 
     def tensors(self, size: int) -> int:
         """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
@@ -177,9 +179,9 @@ class _Axis:
         """The largest size that fits, searched from a guess: the tensors' line through x0 and 2 x0 against the
         budget times `share`, moved along the reserve's line through x0 and that guess (the reserve's waste grows
         with the size too: the logits' blocks)."""
-        guess = min(_affine_guess(self.tensors, x0, 2 * x0, int(self.budget * share)), limit)
+        guess = min(_affine_guess(self.tensors, x0, 2 * x0, int(self.room * share)), limit)
         if guess > x0:
-            guess = min(_affine_guess(lambda x: self.peaks(x)[1], x0, guess, self.budget), limit)
+            guess = min(_affine_guess(lambda x: self.peaks(x)[1], x0, guess, self.room), limit)
         return largest_near(self.fits, guess, limit, confirm=1)
 
 

@@ -16,10 +16,10 @@ from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_pos
 from memlab.core.predict.search import LIMIT, largest_multiple
 from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, replayed_max_batch
 
-# The share of the allocator budget the replayed max batch leaves free (trace.replayed_max_batch's margin). At the
-# batches find-batch found, the replay reserved up to 1.9% less than the H100 (act_offload on the wide held-out
-# shape, 22.22 for 22.64 GiB at 136, every tensor right: bench/results/prediction-check/heldout-3/), enough to put
-# its figure one to three above.
+# The share of what a step adds to the built model's reserve that the replayed max batch leaves free
+# (trace.trace_fits). At the batches find-batch found, the replay reserved up to 1.9% less than the H100
+# (act_offload on the wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right:
+# bench/results/prediction-check/heldout-3/), enough to put its figure one to three above.
 REPLAY_MARGIN = 0.03
 SEQ_GRANULE = 64
 NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)

@@ -299,8 +299,9 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     so the traces come off lines through three (trace_lines.StepTraces) where the step's sizes are affine in the
     micro-batch, and the batches that decided the answer are traced for real (a second search on real traces if
     the lines were wrong there).
-    With `margin`, that answer then steps down to the largest batch whose trace also fits under the budget less that
-    share (headroom for what the replay misses in the reserve): one more trace where the answer has that headroom
+    With `margin`, that answer then steps down to the largest batch whose trace also fits with that share of what
+    the step adds to the built model's reserve left free (trace_fits: headroom for what the replay misses in the
+    reserve): one more trace where the answer has that headroom
     already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
     lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes).
     `should_stop`: asked before each trace and within it every STOP_EVERY ops; SearchStopped when it says so."""
@@ -324,16 +325,15 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
     traces = StepTraces(traced)
 
-    def fits(b: int, budget: int = budget_bytes) -> bool:
-        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget, capped=capped,
-                             traces=traces)
+    def fits(b: int, share: float = 0.0) -> bool:
+        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget_bytes,
+                             capped=capped, traces=traces, margin=share)
 
     def searched() -> tuple[int, int]:
         best = largest_fitting(fits, start, limit, confirm=CONFIRM_BELOW)
         if not margin or not best:
             return best, best
-        tight = int(budget_bytes * (1 - margin))
-        return best, stepped_down(lambda b: fits(b, tight), best, max(1, int(best * (1 - 3 * margin))))  # from 3 margins below
+        return best, stepped_down(lambda b: fits(b, margin), best, max(1, int(best * (1 - 3 * margin))))  # from 3 margins below
 
     # The batches that decided the answer, traced for real: where the lines were wrong there, search again (lines
     # through larger batches, then, after a second failure, real traces only).
@@ -355,29 +355,36 @@ def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
 
 
 def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int,
-                  capped: bool = False, traces: StepTraces | None = None) -> bool:
+                  capped: bool = False, traces: StepTraces | None = None, margin: float = 0.0) -> bool:
     """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
     allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
     find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
     replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41;
     without, 39 and 42, and three of the sixteen H100 searches of bench/allocator_replay.py
     move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
-    `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace."""
+    `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace. `margin`: trace_fits'."""
     expandable = profile.allocator.expandable_segments
-    if float8_untraced(profile):
-        return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)[1] <= budget_bytes
+    if float8_untraced(profile):  # no trace to tell the built model's reserve from the step's: the whole budget's share
+        peaks = float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+        return peaks[1] <= budget_bytes * (1 - margin)
     trace = traces.at(micro_batch) if traces is not None else step_trace(
         experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-    return trace_fits(trace, budget_bytes, expandable)
+    return trace_fits(trace, budget_bytes, expandable, margin)
 
 
-def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool) -> bool:
-    """The replay's verdict on one trace under an allocator budget: no out of memory, no allocator retry."""
+def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool, margin: float = 0.0) -> bool:
+    """The replay's verdict on one trace under an allocator budget: no out of memory, no allocator retry, and with
+    `margin` that share of what the steps add to the built model's reserve still free. The built model (weights,
+    a frozen or quantized base) is laid out exactly; what the replay can miss (a library's temporaries, the
+    fragmentation of the step's own blocks) comes with the step, so the headroom scales with the step, not the card:
+    Llama-3.1-8B's lora_gradcp reserves 15 GiB of weights before its first step, and 3% of a 24 GiB card cost it
+    six 64-token steps of its longest sequence (bench/results/fit-8b-h200/NOTE.md)."""
     try:
         model = replay(trace, budget_bytes, expandable=expandable)
     except OutOfMemory:
         return False
-    return model.retries == 0
+    grown = model.peak_reserved - model.steps_reserved
+    return model.retries == 0 and model.peak_reserved + margin * grown <= budget_bytes
 
 
 # float8_peaks: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every

@@ -213,7 +213,8 @@ def header(exp: Experiment, card: Card, micro: int) -> str:
     return (f"{what} on {card.where}: {gib(card.budget_bytes)} for the allocator after the CUDA context. "
             f"peak: the step's tensors at micro-batch {micro} x {m.seq_len} tokens (reserved: the allocator's reserve); "
             f"each profile's own optimizer and precision (memlab profiles); trainable: the parameters it updates; fits: the allocator replay's reserve within "
-            f"the budget less {REPLAY_MARGIN:.0%}, without an allocator retry; max_batch: the largest micro-batch at "
+            f"the budget; max_batch and longest_seq: the largest that replay without an allocator retry with "
+            f"{REPLAY_MARGIN:.0%} of what the step adds to the built model's reserve left free; max_batch at "
             f"{m.seq_len} tokens; longest_seq: the longest sequence at micro-batch 1 (a multiple of 64); 0: not even "
             f"the smallest fits")
 
