@@ -177,12 +177,11 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
                 "Float8Linear in the graphs: on the H100 none of six searches above find-batch's, the five that finished within 5.1% as traced "
                 "under the run's torch (a trace by another torch release can differ: -23% "
                 "on the seq-8192 shape traced by torch 2.13)",
-    "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's lora, lora_gradcp, qlora, qlora_gradcp, dora "
-          "and gradcp_bf16 within 0.01%, bf16, sac_ops and Qwen2.5-1.5B's within +2.7% (bench/results/hf-h100/predicted.md); "
-          "memlab fit's max batch exact in 6 H100 searches, its longest sequence -12.5% to +0.9% (bench/results/fit-h100); "
-          "a compiled step from its own graphs, +3.4% and +3.6% (a compiled LoRA step -0.0%), max batch under 24 GiB on an "
-          "H200 none above, 8 of 10 exact "
-          "(bench/results/hf-heldout-h200)",
+    "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's lora, lora_gradcp, qlora, qlora_gradcp, dora, "
+          "bf16, chunked_ce and gradcp_bf16 within 0.1%, sac_ops and Qwen2.5-1.5B's within +1.6%, compiled steps from their own "
+          "graphs -0.1% to +0.0% (bench/results/hf-h100/predicted.md); memlab fit's max batch exact in 8 GPU searches, its "
+          "longest sequence -4.4% to 0.0% (bench/results/fit-8b-h200, fit-heldout-h200: Qwen2.5-1.5B held out, -3.0% and "
+          "-2.8%); max batch under 24 GiB on an H200 none above, 8 of 10 exact (bench/results/hf-heldout-h200)",
     "float8": "float8's compiled step is not traced without torchao installed here: its tensors from the analytic estimate, counted "
               "5% high, plus what the replay of the same step without float8 reserves beyond its tensors; it errs low (max batch 203 "
               "for find-batch's 217 on a logits-heavy shape, 99 for 106 on a 2048-wide one, 384 for 408 on the seeds' shape); "
