@@ -458,7 +458,7 @@ def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(m
     if torch_release() != "2.13.0":
         pytest.skip("the table's events are torch 2.13's")
     monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
-    compile_budget_model._remembered_events.cache_clear()
+    compile_budget_model.step_events.cache_clear()
     experiment = load_experiment("tiny")
     compiled = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
     eager = replay(allocation_trace.step_trace(experiment, load_profile("bf16"), vocab_size=512, micro_batch=8))
@@ -688,7 +688,7 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     if torch_release() != "2.13.0":
         pytest.skip("the table's events are torch 2.13's")
     monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
-    compile_budget_model._remembered_events.cache_clear()
+    compile_budget_model.step_events.cache_clear()
     experiment = load_experiment("tiny")
     shape = est.compiled_graph_shape(experiment, load_profile("float8"), 512)
     assert shape.float8 and '"torchao": "0.18.0"' in compile_budget_model._key(shape) and compile_budget_model._key(shape) in EVENTS

@@ -151,22 +151,24 @@ class BudgetTrace:
         return cls(Line(**d["saved"]), peaks(d["forward"]), peaks(d["backward"]))
 
 
-def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
-    """The compiled step's saved bytes and peaks at `micro_batch`, from the trace of `shape`: remembered (this process,
-    the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept in the cache folder)."""
-    return _remembered(shape).at(micro_batch)
-
-
 @functools.lru_cache(maxsize=64)
-def _remembered(shape: GraphShape) -> BudgetTrace:
+def budget_trace(shape: GraphShape) -> BudgetTrace:
+    """The compiled step's saved bytes and peaks at every micro-batch (`.at(b)`), from the trace of `shape`: remembered
+    (this process, the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept
+    in the cache folder)."""
+    return _known_or_traced(shape, BudgetTrace, TRACED, _BUDGET_CACHE)
 
+
+def _known_or_traced(shape: GraphShape, kind: type, table: dict, cache_name: str, *flags: str):
+    """`kind` (BudgetTrace or StepEvents) for `shape`: from the table made ahead or the cache folder, else traced in a
+    child (`flags`: its request's) and kept in the cache folder."""
     key = _key(shape)
-    known = TRACED.get(key) or _read_cache().get(key)
+    known = table.get(key) or _read_cache(cache_name).get(key)
     if known:
-        return BudgetTrace.from_json(known)
-    trace = _traced_in_child(shape)
-    _write_cache(key, trace)
-    return trace
+        return kind.from_json(known)
+    made = kind.from_json(_child_output(shape, *flags))
+    _write_cache(key, made, cache_name)
+    return made
 
 
 def shape_of(key: str) -> GraphShape:
@@ -190,10 +192,6 @@ def _key(shape: GraphShape) -> str:
         if not fields[field]:  # the key a shape had before the field
             del fields[field]
     return json.dumps(fields, sort_keys=True)
-
-
-def _traced_in_child(shape: GraphShape) -> BudgetTrace:
-    return BudgetTrace.from_json(_child_output(shape))
 
 
 def _child_output(shape: GraphShape, *flags: str) -> dict:
@@ -282,22 +280,11 @@ class StepEvents:
         return cls(lines(d["forward"]), lines(d["backward"]), d["loss"], gradients)
 
 
+@functools.lru_cache(maxsize=16)
 def step_events(shape: GraphShape) -> StepEvents:
     """The compiled step's events for `shape`: remembered (this process, compile_budget_traces.EVENTS, the cache
     folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
-    return _remembered_events(shape)
-
-
-@functools.lru_cache(maxsize=16)
-def _remembered_events(shape: GraphShape) -> StepEvents:
-
-    key = _key(shape)
-    known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
-    if known:
-        return StepEvents.from_json(known)
-    events = StepEvents.from_json(_child_output(shape, "--events"))
-    _write_cache(key, events, _EVENTS_CACHE)
-    return events
+    return _known_or_traced(shape, StepEvents, EVENTS, _EVENTS_CACHE, "--events")
 
 
 def _step_events_traced(shape: GraphShape) -> StepEvents:
