@@ -41,6 +41,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
+from memlab.core.predict.analytic import liger_chunk_rows
 
 @dataclass(frozen=True)
 class StandIns:
@@ -301,13 +302,6 @@ class PagedAdamW8bitState(_StateOnly):
 
 
 # ---------------------------------------------------------------------------------------------- fused losses
-
-
-def liger_chunk_rows(BT: int, V: int, H: int) -> int:
-    """fused_linear_cross_entropy_forward (chunk_mem_const 1): inc_factor = cdiv(V, H), chunk_size =
-    next_power_of_2(cdiv(BT, inc_factor)), at most BT."""
-    inc_factor = -(-V // H)
-    return min(1 << max(0, (-(-BT // inc_factor) - 1).bit_length()), BT)
 
 
 class LigerFusedLinearCE(torch.autograd.Function):
