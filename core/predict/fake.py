@@ -224,9 +224,10 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
     with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
-        kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
+        # the GPU's fused SDPA and dropout in place of the CPU's, which keep more (see _fused_sdpa and _fused_dropout)
+        kernels = (_fused_sdpa(torch, p, attention_backward), _fused_dropout(torch)) if gpu_kernels else ()
         stack.enter_context(swappable_fake_parameters())  # peft's adapters and bf16_pure convert fake parameters
-        for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
+        for mode in (FakeTensorMode(), _scalars(torch), *kernels, *watchers):
             stack.enter_context(mode)
         step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
@@ -244,14 +245,6 @@ def _scalars(torch: Any) -> Any:
             return func(*args, **(kwargs or {}))
 
     return Scalars()
-
-
-@contextlib.contextmanager
-def _gpu_kernels(torch: Any, p: Profile, attention_backward: str = "") -> Iterator[None]:
-    """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
-    step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
-    with _fused_sdpa(torch, p, attention_backward), _fused_dropout(torch):
-        yield
 
 
 def _fused_dropout(torch: Any) -> Any:
