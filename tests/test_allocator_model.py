@@ -136,7 +136,7 @@ def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypat
 
 
 def test_a_real_snapshots_trace_and_its_own_reserved_peak():
-    from memlab.core.predict.trace import snapshot_trace
+    snapshot_trace = bench_module("allocator_replay").snapshot_trace  # its one user's own reader
 
     snapshot = {"device_traces": [[
         {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},

@@ -11,8 +11,6 @@ storages are created and freed, in order, and how large.
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
-- `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
-  peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
   profile's allocator mode (allocator.expandable_segments), fits (fits_replayed says how: with expandable segments,
   only without an allocator retry); `replay_for_card`: that and the reserved memory at one micro-batch, for
@@ -25,7 +23,6 @@ import contextlib
 import sys
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from memlab.core import stopping
@@ -51,37 +48,6 @@ Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, 
 # replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
 # large step takes seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside)
 STOP_EVERY = 256
-
-
-def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[Event], int]:
-    """The (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
-    allocations less segment frees, from the start of the recording)."""
-    traces = snapshot.get("device_traces") or []
-    events, reserved, peak, serial = [], 0, 0, 0
-    live: dict[int, int] = {}  # address -> the id of the allocation there now
-    for ev in traces[device] if device < len(traces) else []:
-        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size") or 0)
-        if action == "alloc":
-            serial += 1
-            live[addr] = serial
-            events.append(("alloc", serial, size, _frame(ev.get("frames") or [])))
-        elif action == "free_completed" and addr in live:
-            events.append(("free", live.pop(addr), 0, ""))
-        elif action in ("segment_alloc", "segment_map"):
-            reserved += size
-            peak = max(peak, reserved)
-        elif action in ("segment_free", "segment_unmap"):
-            reserved -= size
-    return events, peak
-
-
-def _frame(frames: list[dict]) -> str:
-    """The innermost Python frame of an allocation that is memlab's or torch.nn's: where in the step it happened."""
-    for f in frames:
-        name = str(f.get("filename", ""))
-        if "memlab" in name or "/core/" in name or "torch/nn" in name:
-            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
-    return ""
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
