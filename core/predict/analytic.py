@@ -39,8 +39,6 @@ from memlab.core.units import gib, parse_size
 from memlab.core.predict.inductor import GraphShape, budget_trace
 from memlab.core.predict.search import LIMIT, largest_fitting
 
-MIB = 1024**2
-
 # ---------------------------------------------------------------------------------------------- measured constants
 
 # Bytes the CUDA caching allocator reports as allocated beyond the tensors counted here (cuBLAS / cuBLASLt
@@ -285,7 +283,6 @@ class _Precision:
     # bytes of the model's own dtype: its parameters and gradients, the residual stream (the blocks' inputs, LayerNorm
     # in and out, the residual's gradient): fp32 even under autocast, bf16 under bf16_pure
     r: int = 4
-
 
     @property
     def w(self) -> int:

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ class Sms:
 
     @classmethod
     def of_this_device(cls) -> Sms:
-        import torch
-
         if not torch.cuda.is_available():
             return cls()
         props = torch.cuda.get_device_properties(torch.cuda.current_device())

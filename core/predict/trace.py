@@ -25,6 +25,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import torch
 from memlab.core import stopping
 from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
@@ -81,9 +82,6 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
-    import torch
-
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = profile.cuda_graph.enabled
     attention_backward = attention_backward_kernel(profile)  # before the stand-ins rename the kernel
@@ -131,7 +129,6 @@ def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
 def _model_construction(events: list[Event], window: list[int]) -> Iterator[None]:
     """Fills `window` with the events GPT(...) appends while it is built: [first, past the last]."""
     from unittest import mock
-
 
     init = GPT.__init__
 
@@ -423,8 +420,6 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
 def traced_by(profile: Profile) -> str:
     """The releases whose code decided the trace: torch's (its fake kernels, and a compiled step's partitioner and
     Inductor buffer plan), and torchao's where its Float8Linear is in the graphs."""
-    import torch
-
     releases = f"torch {torch.__version__}"
     if profile.compile.enabled and profile.kernels.float8 and not float8_untraced(profile):
         import torchao
@@ -614,8 +609,6 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). Every H100
     trace checked has them at these sizes; adding them changed none of the replayed peaks
     checked there. cub's own temporaries (under 1 MiB there) are left out."""
-    import torch
-
     if func is not torch.ops.aten.embedding_dense_backward.default:
         return None
     grad, indices, vocabulary, scaled = args[0], args[1], int(args[2]), bool(args[4]) if len(args) > 4 else False
