@@ -42,6 +42,7 @@ from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
 from memlab.core.predict.analytic import liger_chunk_rows
+from memlab.core.predict.cuda_temporaries import div_up
 
 @dataclass(frozen=True)
 class StandIns:
@@ -158,10 +159,10 @@ class NF4Linear(torch.nn.Module):
         super().__init__()
         n, device = linear.weight.numel(), linear.weight.device
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        blocks = _cdiv(n, NF4_BLOCK)
-        self.weight = torch.nn.Parameter(torch.empty(_cdiv(n, 2), 1, dtype=torch.uint8, device=device), requires_grad=False)
+        blocks = div_up(n, NF4_BLOCK)
+        self.weight = torch.nn.Parameter(torch.empty(div_up(n, 2), 1, dtype=torch.uint8, device=device), requires_grad=False)
         self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
-        self.register_buffer("absmax_scale", torch.empty(_cdiv(blocks, NF4_NESTED_BLOCK), dtype=torch.float32, device=device))
+        self.register_buffer("absmax_scale", torch.empty(div_up(blocks, NF4_NESTED_BLOCK), dtype=torch.float32, device=device))
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -349,10 +350,6 @@ def liger_fused_linear_cross_entropy(inp: torch.Tensor, weight: torch.Tensor, ta
     return LigerFusedLinearCE.apply(inp, weight, target, ignore_index)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class CutCrossEntropy(torch.autograd.Function):
     """cut-cross-entropy 25.1.1 LinearCrossEntropyFunction (impl cce, filter_eps None, reduction mean, no ignored
     targets), its device allocations in order. Forward: cce_lse_forward_kernel's lse (fp32, B) and locks (uint32,
@@ -365,7 +362,7 @@ class CutCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, e: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         B = e.shape[0]
         lse = torch.full((B,), -float("inf"), dtype=torch.float32, device=e.device)
-        locks = torch.zeros(_cdiv(B, 128), dtype=torch.int32, device=e.device)  # uint32 in the library: same bytes
+        locks = torch.zeros(div_up(B, 128), dtype=torch.int32, device=e.device)  # uint32 in the library: same bytes
         neg_dot = torch.zeros(B, dtype=torch.float32, device=e.device)
         loss = neg_dot.add_(lse).mean()
         del locks, neg_dot
@@ -377,9 +374,9 @@ class CutCrossEntropy(torch.autograd.Function):
         e, c, _ = ctx.saved_tensors
         de = torch.zeros_like(e)
         dc = torch.zeros_like(c, dtype=e.dtype)
-        n = _cdiv(c.shape[1], 64)
-        de_locks = torch.zeros(_cdiv(e.shape[0], n), n, dtype=torch.int32, device=e.device)
-        dc_locks = torch.zeros(_cdiv(c.shape[0], n), n, dtype=torch.int32, device=e.device)
+        n = div_up(c.shape[1], 64)
+        de_locks = torch.zeros(div_up(e.shape[0], n), n, dtype=torch.int32, device=e.device)
+        dc_locks = torch.zeros(div_up(c.shape[0], n), n, dtype=torch.int32, device=e.device)
         del de_locks, dc_locks
         return de, dc
 
