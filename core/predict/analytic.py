@@ -1114,7 +1114,6 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
     if experiment.model.vocab_size:
         return experiment.model.vocab_size, "model.vocab_size"
     try:
-
         _, spec, name = cache_entry(experiment.data)
         meta = cache_mod.read_meta(cache_mod.tokens_dir() / name)
         if meta is not None:

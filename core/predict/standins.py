@@ -94,13 +94,11 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> bool:
     if standins.optimizer is not None:
         step.optimizer = _optimizer(standins.optimizer, step.optimizer.param_groups)
     if standins.loss is not None:
-
         kernel = liger_fused_linear_cross_entropy if standins.loss == "liger" else cce_linear_cross_entropy
         step.model.loss_kernel = head_loss(standins.loss, compute_dtype, kernel=kernel)
     if standins.offload == "sync":
         step.offload = save_on_host
     elif standins.offload == "overlap":
-
         overlap = OverlapOffload(DeviceSideCopies())
         overlap.install(list(step.model.blocks), step.model.final_norm)  # as techniques.act_offload.apply does
         step.offload = overlap.forward

@@ -270,7 +270,6 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     start = max(1, start)
 
     def traced(b: int) -> list:
-
         # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
         with FAKE_STEP_LOCK, stopping.asking(should_stop):
             if stopping.asked():
@@ -457,7 +456,6 @@ class _TraceBook:
     go), the cuBLAS workspaces made so far, and the blocks a kernel makes and holds inside itself."""
 
     def __init__(self, torch: Any, events: list[Event]) -> None:
-
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         self.torch, self.events = torch, events
         self.workspace_bytes = cublas_workspace_bytes(capability)
@@ -635,7 +633,6 @@ def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
 
 
 def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
-
     return sum_staging_bytes(shape, list(dims), double, sms)
 
 
