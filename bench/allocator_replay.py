@@ -131,7 +131,6 @@ import pickle
 from pathlib import Path
 
 from memlab.core.predict.trace import fake_trace as _trace_of
-from memlab.core.predict.trace import snapshot_trace
 from memlab.core.predict.allocator import OutOfMemory, replay
 
 GIB = 2**30
@@ -154,6 +153,37 @@ def fake_trace(experiment_name: str, profile_name: str, micro_batch: int, overri
         return step_trace(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch, capped=False)
     return _trace_of(experiment, profile, vocab_size=vocab_for(experiment)[0], micro_batch=micro_batch,
                      gpu_kernels=gpu_kernels)
+
+
+def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[tuple], int]:
+    """A real trace, from `memlab run --memory-snapshot` on a GPU: the (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
+    allocations less segment frees, from the start of the recording)."""
+    traces = snapshot.get("device_traces") or []
+    events, reserved, peak, serial = [], 0, 0, 0
+    live: dict[int, int] = {}  # address -> the id of the allocation there now
+    for ev in traces[device] if device < len(traces) else []:
+        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size") or 0)
+        if action == "alloc":
+            serial += 1
+            live[addr] = serial
+            events.append(("alloc", serial, size, _frame(ev.get("frames") or [])))
+        elif action == "free_completed" and addr in live:
+            events.append(("free", live.pop(addr), 0, ""))
+        elif action in ("segment_alloc", "segment_map"):
+            reserved += size
+            peak = max(peak, reserved)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+    return events, peak
+
+
+def _frame(frames: list[dict]) -> str:
+    """The innermost Python frame of an allocation that is memlab's or torch.nn's: where in the step it happened."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if "memlab" in name or "/core/" in name or "torch/nn" in name:
+            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
+    return ""
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "gpu"  # the GPU runs and logs these checks read

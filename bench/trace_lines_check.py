@@ -1,7 +1,7 @@
 """The allocator replay's max-batch search with its traces off lines in the micro-batch (core/trace_lines.py) against
 the same search tracing the step at every batch it asks about: the answer, the traces each took, and the time. Run
 where find-batch predicts (on the GPU: its torch, its device's fake kernels and SM count), as find-batch asks
-(maxbatch.replay_search: a 24 GiB card under --gpu-memory's cap, from half the analytic figure, its margin).
+(maxbatch._replayed_max_batch: a 24 GiB card under --gpu-memory's cap, from half the analytic figure, its margin).
 
     python3 bench/trace_lines_check.py --out FILE [--jobs 8] [EXPERIMENT:PROFILE[:expandable] ...]
 """
@@ -44,7 +44,8 @@ def searched(case: str, lines: bool) -> tuple[int | str, int, float]:
         trace_lines.StepTraces.fit = lambda self, batches: False
     t = time.monotonic()
     try:  # as the prediction asks, without its silence on a failure
-        answer = maxbatch.replay_search(experiment, profile, vocab, CARD - card.context_bytes_here(), near, capped=True)
+        answer = allocation_trace.replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=CARD - card.context_bytes_here(),
+                                                     start=max(1, near // 2), margin=maxbatch.REPLAY_MARGIN, capped=True)
     except Exception as e:  # noqa: BLE001
         answer = f"{e.__class__.__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     return answer, len(traced), time.monotonic() - t

@@ -136,7 +136,7 @@ def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypat
 
 
 def test_a_real_snapshots_trace_and_its_own_reserved_peak():
-    from memlab.core.predict.trace import snapshot_trace
+    snapshot_trace = bench_module("allocator_replay").snapshot_trace  # its one user's own reader
 
     snapshot = {"device_traces": [[
         {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},
@@ -472,7 +472,7 @@ def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(m
     if torch_release() != "2.13.0":
         pytest.skip("the table's events are torch 2.13's")
     monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
-    compile_budget_model._remembered_events.cache_clear()
+    compile_budget_model.step_events.cache_clear()
     experiment = load_experiment("tiny")
     compiled = replay(allocation_trace.step_trace(experiment, load_profile("compile"), vocab_size=512, micro_batch=8))
     eager = replay(allocation_trace.step_trace(experiment, load_profile("bf16"), vocab_size=512, micro_batch=8))
@@ -702,7 +702,7 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     if torch_release() != "2.13.0":
         pytest.skip("the table's events are torch 2.13's")
     monkeypatch.setattr(compile_budget_model, "_child_output", lambda *a: pytest.fail("traced"))
-    compile_budget_model._remembered_events.cache_clear()
+    compile_budget_model.step_events.cache_clear()
     experiment = load_experiment("tiny")
     shape = est.compiled_graph_shape(experiment, load_profile("float8"), 512)
     assert shape.float8 and '"torchao": "0.18.0"' in compile_budget_model._key(shape) and compile_budget_model._key(shape) in EVENTS

@@ -224,7 +224,7 @@ def test_a_compiled_step_whose_tracing_child_fails_keeps_the_eager_figures_and_s
     (an upper bound), with a note, not a traceback."""
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(inductor, "_run_child", lambda cmd: (1, "", "Traceback ...\nUnsupported: a graph break"))
-    inductor._remembered_events.cache_clear()
+    inductor.step_events.cache_clear()
     e, p = load_experiment("llama-tiny"), load_profile("compile")
     got = predict(e, p, 2, card_for("80GiB"), use_cache=False)
     assert any("tracing the compiled step failed: Unsupported: a graph break" in n for n in got.notes), got.notes

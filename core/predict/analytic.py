@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from memlab.core.attention import declared, effective_window
 from memlab.core.config import Experiment, Profile, to_dict
@@ -35,12 +34,10 @@ from memlab.core.data import cache as cache_mod
 from memlab.core.data.tokens import cache_entry
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.offload import MIN_BYTES
-from memlab.core.predict.calibration import CALIBRATION, DEVICES
+from memlab.core.predict.calibration import CALIBRATION
 from memlab.core.units import gib, parse_size
-from memlab.core.predict.inductor import GraphShape, budget_peaks
+from memlab.core.predict.inductor import GraphShape, budget_trace
 from memlab.core.predict.search import LIMIT, largest_fitting
-
-MIB = 1024**2
 
 # ---------------------------------------------------------------------------------------------- measured constants
 
@@ -50,7 +47,6 @@ MIB = 1024**2
 # (memlab.core.predict.calibration). A GPU with another reserve takes its own in its place (card.context_bytes_here).
 WORKSPACE_BYTES: dict[str, int] = {"default": CALIBRATION.workspace_bytes}
 CUDA_CONTEXT_BYTES = CALIBRATION.cuda_context_bytes
-H100_DRIVER_RESERVE_BYTES = DEVICES[CALIBRATION.gpu].driver_reserve_bytes
 
 
 def card_size(text: str) -> int:
@@ -98,26 +94,6 @@ class Estimate:
     @property
     def total_bytes(self) -> int:
         return sum(self.components.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "method": self.method,
-            "profile": self.profile,
-            "experiment": self.experiment,
-            "micro_batch": self.micro_batch,
-            "accumulation": self.accumulation,
-            "vocab_size": self.vocab_size,
-            "params": self.params,
-            "peak_phase": self.peak_phase,
-        }
-        out.update({f"{k}_bytes": v for k, v in self.components.items()})
-        out["total_bytes"] = self.total_bytes
-        out["phases_bytes"] = dict(self.phases)
-        out["notes"] = list(self.notes)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 # ---------------------------------------------------------------------------------------------- shapes
@@ -307,7 +283,6 @@ class _Precision:
     # bytes of the model's own dtype: its parameters and gradients, the residual stream (the blocks' inputs, LayerNorm
     # in and out, the residual's gradient): fp32 even under autocast, bf16 under bf16_pure
     r: int = 4
-
 
     @property
     def w(self) -> int:
@@ -530,7 +505,7 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     shape = _graph_shape(st, experiment)
     configured = shape.batch
     try:
-        peaks = budget_peaks(shape, s.b)
+        peaks = budget_trace(shape).at(s.b)
     except Exception as e:  # noqa: BLE001 (an estimate without the trace is still one: the interpolation, said so)
         notes.append(f"checkpointing.budget: the compiled step could not be traced ({e}); the figures interpolate")
         return {}
@@ -614,13 +589,6 @@ def _eager_scores_bwd(pr: _Precision, dropout: int) -> int:
 # ---------------------------------------------------------------------------------------------- the estimate
 
 
-def _check(profile: Profile, experiment: Experiment, micro_batch: int, vocab_size: int) -> None:
-    if micro_batch < 1:
-        raise ConfigError(f"estimate: the micro-batch must be at least 1, got {micro_batch}")
-    if vocab_size < 1:
-        raise ConfigError(f"estimate: the vocabulary size must be at least 1, got {vocab_size}")
-
-
 @dataclass(frozen=True)
 class _Step:
     """The training step being estimated: its shapes, its precision and the profile's switches, resolved once."""
@@ -676,7 +644,10 @@ def _resolve_step(experiment: Experiment, p: Profile, vocab_size: int, micro_bat
     m = experiment.model
     k = p.accumulation.steps
     b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // (k * world_size))
-    _check(p, experiment, b, vocab_size)
+    if b < 1:
+        raise ConfigError(f"estimate: the micro-batch must be at least 1, got {b}")
+    if vocab_size < 1:
+        raise ConfigError(f"estimate: the vocabulary size must be at least 1, got {vocab_size}")
     F = m.d_ff or 4 * m.d_model
     s = _Shape(m.n_layer, m.d_model, m.n_head, F, m.seq_len, vocab_size, b)
     pr = _precision(p)
@@ -1143,7 +1114,6 @@ def vocab_for(experiment: Experiment) -> tuple[int, str]:
     if experiment.model.vocab_size:
         return experiment.model.vocab_size, "model.vocab_size"
     try:
-
         _, spec, name = cache_entry(experiment.data)
         meta = cache_mod.read_meta(cache_mod.tokens_dir() / name)
         if meta is not None:

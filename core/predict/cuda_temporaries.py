@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ class Sms:
 
     @classmethod
     def of_this_device(cls) -> Sms:
-        import torch
-
         if not torch.cuda.is_available():
             return cls()
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -54,7 +53,7 @@ def _last_pow2(n: int) -> int:
     return max(1, 1 << (max(1, n).bit_length() - 1))
 
 
-def _div_up(a: int, b: int) -> int:
+def div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -77,17 +76,17 @@ def reduce_staging_bytes(rows: int, columns: int, over_rows: bool, acc_bytes: in
     height = min(dim1_pow2, threads // width)
     width = min(dim0_pow2, threads // height)
     step_input, step_output = (width, 1) if not over_rows else (1, width)
-    split_warps = _div_up(inputs, step_input) >= min(height * MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD)
+    split_warps = div_up(inputs, step_input) >= min(height * MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD)
     if not split_warps:
         return 0
     step_input *= height
-    values_per_thread = _div_up(inputs, step_input)
-    grid = _div_up(outputs // vec, step_output)
+    values_per_thread = div_up(inputs, step_input)
+    grid = div_up(outputs // vec, step_output)
     target_grid = sms.count * (sms.max_threads // (width * height))
     if values_per_thread < MAX_VALUES_PER_THREAD or grid > target_grid:
         return 0
-    ctas = max(min(_div_up(target_grid, grid), _div_up(values_per_thread, MIN_VALUES_PER_THREAD)),
-               _div_up(values_per_thread, MAX_VALUES_PER_THREAD))
+    ctas = max(min(div_up(target_grid, grid), div_up(values_per_thread, MIN_VALUES_PER_THREAD)),
+               div_up(values_per_thread, MAX_VALUES_PER_THREAD))
     if ctas <= 1:
         return 0
     size = acc_bytes * outputs * ctas
@@ -118,7 +117,7 @@ def sdpa_backward_workspace_bytes(backend: str, batch: int, heads: int, seq_len:
     if backend == "cudnn":
         return 4 * batch * heads * seq_len * (head_dim + 1) + 256
     if backend == "flash":
-        return 4 * batch * _div_up(seq_len, 128) * 128 * heads * _div_up(head_dim, 32) * 32
+        return 4 * batch * div_up(seq_len, 128) * 128 * heads * div_up(head_dim, 32) * 32
     return 0
 
 

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Iterator
 from unittest import mock
 
+import torch
 from memlab.core import step as train_step
 from memlab.core.attention import kernel_for
 from memlab.core.config import Experiment, Profile
@@ -43,9 +44,6 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     optimizer state) on fake tensors, with the engine's own step (memlab.core.step). Kernels that declare they
     cannot run on fake tensors are replaced by one that saves the same tensors (SDPA), torch.compile is left off;
     the notes say so. SDPA and dropout save what the GPU's fused kernels save (`gpu_kernels` False: this device's)."""
-    import torch
-
-
     check_plan(experiment, profile)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -214,9 +212,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
     save (unless `gpu_kernels` is False: this device's own). `attention_backward` names the GPU backend whose
     backward workspace the fused SDPA allocates and frees (memlab.core.predict.cuda_temporaries; "" for none)."""
-    import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
 
     T, k = experiment.model.seq_len, p.accumulation.steps
 
@@ -224,9 +220,10 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
 
     with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
-        kernels = _gpu_kernels(torch, p, attention_backward) if gpu_kernels else contextlib.nullcontext()
+        # the GPU's fused SDPA and dropout in place of the CPU's, which keep more (see _fused_sdpa and _fused_dropout)
+        kernels = (_fused_sdpa(torch, p, attention_backward), _fused_dropout(torch)) if gpu_kernels else ()
         stack.enter_context(swappable_fake_parameters())  # peft's adapters and bf16_pure convert fake parameters
-        for mode in (FakeTensorMode(), _scalars(torch), kernels, *watchers):
+        for mode in (FakeTensorMode(), _scalars(torch), *kernels, *watchers):
             stack.enter_context(mode)
         step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
@@ -244,14 +241,6 @@ def _scalars(torch: Any) -> Any:
             return func(*args, **(kwargs or {}))
 
     return Scalars()
-
-
-@contextlib.contextmanager
-def _gpu_kernels(torch: Any, p: Profile, attention_backward: str = "") -> Iterator[None]:
-    """The GPU's fused SDPA and dropout in place of the CPU's: what a fake step on a CPU must allocate to be a GPU
-    step (both CPU paths keep more: see _fused_sdpa and _fused_dropout)."""
-    with _fused_sdpa(torch, p, attention_backward), _fused_dropout(torch):
-        yield
 
 
 def _fused_dropout(torch: Any) -> Any:
@@ -304,8 +293,6 @@ def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
 
 def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: Any, vocab_size: int, b: int, notes: list[str],
                  params: int) -> Estimate:
-    import torch
-
     m_ = experiment.model
     cuda = device.type == "cuda"
     snap = next((v for d, v in peak.items() if torch.device(d).type == device.type), {})

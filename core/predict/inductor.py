@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
+import torch
 from memlab.core import stopping
 from memlab.core.answers import source_fingerprint
 from memlab.core.data.cache import cache_root
@@ -151,22 +152,24 @@ class BudgetTrace:
         return cls(Line(**d["saved"]), peaks(d["forward"]), peaks(d["backward"]))
 
 
-def budget_peaks(shape: GraphShape, micro_batch: int) -> BudgetPeaks:
-    """The compiled step's saved bytes and peaks at `micro_batch`, from the trace of `shape`: remembered (this process,
-    the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept in the cache folder)."""
-    return _remembered(shape).at(micro_batch)
-
-
 @functools.lru_cache(maxsize=64)
-def _remembered(shape: GraphShape) -> BudgetTrace:
+def budget_trace(shape: GraphShape) -> BudgetTrace:
+    """The compiled step's saved bytes and peaks at every micro-batch (`.at(b)`), from the trace of `shape`: remembered
+    (this process, the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept
+    in the cache folder)."""
+    return _known_or_traced(shape, BudgetTrace, TRACED, _BUDGET_CACHE)
 
+
+def _known_or_traced(shape: GraphShape, kind: type, table: dict, cache_name: str, *flags: str):
+    """`kind` (BudgetTrace or StepEvents) for `shape`: from the table made ahead or the cache folder, else traced in a
+    child (`flags`: its request's) and kept in the cache folder."""
     key = _key(shape)
-    known = TRACED.get(key) or _read_cache().get(key)
+    known = table.get(key) or _read_cache(cache_name).get(key)
     if known:
-        return BudgetTrace.from_json(known)
-    trace = _traced_in_child(shape)
-    _write_cache(key, trace)
-    return trace
+        return kind.from_json(known)
+    made = kind.from_json(_child_output(shape, *flags))
+    _write_cache(key, made, cache_name)
+    return made
 
 
 def shape_of(key: str) -> GraphShape:
@@ -177,8 +180,6 @@ def shape_of(key: str) -> GraphShape:
 def _key(shape: GraphShape) -> str:
     """The shape, and the torch release that traced it (its partitioner and Inductor decide the figures); under float8
     torchao's too (its casts are in the graphs). A shape without float8 keeps the key it had before the field."""
-    import torch
-
     fields = asdict(shape) | {"torch": torch.__version__.split("+")[0]}
     if shape.float8:
         import torchao
@@ -190,10 +191,6 @@ def _key(shape: GraphShape) -> str:
         if not fields[field]:  # the key a shape had before the field
             del fields[field]
     return json.dumps(fields, sort_keys=True)
-
-
-def _traced_in_child(shape: GraphShape) -> BudgetTrace:
-    return BudgetTrace.from_json(_child_output(shape))
 
 
 def _child_output(shape: GraphShape, *flags: str) -> dict:
@@ -282,22 +279,11 @@ class StepEvents:
         return cls(lines(d["forward"]), lines(d["backward"]), d["loss"], gradients)
 
 
+@functools.lru_cache(maxsize=16)
 def step_events(shape: GraphShape) -> StepEvents:
     """The compiled step's events for `shape`: remembered (this process, compile_budget_traces.EVENTS, the cache
     folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
-    return _remembered_events(shape)
-
-
-@functools.lru_cache(maxsize=16)
-def _remembered_events(shape: GraphShape) -> StepEvents:
-
-    key = _key(shape)
-    known = EVENTS.get(key) or _read_cache(_EVENTS_CACHE).get(key)
-    if known:
-        return StepEvents.from_json(known)
-    events = StepEvents.from_json(_child_output(shape, "--events"))
-    _write_cache(key, events, _EVENTS_CACHE)
-    return events
+    return _known_or_traced(shape, StepEvents, EVENTS, _EVENTS_CACHE, "--events")
 
 
 def _step_events_traced(shape: GraphShape) -> StepEvents:
@@ -309,8 +295,6 @@ def _step_events_traced(shape: GraphShape) -> StepEvents:
 
 def _saved_links(forward: Any, backward: Any) -> dict[int, str]:
     """Which backward input each saved forward output is (_saved_links_by_order), from the two graphs."""
-    import torch
-
     saved = list(forward.graph.nodes)[-1].args[0][1:]
     symints = sum(not isinstance(getattr(n, "meta", {}).get("val"), torch.Tensor) for n in saved)
     inputs = [n.name for n in backward.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents_")]
@@ -422,7 +406,6 @@ def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
     the real torch.compile path (Dynamo, Inductor's pre-grad passes and decompositions, the partition function),
     stopped once the graphs are partitioned (nothing runs: the model's memory is allocated, never touched). The
     partitioner sizes every value at `shape.batch`, the batch symbol's hint."""
-    import torch
     import torch._functorch.config as functorch_config
     import torch._inductor.compile_fx as compile_fx
 
@@ -458,8 +441,6 @@ def _autocast_as_on_cuda():
     GPU; without this it saw no autocast and cast the fp32 LayerNorm outputs to float8 directly (two bf16 casts a
     block fewer than the GPU's graph). It did not close the seq-8192 shape's gap, which is the torch release's
     (docs/estimator.md)."""
-    import torch
-
     asked = torch.is_autocast_enabled
 
     def enabled(device_type: str | None = None) -> bool:
@@ -477,16 +458,11 @@ class _Partitioned(Exception):
 def _attention_kernel(q: Any, k: Any, v: Any, dropout_p: float = 0.0) -> Any:
     """The model's attention on fake CPU tensors: the CPU's fused kernel, which keeps what a GPU's does (output and
     an fp32 log-sum-exp), and no T x T scores (SDPA on the CPU would take the math path under dropout)."""
-    import torch
-
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, True)[0]
 
 
 def _gpt(shape: GraphShape) -> Any:
     """memlab's GPT as the engine builds it, its weights allocated and never initialized (built on the meta device)."""
-    import torch
-
-
     cfg = GPTConfig(shape.n_layer, shape.n_head, shape.d_model, shape.d_ff, shape.vocab, shape.seq_len, shape.dropout)
     with torch.device("meta"):
         model = GPT(cfg, _attention_kernel)
@@ -494,7 +470,6 @@ def _gpt(shape: GraphShape) -> Any:
     model.lm_head.weight = model.wte.weight  # tied again: one V x C matrix, as the engine's model
     if shape.float8:  # as memlab.core.techniques.float8 converts it: torchao's casts and scaled matmuls in the graphs
         from torchao.float8 import convert_to_float8_training
-
 
         convert_to_float8_training(model, module_filter_fn=converts)
     return model
@@ -517,7 +492,6 @@ class _GroupedAttention:
 def _hf(shape: GraphShape) -> Any:
     """The transformers model the hf family builds (memlab.core.models.hf) for `shape.model`, its weights allocated
     and never initialized, every attention layer served by the CPU's fused kernel (_GroupedAttention)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     hf_attention.register()
@@ -546,7 +520,6 @@ def _attention_in_partitioner(attention: str):
     if attention != "flash":
         yield
         return
-    import torch
     import torch._functorch.partitioners as partitioners
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -571,8 +544,6 @@ def _attention_in_partitioner(attention: str):
 
 def _saved_bytes(forward: Any) -> Line:
     """The forward's outputs after the loss (what it saves), each storage once (q, k and v share qkv's)."""
-    import torch
-
     outputs = list(forward.graph.nodes)[-1].args[0][1:]
     storages = {}
     for node in outputs:
@@ -588,7 +559,6 @@ def _donated(forward: Any, backward: Any) -> set[str]:
     gradient into a donated buffer in place: where the bf16 logits are saved, their gradient takes their buffer instead
     of a second one (what the H100 did at budget 0.75). Mirrors aot_autograd's collect_bw_donated_buffer_idxs, which
     runs after the partition this module stops at."""
-    import torch
     import torch._functorch.config as functorch_config
 
     if not getattr(functorch_config, "donated_buffer", False):
@@ -608,8 +578,6 @@ def _donated(forward: Any, backward: Any) -> set[str]:
 def _input_storages(backward: Any) -> dict[str, tuple[int, Line]]:
     """The backward's inputs that hold activations (not the parameters, the tokens or the loss's gradient): a key
     naming each one's storage (views of one buffer saved apart share it) and its bytes."""
-    import torch
-
     out = {}
     for node in backward.graph.nodes:
         value = node.meta.get("val")
@@ -624,7 +592,6 @@ def _input_storages(backward: Any) -> dict[str, tuple[int, Line]]:
 def _wrapper_code(gm: Any, *, is_backward: bool, donated: set[str] = frozenset()) -> tuple[str, dict[str, Line]]:
     """Inductor's wrapper code for `gm` on CUDA, and the bytes of every buffer it names. `donated`: the backward's
     inputs Inductor may reuse (set as torch.compile's own lowering gets them from AOTAutograd's metadata)."""
-    import torch
     from torch._inductor.compile_fx import _recursive_post_grad_passes, fake_tensor_prop, view_to_reshape
     from torch._inductor.debug import DebugContext
     from torch._inductor.graph import GraphLowering
@@ -652,8 +619,6 @@ def _wrapper_code(gm: Any, *, is_backward: bool, donated: set[str] = frozenset()
 
 def _moved_to_cuda(gm: Any, fake_mode: Any) -> list[Any]:
     """Every fake value of `gm` on the CUDA device, same shape, strides and dtype; every device argument too."""
-    import torch
-
     cuda = torch.device("cuda", 0)
 
     def moved(v: Any) -> Any:
@@ -676,8 +641,6 @@ def _moved_to_cuda(gm: Any, fake_mode: Any) -> list[Any]:
 def _as_if_cuda():
     """On a machine with a GPU, nothing; without one, what Inductor asks of the device answered as an H100 would,
     and Triton taken as present (no kernel is compiled: only the wrapper code is generated)."""
-    import torch
-
     if torch.cuda.is_available():
         yield
         return
@@ -925,8 +888,6 @@ def _format_changed(what: str) -> WrapperFormatChanged:
 
 
 def _itemsize(dtype: str) -> int:
-    import torch
-
     return getattr(torch, dtype).itemsize
 
 

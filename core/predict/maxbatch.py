@@ -21,8 +21,8 @@ from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, 
 # (act_offload on the wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right:
 # bench/results/prediction-check/heldout-3/), enough to put its figure one to three above.
 REPLAY_MARGIN = 0.03
-SEQ_GRANULE = 64
-NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
+SEQ_GRANULE = 64  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
+NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound
 
 
 @dataclass(frozen=True)
@@ -125,20 +125,13 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes:
     Inductor reader cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the stock
     compiled step, float8 as traced with torchao (trace.float8_peaks where torchao is not installed), offload and
     the CUDA-only libraries through memlab.core.predict.standins)."""
-    try:
-        return replay_search(experiment, profile, vocab, budget_bytes, near, capped, should_stop) or None
+    try:  # from half the analytic figure `near`, with the replay's margin (bench/trace_lines_check.py asks the same)
+        return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
+                                  margin=REPLAY_MARGIN, capped=capped, should_stop=should_stop) or None
     except SearchStopped:
         raise
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
         return None
-
-
-def replay_search(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool,
-                  should_stop: Callable[[], bool] | None = None) -> int:
-    """The replay's search as the prediction asks it (from half the analytic figure `near`, with its margin); raises
-    what the trace raises (bench/trace_lines_check.py reports it)."""
-    return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
-                              margin=REPLAY_MARGIN, capped=capped, should_stop=should_stop)
 
 
 def max_seq_len(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, *,

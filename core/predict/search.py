@@ -16,11 +16,7 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int, confirm
     assumes fits is monotone, and the allocator's is not quite (gpt2s gradcp_every2 fits 35 and 37, not 36): with
     `confirm`, the answer's `confirm` smaller batches must fit too, else the search goes on below the one that did
     not, so the figure errs low, as a bound should."""
-    best = bisected(fits, min(start, limit), limit)
-    for b in range(best - 1, max(best - confirm, 1) - 1, -1):
-        if not fits(b):
-            return largest_fitting(fits, b - 1, b - 1, confirm) if b > 1 else 0
-    return best
+    return _confirmed(largest_fitting, fits, bisected(fits, min(start, limit), limit), confirm)
 
 
 def bisected(fits: Callable[[int], bool], start: int, limit: int) -> int:
@@ -68,12 +64,15 @@ def largest_near(fits: Callable[[int], bool], guess: int, limit: int, confirm: i
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    if lo == 0:
-        return 0
-    for b in range(lo - 1, max(lo - confirm, 1) - 1, -1):
+    return _confirmed(largest_near, fits, lo, confirm)
+
+
+def _confirmed(search: Callable[..., int], fits: Callable[[int], bool], best: int, confirm: int) -> int:
+    """`best` where its `confirm` smaller sizes fit too; else `search` again below the first that does not (0: none)."""
+    for b in range(best - 1, max(best - confirm, 1) - 1, -1):
         if not fits(b):
-            return largest_near(fits, b - 1, b - 1, confirm) if b > 1 else 0
-    return lo
+            return search(fits, b - 1, b - 1, confirm) if b > 1 else 0
+    return best
 
 
 def _asked_once(fits: Callable[[int], bool]) -> Callable[[int], bool]:

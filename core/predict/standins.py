@@ -41,6 +41,8 @@ from memlab.core.errors import MemlabError
 from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
+from memlab.core.predict.analytic import liger_chunk_rows
+from memlab.core.predict.cuda_temporaries import div_up
 
 @dataclass(frozen=True)
 class StandIns:
@@ -92,13 +94,11 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> bool:
     if standins.optimizer is not None:
         step.optimizer = _optimizer(standins.optimizer, step.optimizer.param_groups)
     if standins.loss is not None:
-
         kernel = liger_fused_linear_cross_entropy if standins.loss == "liger" else cce_linear_cross_entropy
         step.model.loss_kernel = head_loss(standins.loss, compute_dtype, kernel=kernel)
     if standins.offload == "sync":
         step.offload = save_on_host
     elif standins.offload == "overlap":
-
         overlap = OverlapOffload(DeviceSideCopies())
         overlap.install(list(step.model.blocks), step.model.final_norm)  # as techniques.act_offload.apply does
         step.offload = overlap.forward
@@ -157,10 +157,10 @@ class NF4Linear(torch.nn.Module):
         super().__init__()
         n, device = linear.weight.numel(), linear.weight.device
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        blocks = _cdiv(n, NF4_BLOCK)
-        self.weight = torch.nn.Parameter(torch.empty(_cdiv(n, 2), 1, dtype=torch.uint8, device=device), requires_grad=False)
+        blocks = div_up(n, NF4_BLOCK)
+        self.weight = torch.nn.Parameter(torch.empty(div_up(n, 2), 1, dtype=torch.uint8, device=device), requires_grad=False)
         self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, device=device))
-        self.register_buffer("absmax_scale", torch.empty(_cdiv(blocks, NF4_NESTED_BLOCK), dtype=torch.float32, device=device))
+        self.register_buffer("absmax_scale", torch.empty(div_up(blocks, NF4_NESTED_BLOCK), dtype=torch.float32, device=device))
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -288,13 +288,6 @@ class PagedAdamW8bitState(_StateOnly):
 # ---------------------------------------------------------------------------------------------- fused losses
 
 
-def liger_chunk_rows(BT: int, V: int, H: int) -> int:
-    """fused_linear_cross_entropy_forward (chunk_mem_const 1): inc_factor = cdiv(V, H), chunk_size =
-    next_power_of_2(cdiv(BT, inc_factor)), at most BT."""
-    inc_factor = -(-V // H)
-    return min(1 << max(0, (-(-BT // inc_factor) - 1).bit_length()), BT)
-
-
 class LigerFusedLinearCE(torch.autograd.Function):
     """liger-kernel 0.8.5 LigerFusedLinearCrossEntropyFunction (reduction mean, accum_dtype fp32, no bias), its
     device allocations in order. Forward (under the caller's autocast, amp_custom_fwd) computes the gradients:
@@ -340,10 +333,6 @@ def liger_fused_linear_cross_entropy(inp: torch.Tensor, weight: torch.Tensor, ta
     return LigerFusedLinearCE.apply(inp, weight, target, ignore_index)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class CutCrossEntropy(torch.autograd.Function):
     """cut-cross-entropy 25.1.1 LinearCrossEntropyFunction (impl cce, filter_eps None, reduction mean, no ignored
     targets), its device allocations in order. Forward: cce_lse_forward_kernel's lse (fp32, B) and locks (uint32,
@@ -356,7 +345,7 @@ class CutCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, e: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         B = e.shape[0]
         lse = torch.full((B,), -float("inf"), dtype=torch.float32, device=e.device)
-        locks = torch.zeros(_cdiv(B, 128), dtype=torch.int32, device=e.device)  # uint32 in the library: same bytes
+        locks = torch.zeros(div_up(B, 128), dtype=torch.int32, device=e.device)  # uint32 in the library: same bytes
         neg_dot = torch.zeros(B, dtype=torch.float32, device=e.device)
         loss = neg_dot.add_(lse).mean()
         del locks, neg_dot
@@ -368,9 +357,9 @@ class CutCrossEntropy(torch.autograd.Function):
         e, c, _ = ctx.saved_tensors
         de = torch.zeros_like(e)
         dc = torch.zeros_like(c, dtype=e.dtype)
-        n = _cdiv(c.shape[1], 64)
-        de_locks = torch.zeros(_cdiv(e.shape[0], n), n, dtype=torch.int32, device=e.device)
-        dc_locks = torch.zeros(_cdiv(c.shape[0], n), n, dtype=torch.int32, device=e.device)
+        n = div_up(c.shape[1], 64)
+        de_locks = torch.zeros(div_up(e.shape[0], n), n, dtype=torch.int32, device=e.device)
+        dc_locks = torch.zeros(div_up(c.shape[0], n), n, dtype=torch.int32, device=e.device)
         del de_locks, dc_locks
         return de, dc
 

@@ -11,8 +11,6 @@ storages are created and freed, in order, and how large.
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
-- `snapshot_trace`: a real trace, from `memlab run --memory-snapshot` on a GPU, with the allocator's own reserved
-  peak beside it.
 - `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
   profile's allocator mode (allocator.expandable_segments), fits (fits_replayed says how: with expandable segments,
   only without an allocator retry); `replay_for_card`: that and the reserved memory at one micro-batch, for
@@ -25,9 +23,9 @@ import contextlib
 import sys
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import torch
 from memlab.core import stopping
 from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
@@ -51,37 +49,6 @@ Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, 
 # replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
 # large step takes seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside)
 STOP_EVERY = 256
-
-
-def snapshot_trace(snapshot: dict, device: int = 0) -> tuple[list[Event], int]:
-    """The (alloc / free) events of one device's trace, and the allocator's own reserved peak over it (segment
-    allocations less segment frees, from the start of the recording)."""
-    traces = snapshot.get("device_traces") or []
-    events, reserved, peak, serial = [], 0, 0, 0
-    live: dict[int, int] = {}  # address -> the id of the allocation there now
-    for ev in traces[device] if device < len(traces) else []:
-        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size") or 0)
-        if action == "alloc":
-            serial += 1
-            live[addr] = serial
-            events.append(("alloc", serial, size, _frame(ev.get("frames") or [])))
-        elif action == "free_completed" and addr in live:
-            events.append(("free", live.pop(addr), 0, ""))
-        elif action in ("segment_alloc", "segment_map"):
-            reserved += size
-            peak = max(peak, reserved)
-        elif action in ("segment_free", "segment_unmap"):
-            reserved -= size
-    return events, peak
-
-
-def _frame(frames: list[dict]) -> str:
-    """The innermost Python frame of an allocation that is memlab's or torch.nn's: where in the step it happened."""
-    for f in frames:
-        name = str(f.get("filename", ""))
-        if "memlab" in name or "/core/" in name or "torch/nn" in name:
-            return f"{Path(name).name}:{f.get('line')} {f.get('name')}"
-    return ""
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -115,9 +82,6 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
-    import torch
-
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = profile.cuda_graph.enabled
     attention_backward = attention_backward_kernel(profile)  # before the stand-ins rename the kernel
@@ -165,7 +129,6 @@ def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
 def _model_construction(events: list[Event], window: list[int]) -> Iterator[None]:
     """Fills `window` with the events GPT(...) appends while it is built: [first, past the last]."""
     from unittest import mock
-
 
     init = GPT.__init__
 
@@ -308,7 +271,6 @@ def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: 
     start = max(1, start)
 
     def traced(b: int) -> list:
-
         # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
         with FAKE_STEP_LOCK, stopping.asking(should_stop):
             if stopping.asked():
@@ -464,8 +426,6 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
 def traced_by(profile: Profile) -> str:
     """The releases whose code decided the trace: torch's (its fake kernels, and a compiled step's partitioner and
     Inductor buffer plan), and torchao's where its Float8Linear is in the graphs."""
-    import torch
-
     releases = f"torch {torch.__version__}"
     if profile.compile.enabled and profile.kernels.float8 and not float8_untraced(profile):
         import torchao
@@ -503,7 +463,6 @@ class _TraceBook:
     go), the cuBLAS workspaces made so far, and the blocks a kernel makes and holds inside itself."""
 
     def __init__(self, torch: Any, events: list[Event]) -> None:
-
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         self.torch, self.events = torch, events
         self.workspace_bytes = cublas_workspace_bytes(capability)
@@ -655,8 +614,6 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     (sized for the worst case, so not data-dependent: 54 MiB at 50,176 tokens of 1,024 wide). Every H100
     trace checked has them at these sizes; adding them changed none of the replayed peaks
     checked there. cub's own temporaries (under 1 MiB there) are left out."""
-    import torch
-
     if func is not torch.ops.aten.embedding_dense_backward.default:
         return None
     grad, indices, vocabulary, scaled = args[0], args[1], int(args[2]), bool(args[4]) if len(args) > 4 else False
@@ -683,7 +640,6 @@ def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
 
 
 def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
-
     return sum_staging_bytes(shape, list(dims), double, sms)
 
 
