@@ -35,14 +35,18 @@ def card_for(size: str | None) -> Card:
         total = parse_size(size)
         gpu = gpu_memory.gpu_info() if cuda_here() else None
         card = Card(total, gpu.name if gpu else None, f"--gpu-memory {size}", capped=True, named=True)
-        if card.budget_bytes <= 0:
-            raise ConfigError(f"{card.where} ({gib(card.total_bytes)}) is smaller than what a run holds outside the allocator "
-                              f"(the CUDA context, libraries, the driver's reserve: {gib(context_bytes_here())}); name a larger card")
+        _refuse_smaller_than_the_context(card)
         return card
     info = gpu_memory.gpu_info() if cuda_here() else None
     if info is not None:
         return Card(info.total_bytes, info.name, info.name)
     return Card(parse_size(DEFAULT_CARD), None, f"no GPU here: an 80 GB {ASSUMED_GPU} assumed")
+
+
+def _refuse_smaller_than_the_context(card: Card) -> None:
+    if card.budget_bytes <= 0:
+        raise ConfigError(f"{card.where} ({gib(card.total_bytes)}) is smaller than what a run holds outside the allocator "
+                          f"(the CUDA context, libraries, the driver's reserve: {gib(context_bytes_here())}); name a larger card")
 
 
 def context_bytes_here() -> int:

@@ -103,14 +103,8 @@ def refuse(experiment: Experiment, profile: Profile, card: Card, method: str, wo
         raise ConfigError(f"the analytic method describes the {', '.join(ANALYTIC_FAMILIES)} family only, not {family}; use method trace")
     if method == "trace" and world_size > 1:
         raise ConfigError("the trace method measures one process; with several ranks use method analytic")
-    positions = max_positions(experiment)
-    if positions and experiment.model.seq_len > positions:
-        raise ConfigError(f"model.seq_len = {experiment.model.seq_len} is longer than the model's {positions} positions; "
-                          f"choose model.seq_len <= {positions}")
-    need = weights_bytes(experiment, profile)
-    if need is not None and profile.distributed.mode == "none" and need > card.budget_bytes:
-        raise ConfigError(f"the weights need {gib(need)}; the card has {gib(card.total_bytes)} ({card.where}), "
-                          f"{gib(card.budget_bytes)} of it for the allocator: choose a larger card or a smaller model")
+    refuse_longer_than_positions(experiment)
+    refuse_weights_over_card(experiment, profile, card)
 
 
 def family_of(experiment: Experiment) -> str:
@@ -134,10 +128,11 @@ def _skeleton_weights_bytes(experiment: Experiment, profile: Profile) -> int:
     """Kept in the prediction cache: the skeleton needs transformers' modeling code, seconds to import."""
     name = cache.key(experiment, profile, 0, {}, "weights", 1)
     known = cache.read(name)
-    if known is None:
-        known = {"bytes": _counted_weights_bytes(experiment, profile)}
-        cache.write(name, known)
-    return known["bytes"]
+    if known is not None:
+        return known["bytes"]
+    need = _counted_weights_bytes(experiment, profile)
+    cache.write(name, {"bytes": need})
+    return need
 
 
 def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
@@ -150,6 +145,13 @@ def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
         return total * 2
     packed = sum(m.weight.numel() for m in target_layers(model, f.targets).values())
     return (total - packed) * 2 + packed * 9 // 16  # NF4: half a byte a weight, an 8-bit scale per 64 (and less)
+
+
+def refuse_weights_over_card(experiment: Experiment, profile: Profile, card: Card) -> None:
+    need = weights_bytes(experiment, profile)
+    if need is not None and profile.distributed.mode == "none" and need > card.budget_bytes:
+        raise ConfigError(f"the weights need {gib(need)}; the card has {gib(card.total_bytes)} ({card.where}), "
+                          f"{gib(card.budget_bytes)} of it for the allocator: choose a larger card or a smaller model")
 
 
 def _analytic(experiment: Experiment, profile: Profile, micro: int, card: Card, world_size: int) -> Prediction:
@@ -207,3 +209,11 @@ def max_positions(experiment: Experiment) -> int | None:
     families: memlab's GPT learns one position embedding per token of model.seq_len, so it sizes itself to any
     length; a transformers model reads max_position_embeddings from its config (when that family is added)."""
     return getattr(experiment.model, "max_positions", None)
+
+
+def refuse_longer_than_positions(experiment: Experiment) -> None:
+    positions = max_positions(experiment)
+    if positions and experiment.model.seq_len > positions:
+        raise ConfigError(f"model.seq_len = {experiment.model.seq_len} is longer than the model's {positions} positions; "
+                          f"choose model.seq_len <= {positions}")
+
