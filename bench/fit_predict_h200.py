@@ -14,12 +14,11 @@ import dataclasses
 import json
 from unittest import mock
 
+from hf_heldout_maxbatch import H200_RESERVE
+
 from memlab.cli.fit import _for, header
 from memlab.core.config import apply_overrides, load_experiment, load_profile
-from memlab.core.predict import analytic, card as cards, fit
-from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
-
-H200_RESERVE = int(0.601 * 2**30)
+from memlab.core.predict import card as cards, fit
 
 
 def main() -> None:
@@ -28,7 +27,7 @@ def main() -> None:
     ap.add_argument("--profiles", required=True)
     ap.add_argument("--gpu-memory", default="24GiB")
     args = ap.parse_args()
-    outside = analytic.CUDA_CONTEXT_BYTES - DEVICES[ASSUMED_GPU].driver_reserve_bytes + H200_RESERVE
+    outside = cards.context_bytes_with(H200_RESERVE)
     exp = load_experiment(args.experiment)
     with mock.patch.object(cards, "context_bytes_here", lambda: outside):
         card = cards.card_for(args.gpu_memory)

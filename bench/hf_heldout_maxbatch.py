@@ -21,8 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 from memlab.core.config import apply_overrides, load_experiment, load_profile
-from memlab.core.predict import analytic, card as cards, maxbatch
-from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
+from memlab.core.predict import card as cards, maxbatch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf-heldout-h200"
 H200_RESERVE = int(0.601 * 2**30)
@@ -52,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    outside = analytic.CUDA_CONTEXT_BYTES - DEVICES[ASSUMED_GPU].driver_reserve_bytes + H200_RESERVE
+    outside = cards.context_bytes_with(H200_RESERVE)
     lines = ["| experiment | profile | found (H200) | predicted | error | seconds | log |", "|---|---|---|---|---|---|---|"]
     with mock.patch.object(cards, "context_bytes_here", lambda: outside):
         for experiment, profile, sets, measured, log in searches():

@@ -57,7 +57,12 @@ def context_bytes_here() -> int:
     if not torch.cuda.is_available():
         return analytic.CUDA_CONTEXT_BYTES
     here = gpu_memory.driver_reserved(gpu_memory._nvml_handle(gpu_memory._nvml_index(0)))
-    return analytic.CUDA_CONTEXT_BYTES - DEVICES[ASSUMED_GPU].driver_reserve_bytes + here if here else analytic.CUDA_CONTEXT_BYTES
+    return context_bytes_with(here) if here else analytic.CUDA_CONTEXT_BYTES
+
+
+def context_bytes_with(driver_reserve: int) -> int:
+    """The calibrated card's context, libraries and driver reserve, with `driver_reserve` in place of its own."""
+    return analytic.CUDA_CONTEXT_BYTES - DEVICES[ASSUMED_GPU].driver_reserve_bytes + driver_reserve
 
 
 def cuda_here() -> bool:
