@@ -215,14 +215,20 @@ def _side_row(profile: str, alone: list, beside: list) -> dict:
 # ---------------------------------------------------------------------------------------------- (b) a study
 
 
-def study_wall(args, results: Results, cache: Path, left_s: float) -> None:
+def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[str]) -> None:
     """The 4-lane study, then the 1-lane one for at most 4-lane / 0.3 (or what the budget leaves). A 1-lane study
-    stopped at t proves 4-lane / 1-lane <= T4 / t; its full time is also estimated from the share of items done."""
-    four = _study(args, "0,1,2,3", cache, limit_s=min(args.study_limit_s, left_s / 4.5))
-    results.add(four)
-    if four.get("stopped"):
-        return
-    limit = min(four["wall_s"] / STUDY_BOUND * 1.02, left_s - four["wall_s"] - 30)
+    stopped at t proves 4-lane / 1-lane <= T4 / t; its full time is also estimated from the share of items done.
+    Part study4 runs only the first, part study1 only the second (given --four-wall-s): one call each where one
+    call's time limit cannot hold both."""
+    if "study1" in parts:
+        four = {"wall_s": args.four_wall_s}
+    else:
+        four = _study(args, "0,1,2,3", cache, limit_s=min(args.study_limit_s, left_s / (1 if "study4" in parts else 4.5)))
+        results.add(four)
+        if four.get("stopped") or "study4" in parts:
+            return
+        left_s -= four["wall_s"]
+    limit = min(four["wall_s"] / STUDY_BOUND * 1.02, left_s - 30)
     one = _study(args, "0", cache, limit_s=limit)
     one["ratio"] = four["wall_s"] / one["wall_s"]
     one["bound"] = bool(one.get("stopped"))  # stopped: its full time is longer, so the ratio is an upper bound
@@ -286,7 +292,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="where lanes.jsonl, lanes.parquet, lanes.md and the study logs go")
     ap.add_argument("--runs", default="/tmp/lanes-runs", help="run folders, studies and caches (not copied back)")
-    ap.add_argument("--part", default="side,study", help="side, study or both (comma-separated)")
+    ap.add_argument("--part", default="side,study", help="side, study (study4 then study1) or both (comma-separated)")
+    ap.add_argument("--four-wall-s", type=float, default=None, help="part study1: the 4-lane study's wall time, from an earlier call")
     ap.add_argument("--experiment", default="gpt2s")
     ap.add_argument("--device", default="cuda", help="the children's; cpu (with MEMLAB_FAKE_GPU_COUNT=4) only to try part side on a laptop")
     ap.add_argument("--steps", type=int, default=60, help="steps of each measured run in part side")
@@ -302,6 +309,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="the whole script's time: part study gets what part side left")
     args = ap.parse_args()
     args.study_set = args.study_set if args.study_set is not None else STUDY_SETS
+    if "study1" in args.part.split(",") and not args.four_wall_s:
+        ap.error("--part study1 needs --four-wall-s (the 4-lane study's wall time)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = Results(out)
@@ -311,8 +320,8 @@ def main() -> None:
     parts = args.part.split(",")
     if "side" in parts:
         side_by_side(args, results)
-    if "study" in parts:
-        study_wall(args, results, cache, args.budget_s - (time.monotonic() - t0))
+    if {"study", "study4", "study1"} & set(parts):
+        study_wall(args, results, cache, args.budget_s - (time.monotonic() - t0), parts)
     print(f"done in {time.monotonic() - t0:.0f} s: {out / 'lanes.md'}", flush=True)
 
 

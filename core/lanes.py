@@ -283,20 +283,36 @@ def map_on_lanes(work: Callable[[T, Lane], R], items: Sequence[T], lanes: Sequen
     the item's order. For work that starts its own children (a max-batch search: one child per probe): pass
     `lane.env` to them. A lane `work` puts in `out` (its GPU failed) takes nothing more. An item not started
     (`stopping()` became true, or every lane is out) gets None."""
-    out = set() if out is None else out
     results: list[R | None] = [None] * len(items)
-    errors: list[BaseException] = []
     lock = threading.Lock()
     order = iter(range(len(items)))
 
+    def take(lane: Lane) -> int | None:
+        with lock:
+            return next(order, None)
+
+    def do(i: int, lane: Lane) -> None:
+        results[i] = work(items[i], lane)
+
+    drain_on_lanes(take, do, lanes, stopping, out)
+    return results
+
+
+def drain_on_lanes(take: Callable[[Lane], T | None], work: Callable[[T, Lane], Any], lanes: Sequence[Lane],
+                   stopping: Callable[[], bool] = lambda: False, out: set[Lane] | None = None) -> None:
+    """Each lane, in a thread of its own, does `work(take(lane), lane)` until `take` gives None (it may wait for
+    an item to become ready), `stopping()`, or the lane is in `out`. What `work` raised is raised again here, once
+    every lane has ended; the other lanes take nothing more after it."""
+    out = set() if out is None else out
+    errors: list[BaseException] = []
+
     def drain(lane: Lane) -> None:
         while not stopping() and not errors and lane not in out:
-            with lock:
-                i = next(order, None)
-            if i is None:
+            item = take(lane)
+            if item is None:
                 return
             try:
-                results[i] = work(items[i], lane)
+                work(item, lane)
             except BaseException as e:  # noqa: BLE001 (raised again in the caller's thread, once every lane ends)
                 errors.append(e)
 
@@ -305,7 +321,6 @@ def map_on_lanes(work: Callable[[T, Lane], R], items: Sequence[T], lanes: Sequen
         t.start()
     for t in threads:
         while t.is_alive():
-            t.join(timeout=0.2)
+            t.join(timeout=0.2)  # short waits: the main thread stays free for a Ctrl-C handler
     if errors:
         raise errors[0]
-    return results

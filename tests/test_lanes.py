@@ -265,3 +265,54 @@ def test_a_search_whose_gpu_fails_takes_its_lane_out_and_the_other_lane_searches
     assert {lane.name for lane in study.out_lanes} == {bad.lane}
     rest = [state.item("max", n) for n in names[1:]]
     assert all(i.status == "measured" for i in rest) and {i.lane for i in rest} == {"gpu 0", "gpu 1"} - {bad.lane}
+
+
+def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(tmp_path, monkeypatch):
+    """The study's phases are one queue (core.study.ready): on two lanes, the quick profile's run starts while the
+    slow profile's search is still going. On a 4-GPU H200 host every run waited for the slowest search (90 s)."""
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study import execute
+    from memlab.core.study.plan import Plan
+
+    names = ["bf16", "gradcp"]
+    options = Options(profiles=names, experiment="tiny", device="cuda")
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
+    run_started = threading.Event()
+    slow_search_saw_the_run: list[bool] = []
+
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None):
+        if item.profile == "gradcp":  # the slow search: still going until a run has started, or 30 s
+            slow_search_saw_the_run.append(run_started.wait(timeout=30))
+        item.status, item.max_batch = "measured", 8
+
+    monkeypatch.setattr(execute, "find_max", fake_find_max)
+    monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec("reports_gpu", self.out / "runs", profile=item.profile))
+    (tmp_path / "runs").mkdir()
+    state = StudyState(options, {})
+    study = Study(plan, state, tmp_path, lambda line: None, lanes=[GPU0, GPU1])
+    monkeypatch.setattr(study, "_started", lambda item, spec, lane, inner=study._started: (inner(item, spec, lane), run_started.set()))
+    study.run()
+    assert slow_search_saw_the_run == [True]
+    assert {n: state.item("common", n).status for n in names} == {n: "finished" for n in names}
+    assert state.item("common", "bf16").lane != state.item("max", "gradcp").lane  # trained beside the slow search
+
+
+def test_a_run_waits_for_the_searches_it_needs():
+    """A run needs its own profile's search, and with --batch baseline-max the baseline's; an item final before
+    the pass is no reason to wait."""
+    from memlab.core.study.ready import ReadyItems
+    from memlab.core.study.state import Item
+
+    needs = {"max/a": [], "max/baseline": [], "common/a": ["max/a", "max/baseline"], "common/b": ["max/b"]}
+    items = [Item("max/baseline", "max", "baseline"), Item("max/a", "max", "a"), Item("common/a", "common", "a"), Item("common/b", "common", "b")]
+    ready = ReadyItems(items, lambda i: needs[i.key])
+    first, second = ready.take(lambda: False), ready.take(lambda: False)
+    assert (first.key, second.key) == ("max/baseline", "max/a")
+    assert ready.take(lambda: False).key == "common/b"  # max/b was final before the pass
+    assert ready.take(lambda: True) is None  # common/a is not ready: the lane gives up when told to
+    ready.ended(second)
+    asked: list[int] = []
+    assert ready.take(lambda: asked.append(1) or len(asked) > 2) is None  # still waits for the baseline's search
+    ready.ended(first)
+    assert ready.take(lambda: False).key == "common/a" and ready.left == []

@@ -5,7 +5,9 @@ refused, failed or crashed profile is recorded and the study goes on. State is s
 (Ctrl-C) ends the running children (each keeps its folder), starts nothing more, and leaves the rest for a resume.
 
 Lanes (memlab.core.lanes, `--gpus`): the searches and the runs are spread over the GPUs given to this invocation,
-one at a time on each (with `--lanes N`, N searches on each GPU); a resumed study uses whatever GPUs it is given.
+one at a time on each; a resumed study uses whatever GPUs it is given. The phases are one queue (study.ready): a
+free lane takes the next search, else the next run whose search has ended, so no lane waits for the slowest search.
+With `--lanes N` (N searches share each GPU) the phases stay apart: a timed run needs its GPU to itself.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from memlab.core.gpu_memory import MEMORY_ENV
-from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, map_on_lanes, names_gpu_fault, nvml_fault
+from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, drain_on_lanes, map_on_lanes, names_gpu_fault, nvml_fault
 from memlab.core.queue import QueueOutcome
 from memlab.core.study.maxbatch import LiveProbes, find_max
 from memlab.core.study.plan import Plan
+from memlab.core.study.ready import ReadyItems
 from memlab.core.study.state import Item, StudyState
 from memlab.core.supervisor import ChildSpec
 
@@ -36,7 +39,8 @@ class Study:
         self.lanes = list(lanes)  # this invocation's GPUs (--gpus): a resumed study uses what it is given now
         self.out_lanes: set[Lane] = set()  # lanes whose GPU failed: they take nothing more
         self.stopping = False
-        self.queue: LaneQueue | None = None
+        self.queue: LaneQueue | None = None  # a phase's queue (--lanes N)
+        self._run_queues: set[LaneQueue] = set()  # the one-queue pass's runs in flight, one queue each
         self.live = LiveProbes()  # the max-batch probes in flight: a stop cancels them
         self.progress = Progress(self._pending_counts, say, lanes=plan.lanes * len(self.lanes), run_lanes=len(self.lanes))
         self._lock = threading.RLock()  # lanes: one state file, one progress line at a time
@@ -44,15 +48,71 @@ class Study:
     def stop(self) -> None:
         self.stopping = True
         self.live.cancel_all()
-        if self.queue is not None:
-            self.queue.stop()
+        with self._lock:
+            queues = [q for q in (self.queue, *self._run_queues) if q is not None]
+        for q in queues:
+            q.stop()
 
     def run(self) -> None:
         """Do what is not final yet; returns when done or stopped (see `stopping`)."""
+        kinds = TRAIN_KINDS if self.plan.options.at_max else TRAIN_KINDS[:1]
+        if self.plan.lanes == 1:
+            self._one_queue(kinds)
+            return
         self._max_phase()
-        for kind in TRAIN_KINDS if self.plan.options.at_max else TRAIN_KINDS[:1]:
+        for kind in kinds:
             if not self.stopping:
                 self._train_phase(kind)
+
+    # ------------------------------------------------------------------------------------------ one queue
+
+    def _one_queue(self, kinds: Sequence[str]) -> None:
+        """Every search, then every run, in one queue over the lanes: a free lane takes the next search, else the
+        next run whose search has ended (ReadyItems), else waits for one to end."""
+        items = [self.state.item(kind, name) for kind in ("max", *kinds) for name in self.plan.options.profiles]
+        ready = ReadyItems([i for i in items if not i.final], self._needs)
+
+        def work(item: Item, lane: Lane) -> None:
+            try:
+                self._max_item(item.profile, lane) if item.kind == "max" else self._train_item(item, lane)
+            finally:
+                ready.ended(item)
+
+        drain_on_lanes(lambda lane: ready.take(lambda: self.stopping or lane in self.out_lanes), work, self.lanes,
+                       stopping=lambda: self.stopping, out=self.out_lanes)
+        if ready.left and not self.stopping and set(self.lanes) <= self.out_lanes:
+            self.say(f"every GPU lane failed ({', '.join(lane.name for lane in self.out_lanes)}): "
+                     f"{len(ready.left)} item(s) not started; resume with other --gpus")
+
+    def _needs(self, item: Item) -> list[str]:
+        """The keys of the items `item` waits for: a run, its profile's search (and the baseline's, for
+        --batch baseline-max); a run at the profile's own max, its common-batch run too (a refusal there is final)."""
+        if item.kind == "max":
+            return []
+        needs = [f"max/{item.profile}"]
+        if item.kind == "at_max":
+            return needs + [f"common/{item.profile}"]
+        mode = self.plan.options.batch
+        return needs if mode == "experiment" or mode.isdigit() else needs + ["max/baseline"]
+
+    def _train_item(self, item: Item, lane: Lane) -> None:
+        """One run on `lane`, through a queue of its own (a GPU fault takes the lane out; a stop ends the child)."""
+        spec = self._spec(item)
+        if spec is None:
+            with self._lock:
+                self.state.save(self.out)
+            return
+        queue = LaneQueue([lane], on_start=self._started, on_event=self._event, on_result=self._ended)
+        with self._lock:
+            self._run_queues.add(queue)
+            if self.stopping:  # a stop that came before this queue existed
+                queue.stop()
+        try:
+            queue.run([(item, spec)])
+        finally:
+            with self._lock:
+                self._run_queues.discard(queue)
+                self.out_lanes |= set(queue.out)
 
     # ------------------------------------------------------------------------------------------ max batch
 
