@@ -230,7 +230,7 @@ def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[s
         left_s -= four["wall_s"]
     limit = min(four["wall_s"] / STUDY_BOUND * 1.02, left_s - 30)
     one = _study(args, "0", cache, limit_s=limit)
-    one["ratio"] = four["wall_s"] / one["wall_s"]
+    one["four_wall_s"], one["ratio"] = four["wall_s"], four["wall_s"] / one["wall_s"]
     one["bound"] = bool(one.get("stopped"))  # stopped: its full time is longer, so the ratio is an upper bound
     if one["bound"] and one["items_done"]:
         one["ratio_estimate"] = four["wall_s"] / (one["wall_s"] * one["items_total"] / one["items_done"])

@@ -7,6 +7,10 @@ set -u
 source bench/gpu_setup.sh >/dev/null
 nvidia-smi --query-gpu=index,name,serial,clocks.sm --format=csv,noheader
 mkdir -p "$OUT/lanes"
+if [ "${TOPO:-0}" = 1 ]; then  # which CPUs sit near which GPU: a lane's host work may run on the far socket
+  { nproc; lscpu | grep -i -E "numa|socket|model name"; nvidia-smi topo -m; numactl -H; } > "$OUT/lanes/topology.txt" 2>&1
+  cat "$OUT/lanes/topology.txt"
+fi
 timeout -k 60 -s INT "${LANES_LIMIT_S:-480}" python3 bench/lanes.py --out "$OUT/lanes" "$@" 2>&1 | tee "$OUT/lanes/stdout.txt"
 cp /tmp/lanes-runs/study-*/report.md "$OUT/lanes/" 2>/dev/null
 if [ "${DIAG:-0}" = 1 ]; then
