@@ -56,7 +56,6 @@ class FlexAttention:
         self._mask_mod = mask_mod_for(window)
         self._block_masks: dict[tuple[int, str], object] = {}
 
-    @torch.compiler.disable
     def _make_block_mask(self, T: int, device: torch.device):
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -67,7 +66,9 @@ class FlexAttention:
         key = (T, str(device))
         bm = self._block_masks.get(key)
         if bm is None:
-            bm = self._block_masks[key] = self._make_block_mask(T, device)
+            # Outside any compiled graph. disable() imports dynamo (~2 s), so it wraps here rather than at import:
+            # every run loads this module to read its declaration.
+            bm = self._block_masks[key] = torch.compiler.disable(self._make_block_mask)(T, device)
         return bm
 
     def __call__(self, q, k, v, dropout_p: float = 0.0):
