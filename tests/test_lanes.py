@@ -251,7 +251,7 @@ def test_a_search_whose_gpu_fails_takes_its_lane_out_and_the_other_lane_searches
     options = Options(profiles=names, experiment="tiny", device="cuda")
     plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
 
-    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None):
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None, apart=False):
         item.status, item.max_batch = "measured", 8
         if item.profile == "bf16":
             item.status, item.message = "error", "probe at micro-batch 8 ended with 'error': CUDA error: uncorrectable ECC error encountered"
@@ -281,7 +281,7 @@ def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(
     run_started = threading.Event()
     slow_search_saw_the_run: list[bool] = []
 
-    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None):
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None, apart=False):
         if item.profile == "gradcp":  # the slow search: still going until a run has started, or 30 s
             slow_search_saw_the_run.append(run_started.wait(timeout=30))
         item.status, item.max_batch = "measured", 8

@@ -878,3 +878,25 @@ def test_where_the_baseline_did_not_finish_the_peak_told_is_the_first_finished_p
     est = dataclasses.replace(_breakdown("activations")["baseline"], profile="gradcp_bf16")
     text = "\n".join(findings(_findings_frame({"gradcp_bf16": 30.0, "chunked_ce": 5.0, "tf32": 0.4}), {"gradcp_bf16": est}, "baseline"))
     assert "Where gradcp_bf16's peak goes (the estimator, micro-batch 8" in text
+
+
+def test_a_prediction_made_apart_is_the_one_made_in_process():
+    """Lanes predict in processes of their own (a GIL each); the answer is the same one."""
+    from memlab.core.study import maxbatch
+
+    plan = _cuda_plan()
+    here = maxbatch.predicted_max(plan, "baseline")
+    apart = maxbatch.predicted_max(plan, "baseline", apart_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert here == apart and here[0] and here[0] > 0
+
+
+def test_a_stop_ends_a_prediction_made_apart():
+    import time
+
+    from memlab.core.predict.trace import SearchStopped
+    from memlab.core.study import maxbatch
+
+    t0 = time.monotonic()
+    with pytest.raises(SearchStopped):
+        maxbatch.predicted_max(_cuda_plan(), "baseline", stopping=lambda: time.monotonic() - t0 > 0.3, apart_env={})
+    assert time.monotonic() - t0 < 10

@@ -132,7 +132,8 @@ class Study:
             item.lane = lane.name if lane.indices else ""
             self.progress.start(item, "max batch " + ("search" if self.plan.on_cuda else "(predicted: CPU)") + where)
         t0 = time.monotonic()
-        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live, env=lane.env)
+        find_max(self.plan, item, lambda line: self.say(f"  {name}: {line}"), lambda: self.stopping, self.live, env=lane.env,
+                 apart=len(self.lanes) * self.plan.lanes > 1)
         self._check_gpu(item, lane)
         item.seconds = time.monotonic() - t0
         with self._lock:

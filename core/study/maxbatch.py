@@ -4,6 +4,8 @@ the --gpu-memory cap, cached bounds), predicted by the estimator everywhere (on 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 from typing import Any, Callable
 
@@ -48,25 +50,64 @@ class LiveProbes:
                 probe.cancel()
 
 
-def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = None) -> tuple[int | None, str]:
+def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = None,
+                  apart_env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """(the estimator's max micro-batch at accumulation 1, the memory it assumed), None when it cannot tell. On a GPU
-    the allocator replay traces the step for up to minutes: `stopping` is asked between its traces and within them (SearchStopped)."""
+    the allocator replay traces the step for up to minutes: `stopping` is asked between its traces and within them
+    (SearchStopped). With `apart_env` (a lane's CUDA_VISIBLE_DEVICES): in a process of its own, for lanes predicting
+    at once (predictions in threads of one process take turns on its GIL: on 4 H200 lanes the four took ~25 s where
+    one takes ~7)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    return maxbatch.predicted_max_batch(plan.experiment, plan.profiles[name], memory, replay=plan.on_cuda and card.cuda_here(),
-                                        capped=bool(plan.cap_bytes), should_stop=stopping), where
+    args = (plan.experiment, plan.profiles[name], memory, plan.on_cuda and card.cuda_here(), bool(plan.cap_bytes))
+    if apart_env is not None:
+        return _predicted_apart(args, apart_env, stopping or (lambda: False)), where
+    return maxbatch.predicted_max_batch(*args[:3], replay=args[3], capped=args[4], should_stop=stopping), where
+
+
+def _predicted_apart(args: tuple, env: dict[str, str], stopping: Callable[[], bool]) -> int | None:
+    """predicted_max_batch(*args) in a spawned process that sees the lane's GPU alone (the replay asks the device's
+    capability, which makes a CUDA context: on the GPU this lane searches next, gone before its first probe);
+    terminated at a stop (SearchStopped). None when the process fails: the search then starts from 1."""
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_predict_into, args=(send, env, *args), name="memlab-predict", daemon=True)
+    proc.start()
+    send.close()
+    try:
+        while not receive.poll(0.2):
+            if stopping():
+                raise SearchStopped("stopped while predicting")
+            if not proc.is_alive() and not receive.poll(0):
+                return None
+        return receive.recv()
+    except EOFError:  # the process ended without an answer
+        return None
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(timeout=5)
+
+
+def _predict_into(send: Any, env: dict[str, str], experiment: Any, profile: Any, memory: int, replay: bool, capped: bool) -> None:
+    os.environ.update(env)  # before anything makes a CUDA context
+    try:
+        send.send(maxbatch.predicted_max_batch(experiment, profile, memory, replay=replay, capped=capped))
+    except Exception:  # noqa: BLE001 (no prediction: the search starts from 1, as without an estimate)
+        send.send(None)
 
 
 def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: Callable[[], bool],
-             live: LiveProbes | None = None, env: dict[str, str] | None = None) -> None:
+             live: LiveProbes | None = None, env: dict[str, str] | None = None, apart: bool = False) -> None:
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status. A search
     resumed after a stop keeps the prediction it started from: on the seeds' shape leanest's replay took ~5 minutes
     of the H100 each time it was made again (--redo forgets it), and the bounds its probes found (study.json), as
-    long as it resumes on the same GPU model. `env`: the lane's (CUDA_VISIBLE_DEVICES), for every probe's child."""
+    long as it resumes on the same GPU model. `env`: the lane's (CUDA_VISIBLE_DEVICES), for every probe's child; `apart`: predict in a process of its own
+    (several lanes at once)."""
     _forget_another_gpus(plan, item)
     if item.predicted_max_batch is None or not plan.on_cuda:
         try:
-            item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping)
+            item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping, apart_env=(env or {}) if apart else None)
         except SearchStopped:
             item.status, item.message = "interrupted", "stopped while predicting the max batch (the allocator replay)"
             return
