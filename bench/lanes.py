@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -264,10 +265,14 @@ def _timed(cmd: list[str], env: dict, limit_s: float, log_path: Path) -> tuple[f
     taken at the stop, so a stopped command's full time is known to be longer."""
     with open(log_path, "w") as log:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
+        stamp = threading.Thread(target=_stamped, args=(proc.stdout, log, t0), daemon=True)  # when each line came: the schedule
+        stamp.start()
         try:
             proc.wait(timeout=limit_s)
-            return time.monotonic() - t0, False, proc.returncode
+            wall = time.monotonic() - t0
+            stamp.join(timeout=10)
+            return wall, False, proc.returncode
         except subprocess.TimeoutExpired:
             wall = time.monotonic() - t0
             proc.send_signal(signal.SIGINT)  # the study stops and keeps what it finished
@@ -276,7 +281,14 @@ def _timed(cmd: list[str], env: dict, limit_s: float, log_path: Path) -> tuple[f
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGINT)  # a second one quits at once
                 proc.wait(timeout=30)
+            stamp.join(timeout=10)
             return wall, True, proc.returncode
+
+
+def _stamped(lines, log, t0: float) -> None:
+    for line in lines:
+        log.write(f"[{time.monotonic() - t0:6.1f} s] {line}")
+        log.flush()
 
 
 def prepare_cache(args) -> Path:
