@@ -9,7 +9,9 @@
 (b) study: `memlab study --gpus 0,1,2,3` of a small study, then the same study with `--gpus 0`, each in its own
     study folder and token/max-batch cache (so neither reuses the other's searches). The 4-lane wall time must be
     at most 0.3x the 1-lane one; the 1-lane study is stopped once it has run `4-lane time / 0.3` (enough to prove
-    the bound: its full time can only be longer), so the part costs at most ~4.5x the 4-lane study.
+    the bound: its full time can only be longer), so the part costs at most ~4.5x the 4-lane study. Where one device
+    call (600 s) cannot hold a part: study4, then study1 (cut) or study1a + study1b (the 1-lane study in two
+    invocations on the same machine, the second resuming the first's folder), each its own call, back to back.
 
 Rows land in OUT/lanes.jsonl as they come; OUT/lanes.parquet and OUT/lanes.md are rewritten after each.
 Needs only the GPU image's packages plus polars (carried: bench/README.md), as any memlab run there does:
@@ -221,6 +223,9 @@ def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[s
     stopped at t proves 4-lane / 1-lane <= T4 / t; its full time is also estimated from the share of items done.
     Part study4 runs only the first, part study1 only the second (given --four-wall-s): one call each where one
     call's time limit cannot hold both."""
+    if "study1a" in parts or "study1b" in parts:
+        results.add(_one_lane_in_two(args, cache, left_s, "a" if "study1a" in parts else "b"))
+        return
     if "study1" in parts:
         four = {"wall_s": args.four_wall_s}
     else:
@@ -238,17 +243,42 @@ def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[s
     results.add(one)
 
 
-def _study(args, gpus: str, base_cache: Path, limit_s: float) -> dict:
-    """One `memlab study` with its own folder and its own copy of the token cache (no max-batch answers)."""
-    tag = "4lanes" if "," in gpus else "1lane"
-    out, cache = Path(args.runs) / f"study-{tag}", Path(args.runs) / f"cache-{tag}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(cache, ignore_errors=True)
-    shutil.copytree(base_cache, cache, ignore=shutil.ignore_patterns("max_batch.json", "*.lock"))
-    cmd = memlab("study", "--out", str(out), "--profiles", args.study_profiles, "--experiment", args.experiment,
+def _one_lane_in_two(args, cache: Path, left_s: float, half: str) -> dict:
+    """The 1-lane study where one device call cannot hold it: part study1a runs it on the first half of the
+    profiles; part study1b (the next call, the same machine: its /tmp stays) resumes that folder with every profile,
+    which adds the rest. The 1-lane time is a's wall less its report (after its last item) plus b's less its
+    start-up (before its first item): what one invocation would not have spent twice, taken off both sides, so the
+    sum is if anything short of one invocation's time and the ratio errs high."""
+    names = args.study_profiles.split(",")
+    if half == "a":
+        row = _study(args, "0", cache, limit_s=left_s - 30, profiles=",".join(names[:len(names) // 2]), tag="1lane-a")
+        row["net_s"] = row["wall_s"] - row["tail_s"]
+        return row
+    row = _study(args, "0", cache, limit_s=left_s - 30, fresh=False, tag="1lane-b")
+    net = args.first_wall_s + row["wall_s"] - row["head_s"]
+    row.update(note=f"two invocations: {args.first_wall_s:.1f} s (a, less its report) + {row['wall_s']:.1f} s "
+                    f"less {row['head_s']:.1f} s of start-up (b resumed a's folder with every profile)",
+               wall_s=net, four_wall_s=args.four_wall_s, ratio=args.four_wall_s / net, bound=bool(row["stopped"]))
+    return row
+
+
+def _study(args, gpus: str, base_cache: Path, limit_s: float, profiles: str | None = None, fresh: bool = True,
+           tag: str | None = None) -> dict:
+    """One `memlab study` with its own folder and its own copy of the token cache (no max-batch answers); not
+    `fresh`: the folder and cache of the last 1-lane study, resumed."""
+    tag = tag or ("4lanes" if "," in gpus else "1lane")
+    folder = "4lanes" if "," in gpus else "1lane"
+    out, cache = Path(args.runs) / f"study-{folder}", Path(args.runs) / f"cache-{folder}"
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(base_cache, cache, ignore=shutil.ignore_patterns("max_batch.json", "*.lock"))
+    cmd = memlab("study", "--out", str(out), "--profiles", profiles or args.study_profiles, "--experiment", args.experiment,
                  "--gpu-memory", args.study_gpu_memory, "--steps", str(args.study_steps), "--gpus", gpus,
                  *[a for s in args.study_set for a in ("--set", s)])
-    wall, stopped, rc = _timed(cmd, {**os.environ, "MEMLAB_CACHE": str(cache)}, limit_s, Path(args.out) / f"study-{tag}.log")
+    log = Path(args.out) / f"study-{tag}.log"
+    wall, stopped, rc = _timed(cmd, {**os.environ, "MEMLAB_CACHE": str(cache)}, limit_s, log)
+    head_s, last_end_s = _item_span(log)
     state = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {"items": {}}
     runs = [i for i in state["items"].values() if i["kind"] != "max"]
     final = ("finished", "rejected", "oom", "nan", "measured", "predicted", "does not fit")  # core.study.state.FINAL
@@ -257,7 +287,19 @@ def _study(args, gpus: str, base_cache: Path, limit_s: float) -> dict:
             "finished": sum(i["status"] == "finished" for i in runs), "runs": len(runs), "rc": rc,
             "lanes_used": lanes_used, "command": " ".join(cmd[2:]),
             "items_done": sum(i["status"] in final for i in state["items"].values()), "items_total": len(state["items"]),
+            "head_s": head_s, "tail_s": wall - last_end_s if last_end_s is not None else 0.0,
             "note": f"stopped at {wall:.0f} s (its full time is longer)" if stopped else ""}
+
+
+def _item_span(log: Path) -> tuple[float, float | None]:
+    """(second of the first item's start, second of the last item's end) in a stamped study log: an item's start
+    line says how many items are left (core.study.execute.Progress.start), its end line does not."""
+    starts, ends = [], []
+    for line in log.read_text().splitlines():
+        stamp, _, text = line.partition("] ")
+        if text.startswith(("[max ", "[common ", "[at_max ")):
+            (starts if "item(s) left" in text else ends).append(float(stamp.strip("[ s")))
+    return (starts[0] if starts else 0.0), (ends[-1] if ends else None)
 
 
 def _timed(cmd: list[str], env: dict, limit_s: float, log_path: Path) -> tuple[float, bool, int]:
@@ -305,7 +347,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="where lanes.jsonl, lanes.parquet, lanes.md and the study logs go")
     ap.add_argument("--runs", default="/tmp/lanes-runs", help="run folders, studies and caches (not copied back)")
     ap.add_argument("--part", default="side,study", help="side, study (study4 then study1) or both (comma-separated)")
-    ap.add_argument("--four-wall-s", type=float, default=None, help="part study1: the 4-lane study's wall time, from an earlier call")
+    ap.add_argument("--four-wall-s", type=float, default=None, help="parts study1, study1b: the 4-lane study's wall time, from an earlier call")
+    ap.add_argument("--first-wall-s", type=float, default=None, help="part study1b: part study1a's net_s, from the call before")
     ap.add_argument("--experiment", default="gpt2s")
     ap.add_argument("--device", default="cuda", help="the children's; cpu (with MEMLAB_FAKE_GPU_COUNT=4) only to try part side on a laptop")
     ap.add_argument("--steps", type=int, default=60, help="steps of each measured run in part side")
@@ -321,8 +364,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="the whole script's time: part study gets what part side left")
     args = ap.parse_args()
     args.study_set = args.study_set if args.study_set is not None else STUDY_SETS
-    if "study1" in args.part.split(",") and not args.four_wall_s:
-        ap.error("--part study1 needs --four-wall-s (the 4-lane study's wall time)")
+    if {"study1", "study1b"} & set(args.part.split(",")) and not args.four_wall_s:
+        ap.error("--part study1 and study1b need --four-wall-s (the 4-lane study's wall time)")
+    if "study1b" in args.part.split(",") and args.first_wall_s is None:
+        ap.error("--part study1b needs --first-wall-s (part study1a's net_s)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = Results(out)
@@ -332,7 +377,7 @@ def main() -> None:
     parts = args.part.split(",")
     if "side" in parts:
         side_by_side(args, results)
-    if {"study", "study4", "study1"} & set(parts):
+    if {"study", "study4", "study1", "study1a", "study1b"} & set(parts):
         study_wall(args, results, cache, args.budget_s - (time.monotonic() - t0), parts)
     print(f"done in {time.monotonic() - t0:.0f} s: {out / 'lanes.md'}", flush=True)
 
