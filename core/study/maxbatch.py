@@ -59,19 +59,20 @@ def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = N
     one takes ~7)."""
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
-    args = (plan.experiment, plan.profiles[name], memory, plan.on_cuda and card.cuda_here(), bool(plan.cap_bytes))
+    what = (plan.experiment, plan.profiles[name], memory)
+    how = {"replay": plan.on_cuda and card.cuda_here(), "capped": bool(plan.cap_bytes)}
     if apart_env is not None:
-        return _predicted_apart(args, apart_env, stopping or (lambda: False)), where
-    return maxbatch.predicted_max_batch(*args[:3], replay=args[3], capped=args[4], should_stop=stopping), where
+        return _predicted_apart(what, how, apart_env, stopping or (lambda: False)), where
+    return maxbatch.predicted_max_batch(*what, **how, should_stop=stopping), where
 
 
-def _predicted_apart(args: tuple, env: dict[str, str], stopping: Callable[[], bool]) -> int | None:
-    """predicted_max_batch(*args) in a spawned process that sees the lane's GPU alone (the replay asks the device's
+def _predicted_apart(what: tuple, how: dict, env: dict[str, str], stopping: Callable[[], bool]) -> int | None:
+    """predicted_max_batch(*what, **how) in a spawned process that sees the lane's GPU alone (the replay asks the device's
     capability, which makes a CUDA context: on the GPU this lane searches next, gone before its first probe);
     terminated at a stop (SearchStopped). None when the process fails: the search then starts from 1."""
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_predict_into, args=(send, env, *args), name="memlab-predict", daemon=True)
+    proc = ctx.Process(target=_predict_into, args=(send, env, what, how), name="memlab-predict", daemon=True)
     proc.start()
     send.close()
     try:
@@ -89,10 +90,10 @@ def _predicted_apart(args: tuple, env: dict[str, str], stopping: Callable[[], bo
         proc.join(timeout=5)
 
 
-def _predict_into(send: Any, env: dict[str, str], experiment: Any, profile: Any, memory: int, replay: bool, capped: bool) -> None:
+def _predict_into(send: Any, env: dict[str, str], what: tuple, how: dict) -> None:
     os.environ.update(env)  # before anything makes a CUDA context
     try:
-        send.send(maxbatch.predicted_max_batch(experiment, profile, memory, replay=replay, capped=capped))
+        send.send(maxbatch.predicted_max_batch(*what, **how))
     except Exception:  # noqa: BLE001 (no prediction: the search starts from 1, as without an estimate)
         send.send(None)
 
@@ -102,8 +103,8 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
     """Fill `item` (kind max) with the measured (CUDA) or predicted (CPU) max micro-batch and its status. A search
     resumed after a stop keeps the prediction it started from: on the seeds' shape leanest's replay took ~5 minutes
     of the H100 each time it was made again (--redo forgets it), and the bounds its probes found (study.json), as
-    long as it resumes on the same GPU model. `env`: the lane's (CUDA_VISIBLE_DEVICES), for every probe's child; `apart`: predict in a process of its own
-    (several lanes at once)."""
+    long as it resumes on the same GPU model. `env`: the lane's (CUDA_VISIBLE_DEVICES), for every probe's child.
+    `apart`: predict in a process of its own (several lanes at once)."""
     _forget_another_gpus(plan, item)
     if item.predicted_max_batch is None or not plan.on_cuda:
         try:
