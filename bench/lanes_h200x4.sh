@@ -2,7 +2,7 @@
 # Issue 49 on a 4-GPU host, one device call: bench/lanes.py with the given arguments (results under $OUT/lanes,
 # its printout in $OUT/lanes/stdout.txt), stopped by SIGINT after $LANES_LIMIT_S seconds (default 480); then,
 # with DIAG=1, where the seconds of one max-batch probe go ($OUT/diag). Carries polars as .gpu-wheels/spl.
-# usage: [DIAG=1] [LANES_LIMIT_S=480] bash bench/lanes_h200x4.sh [bench/lanes.py options ...]
+# usage: [DIAG=1] [TOPO=1] [TAG=lanes] [LANES_LIMIT_S=480] bash bench/lanes_h200x4.sh [bench/lanes.py options ...]
 set -u
 source bench/gpu_setup.sh >/dev/null
 nvidia-smi --query-gpu=index,name,serial,clocks.sm --format=csv,noheader
@@ -27,3 +27,8 @@ if [ "${DIAG:-0}" = 1 ]; then
   } > "$OUT/diag/probe_seconds.txt" 2>&1
   cat "$OUT/diag/probe_seconds.txt"
 fi
+# A call brings back at most 8 files: this invocation's folders go back as one archive, its table beside it.
+# Several invocations in one call: give each its own TAG.
+tag=${TAG:-lanes}
+tar czf "$OUT/$tag.tgz" -C "$OUT" lanes $( [ -d "$OUT/diag" ] && echo diag ) && cp "$OUT/lanes/lanes.md" "$OUT/$tag.md" 2>/dev/null
+rm -rf "$OUT/lanes" "$OUT/diag"
