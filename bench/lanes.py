@@ -266,8 +266,8 @@ def _study(args, gpus: str, base_cache: Path, limit_s: float, profiles: str | No
            tag: str | None = None) -> dict:
     """One `memlab study` with its own folder and its own copy of the token cache (no max-batch answers); not
     `fresh`: the folder and cache of the last 1-lane study, resumed."""
-    tag = tag or ("4lanes" if "," in gpus else "1lane")
     folder = "4lanes" if "," in gpus else "1lane"
+    tag = tag or folder
     out, cache = Path(args.runs) / f"study-{folder}", Path(args.runs) / f"cache-{folder}"
     if fresh:
         shutil.rmtree(out, ignore_errors=True)

@@ -205,7 +205,7 @@ def test_a_study_stopped_on_two_lanes_resumes_on_the_gpu_it_is_given_now(tmp_pat
     monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec(kinds[item.profile], self.out / "runs", profile=item.profile))
     lines: list[str] = []
     first = Study(plan, state, tmp_path, lines.append, lanes=[GPU0, GPU1])
-    worker = threading.Thread(target=first._train_phase, args=("common",))
+    worker = threading.Thread(target=first._one_queue, args=(["common"],))
     worker.start()
     deadline = time.time() + 60
     while time.time() < deadline and not (state.item("common", "baseline").final and len(list((tmp_path / "runs").iterdir())) == 3):
@@ -221,8 +221,7 @@ def test_a_study_stopped_on_two_lanes_resumes_on_the_gpu_it_is_given_now(tmp_pat
     gpu3 = Lane((3,), ("3",))
     second = Study(plan, state, tmp_path, lines.append, lanes=[gpu3])
     monkeypatch.setattr(second, "_ended", lambda o, inner=second._ended: seen.update({o.key.profile: _seen(o)}) or inner(o))
-    second.queue = None
-    second._train_phase("common")
+    second._one_queue(["common"])
     assert seen == {"bf16": "3", "gradcp": "3"}  # the finished run was not run again
     assert {n: state.item("common", n).status for n in names} == {n: "finished" for n in names}
     assert state.item("common", "baseline").run_dir == kept and state.item("common", "bf16").lane == "gpu 3"

@@ -7,7 +7,8 @@ refused, failed or crashed profile is recorded and the study goes on. State is s
 Lanes (memlab.core.lanes, `--gpus`): the searches and the runs are spread over the GPUs given to this invocation,
 one at a time on each; a resumed study uses whatever GPUs it is given. The phases are one queue (study.ready): a
 free lane takes the next search, else the next run whose search has ended, so no lane waits for the slowest search.
-With `--lanes N` (N searches share each GPU) the phases stay apart: a timed run needs its GPU to itself.
+With `--lanes N` (N searches share each GPU) the runs start once every search has ended: a timed run needs its GPU
+to itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from memlab.core.gpu_memory import MEMORY_ENV
 from memlab.core.lanes import CPU_LANE, Lane, LaneQueue, drain_on_lanes, map_on_lanes, names_gpu_fault, nvml_fault
@@ -39,8 +40,7 @@ class Study:
         self.lanes = list(lanes)  # this invocation's GPUs (--gpus): a resumed study uses what it is given now
         self.out_lanes: set[Lane] = set()  # lanes whose GPU failed: they take nothing more
         self.stopping = False
-        self.queue: LaneQueue | None = None  # a phase's queue (--lanes N)
-        self._run_queues: set[LaneQueue] = set()  # the one-queue pass's runs in flight, one queue each
+        self._run_queues: set[LaneQueue] = set()  # the runs in flight, one queue each
         self.live = LiveProbes()  # the max-batch probes in flight: a stop cancels them
         self.progress = Progress(self._pending_counts, say, lanes=plan.lanes * len(self.lanes), run_lanes=len(self.lanes))
         self._lock = threading.RLock()  # lanes: one state file, one progress line at a time
@@ -49,7 +49,7 @@ class Study:
         self.stopping = True
         self.live.cancel_all()
         with self._lock:
-            queues = [q for q in (self.queue, *self._run_queues) if q is not None]
+            queues = list(self._run_queues)
         for q in queues:
             q.stop()
 
@@ -57,19 +57,18 @@ class Study:
         """Do what is not final yet; returns when done or stopped (see `stopping`)."""
         kinds = TRAIN_KINDS if self.plan.options.at_max else TRAIN_KINDS[:1]
         if self.plan.lanes == 1:
-            self._one_queue(kinds)
+            self._one_queue(("max", *kinds))
             return
-        self._max_phase()
-        for kind in kinds:
-            if not self.stopping:
-                self._train_phase(kind)
+        self._max_phase()  # N searches share each GPU: a timed run needs its GPU to itself, so the runs come after
+        if not self.stopping:
+            self._one_queue(kinds)
 
     # ------------------------------------------------------------------------------------------ one queue
 
     def _one_queue(self, kinds: Sequence[str]) -> None:
-        """Every search, then every run, in one queue over the lanes: a free lane takes the next search, else the
-        next run whose search has ended (ReadyItems), else waits for one to end."""
-        items = [self.state.item(kind, name) for kind in ("max", *kinds) for name in self.plan.options.profiles]
+        """The items of `kinds` (searches first, then runs) in one queue over the lanes: a free lane takes the next
+        search, else the next run whose search has ended (ReadyItems), else waits for one to end."""
+        items = [self.state.item(kind, name) for kind in kinds for name in self.plan.options.profiles]
         ready = ReadyItems([i for i in items if not i.final], self._needs)
 
         def work(item: Item, lane: Lane) -> None:
@@ -154,18 +153,6 @@ class Study:
 
     # ------------------------------------------------------------------------------------------ training runs
 
-    def _train_phase(self, kind: str) -> None:
-        lanes = [lane for lane in self.lanes if lane not in self.out_lanes]
-        if not lanes:
-            self.say(f"every GPU lane failed ({', '.join(lane.name for lane in self.out_lanes)}): no {kind} run starts; resume with other --gpus")
-            return
-        self.queue = LaneQueue(lanes, on_start=self._started, on_event=self._event, on_result=self._ended)
-        if self.stopping:  # a stop that came before this queue existed
-            self.queue.stop()
-        self.queue.run(self._train_specs(kind))
-        self.out_lanes |= set(self.queue.out)
-        self.queue = None
-
     def _event(self, item: Item, ev: dict) -> None:
         with self._lock:  # the lanes' children report at once; the progress is one
             self.progress.event(item, ev)
@@ -175,19 +162,6 @@ class Study:
         with self._lock:
             item.lane = lane.name if lane.indices else ""
             self.progress.start(item, what + (f" on {lane.name}" if lane.indices else ""))
-
-    def _train_specs(self, kind: str) -> Iterator[tuple[Item, ChildSpec]]:
-        """Items of `kind` to run, claimed one at a time (so a stop in between starts nothing more)."""
-        for name in self.plan.options.profiles:
-            item = self.state.item(kind, name)
-            if item.final or self.stopping:
-                continue
-            spec = self._spec(item)
-            if spec is None:
-                with self._lock:
-                    self.state.save(self.out)
-                continue
-            yield item, spec
 
     def _spec(self, item: Item) -> ChildSpec | None:
         """The child that trains `item`, or None with the item's status saying why it cannot run."""
