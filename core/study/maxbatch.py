@@ -60,10 +60,16 @@ def predicted_max(plan: Plan, name: str, stopping: Callable[[], bool] | None = N
     memory = plan.cap_bytes or parse_size(CPU_MEMORY)
     where = gib(memory) if plan.cap_bytes or plan.on_cuda else f"{gib(memory)} (an 80 GB card assumed)"
     what = (plan.experiment, plan.profiles[name], memory)
-    how = {"replay": plan.on_cuda and card.cuda_here(), "capped": bool(plan.cap_bytes)}
+    how = {"replay": _replays(plan), "capped": bool(plan.cap_bytes)}
     if apart_env is not None:
         return _predicted_apart(what, how, apart_env, stopping or (lambda: False)), where
     return maxbatch.predicted_max_batch(*what, **how, should_stop=stopping), where
+
+
+def _replays(plan: Plan) -> bool:
+    """Whether the prediction replays the allocator over a traced step (seconds of CPU), not the analytic formula's
+    milliseconds: on a real GPU only."""
+    return plan.on_cuda and card.cuda_here()
 
 
 def _predicted_apart(what: tuple, how: dict, env: dict[str, str], stopping: Callable[[], bool]) -> int | None:
@@ -108,7 +114,8 @@ def find_max(plan: Plan, item: Item, on_probe: Callable[[str], None], stopping: 
     _forget_another_gpus(plan, item)
     if item.predicted_max_batch is None or not plan.on_cuda:
         try:
-            item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping, apart_env=(env or {}) if apart else None)
+            apart_env = (env or {}) if apart and _replays(plan) else None  # a process is worth starting for a replay only
+            item.predicted_max_batch, where = predicted_max(plan, item.profile, stopping, apart_env=apart_env)
         except SearchStopped:
             item.status, item.message = "interrupted", "stopped while predicting the max batch (the allocator replay)"
             return
