@@ -461,6 +461,26 @@ def test_the_fake_step_of_a_compiled_profile_with_a_budget_passes_the_technique_
     check_techniques(experiment, p, torch.device("cpu"))
 
 
+def test_the_fake_step_takes_each_techniques_own_declaration_of_what_it_cannot_run_here():
+    """fastest on a CPU: compile off, the CUDA graph launched, each with its technique's note (flash builds as its SDPA
+    fallback here, which runs on fake tensors); tf32 traced as fp32; float8 on a CPU refused with its technique's line."""
+    import torch
+
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.errors import DeviceError
+    from memlab.core.predict.fake import fake_runnable
+    from memlab.core.techniques import check_techniques
+
+    experiment, notes, cpu = load_experiment("tiny"), [], torch.device("cpu")
+    p = fake_runnable(experiment, load_profile("fastest"), cpu, notes)
+    assert (p.compile.enabled, p.cuda_graph.enabled, p.checkpointing.budget) == (False, False, 1.0)
+    assert [n.split(" ")[0] for n in notes] == ["cuda_graph", "compile"]
+    check_techniques(experiment, p, cpu)
+    assert fake_runnable(experiment, load_profile("tf32"), cpu, []).precision.dtype == "fp32"
+    with pytest.raises(DeviceError, match=r"^--method fake cannot run float8 matmuls without CUDA; use --method analytic$"):
+        fake_runnable(experiment, load_profile("float8"), cpu, [])
+
+
 def test_the_tiny_compiled_step_replays_from_its_traced_events_without_tracing(monkeypatch):
     """The tiny experiment's compile step, its events from compile_budget_traces.EVENTS (traced by torch 2.13 at
     budget 1, the default partition): two steps replayed at micro-batch 8 peak at these bytes (64 MiB of them the

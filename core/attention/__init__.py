@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from memlab.core.config import AttentionConfig
-from memlab.core.errors import ConfigError
+from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.standin import FakeStep
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -171,6 +172,24 @@ def apply(step: TrainStep) -> None:
     """The kernel the model is built with (the same choice check() made)."""
     step.kernel = kernel_for(step.experiment, step.profile, step.device)
 
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    """A kernel that cannot run on fake tensors (or cannot even be built here: flash without a GPU) is traced as SDPA,
+    which saves the same tensors; a fused kernel's memory does not depend on the window (O(T) a head either way).
+    Without CUDA, SDPA's cuDNN and efficient backends are traced as what a fused kernel saves."""
+    try:
+        runs = kernel_for(experiment, profile, device).supports.fake_tensors
+    except MemlabError:
+        runs = False
+    a = profile.attention
+    if not runs:
+        return FakeStep({"attention.kernel": "sdpa", "attention.sdpa_backend": "auto", "attention.window": 0},
+                        note=f"attention.kernel = {a.kernel} measured as SDPA (the same saved tensors; it cannot run on fake tensors)")
+    if device.type != "cuda" and a.kernel == "sdpa" and a.sdpa_backend in ("cudnn", "efficient"):
+        return FakeStep({"attention.sdpa_backend": "auto"},
+                        note=f"sdpa_backend = {a.sdpa_backend} measured as a fused kernel saves (its output and log-sum-exp)")
+    return None
 
 _BUILTIN_LOADED = False
 

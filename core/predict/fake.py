@@ -24,7 +24,8 @@ from memlab.core.models import hf as hf_family
 from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
-from memlab.core.techniques import check_plan, check_techniques
+from memlab.core.standin import with_settings
+from memlab.core.techniques import check_plan, check_techniques, fake_steps
 from memlab.core.techniques.precision import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -64,21 +65,17 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
 
 
 def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: list[str]) -> Profile:
-    """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors; notes say what changed."""
-
+    """A copy of `profile` that runs on fake tensors on `device`, with the same saved tensors, as its techniques
+    declare (memlab.core.techniques.fake_steps); notes say what changed."""
     p = copy.deepcopy(profile)
-    if not _kernel_runs_on_fake(experiment, p, device):
-        notes.append(f"attention.kernel = {p.attention.kernel} measured as SDPA (the same saved tensors; it cannot run on fake tensors)")
-        p.attention.kernel, p.attention.sdpa_backend = "sdpa", "auto"
-        p.attention.window = 0  # a fused kernel's memory does not depend on the window (O(T) per head either way)
-    if p.compile.enabled:
-        notes.append(_compile_note(experiment, p))
-        p.compile.enabled = False
-        p.checkpointing.budget = 1.0  # torch.compile's setting: uncompiled, check_techniques refuses any other
-    if p.precision.dtype == "fp16":
-        notes.append("fp16's GradScaler left out (a scale and a flag per step: no memory of its own)")
-    if device.type != "cuda":
-        _cpu_stand_ins(p, notes)
+    for declared in fake_steps(experiment, profile, device):
+        if declared.refusal:
+            raise DeviceError(declared.refusal)
+        with_settings(p, declared.settings)
+        if declared.note:
+            notes.append(declared.note)
+    if profile.compile.enabled:  # which graphs the predictor replays for a compiled step is its own method
+        notes.append(_compile_note(experiment, profile))
     kernel_for(experiment, p, device)  # the stand-in itself must build here
     return p
 
@@ -115,35 +112,6 @@ def _windowed_layers(experiment: Experiment) -> bool:
     model = family.shared_skeleton(experiment)
     config = model.hf.config
     return any(hf_family.layer_windows(model)) or bool(getattr(config, "attn_logit_softcapping", None))
-
-
-def _kernel_runs_on_fake(experiment: Experiment, profile: Profile, device: Any) -> bool:
-    """The kernel's own declaration; a kernel that cannot even be built here (flash without a GPU) cannot either."""
-
-    try:
-        return kernel_for(experiment, profile, device).supports.fake_tensors
-    except MemlabError:
-        return False
-
-
-def _cpu_stand_ins(p: Profile, notes: list[str]) -> None:
-    """Settings that need CUDA, replaced by their CPU twin where the saved tensors are the same."""
-    if p.precision.dtype == "tf32":
-        p.precision.dtype = "fp32"  # same storage; TF32 is a matmul mode
-    if p.checkpointing.offload or p.optimizer.offload:
-        raise DeviceError("--method fake cannot measure offloading to the host without CUDA (host and device are one here); use --method analytic")
-    p.loader.pin_memory = False
-    p.allocator.expandable_segments = False
-    if p.attention.kernel == "sdpa" and p.attention.sdpa_backend in ("cudnn", "efficient"):
-        notes.append(f"sdpa_backend = {p.attention.sdpa_backend} measured as a fused kernel saves (its output and log-sum-exp)")
-        p.attention.sdpa_backend = "auto"
-    if p.optimizer.name in ("adamw8bit", "adamw4bit", "paged_adamw8bit"):
-        raise DeviceError(f"--method fake cannot run optimizer.name = {p.optimizer.name} without CUDA; use --method analytic")
-    if p.kernels.float8:
-        raise DeviceError("--method fake cannot run float8 matmuls without CUDA; use --method analytic")
-    if p.cuda_graph.enabled:  # a capture allocates what the launched step does; the replay models the graph's pool
-        notes.append("cuda_graph measured launched (the same tensors; the allocator replay gives the graph its own pool)")
-        p.cuda_graph.enabled = False
 
 
 def _fake_step_peak(experiment: Experiment, p: Profile, device: Any, vocab_size: int, b: int, gpu_kernels: bool = True,

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import torch
 from memlab.core.config import Profile
 from memlab.core.errors import MemlabError
+from memlab.core.standin import with_settings
 from memlab.core.techniques import memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
@@ -60,9 +61,7 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
     p = copy.deepcopy(profile)
     installs: dict[str, str | None] = {}
     for standin in memory_standins(profile):
-        for key, value in standin.settings.items():
-            section, name = key.split(".")
-            setattr(getattr(p, section), name, value)
+        with_settings(p, standin.settings)
         installs[standin.kind] = standin.installs
     return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"), installs.get("base"))
 

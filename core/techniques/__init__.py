@@ -53,7 +53,7 @@ from memlab.core.techniques import (
     precision,
     torch_compile,
 )
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import FakeStep, StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -96,9 +96,15 @@ def memory_libraries(profile: Profile) -> tuple[str, ...]:
 
 
 def memory_standins(profile: Profile) -> tuple[StandIn, ...]:
-    """The stand-ins the techniques declare for the predictor's fake step (memlab.core.techniques.standin)."""
+    """The stand-ins the techniques declare for the predictor's fake step (memlab.core.standin)."""
     found = (t.memory_standin(profile) for t in TECHNIQUES if hasattr(t, "memory_standin"))
     return tuple(s for s in found if s is not None)
+
+
+def fake_steps(experiment: Experiment, profile: Profile, device: torch.device) -> tuple[FakeStep, ...]:
+    """How each technique enters the predictor's step on fake tensors on `device`, as it declares (memlab.core.standin)."""
+    found = (t.fake_step(experiment, profile, device) for t in TECHNIQUES if hasattr(t, "fake_step"))
+    return tuple(f for f in found if f is not None)
 
 
 def apply_techniques(step: TrainStep) -> None:

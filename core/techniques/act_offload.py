@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.errors import ConfigError
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import StandIn
 from memlab.core.offload import MIN_BYTES, CudaCopies, OverlapOffload
 from memlab.core.requirements import refuse_without_cuda
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.standin import FakeStep
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -17,6 +18,13 @@ ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
     refuse_without_cuda("allocator", profile, device)
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    """Expandable segments are CUDA's allocator's; the allocator replay models them, the fake step needs none."""
+    if profile.allocator.expandable_segments and device.type != "cuda":
+        return FakeStep({"allocator.expandable_segments": False})
+    return None
 
 
 def apply_to_process(profile: Profile) -> None:

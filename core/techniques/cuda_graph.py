@@ -20,6 +20,7 @@ import torch
 
 from memlab.core.errors import ConfigError
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.standin import FakeStep
 
 from memlab.core.models.family import require_family
 
@@ -66,6 +67,14 @@ def check_plan(experiment: Experiment, profile: Profile) -> None:
         conflict = _conflict(profile)
         if conflict:
             raise ConfigError(conflict)
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    """A capture allocates what the launched step does; the allocator replay gives the graph its own pool."""
+    if profile.cuda_graph.enabled and device.type != "cuda":
+        return FakeStep({"cuda_graph.enabled": False},
+                        note="cuda_graph measured launched (the same tensors; the allocator replay gives the graph its own pool)")
+    return None
 
 
 def apply(step: TrainStep) -> None:

@@ -19,7 +19,7 @@ import torch.nn as nn
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.models import family
 from memlab.core.requirements import refuse_without_cuda
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile

@@ -20,6 +20,7 @@ import torch
 
 from memlab.core.errors import ConfigError, DeviceError, MissingExtra
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.standin import FakeStep
 
 from memlab.core.models.family import require_family
 
@@ -68,6 +69,12 @@ def converts(module: torch.nn.Module, fqn: str) -> bool:
 def memory_libraries(profile: Profile) -> tuple[str, ...]:
     """The libraries whose release decides this technique's memory (torchao's Float8Linear, traced or stood in for)."""
     return ("torchao",) if profile.kernels.float8 else ()
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    if profile.kernels.float8 and device.type != "cuda":
+        return FakeStep(refusal="--method fake cannot run float8 matmuls without CUDA; use --method analytic")
+    return None
 
 
 def apply(step: TrainStep) -> None:

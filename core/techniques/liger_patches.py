@@ -23,7 +23,7 @@ from memlab.core.errors import ConfigError, MissingExtra
 from memlab.core.models.family import require_family
 from memlab.core.models.hf import transformers_config
 from memlab.core.requirements import LIGER_MISSING, refuse_without_cuda
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import StandIn
 
 FAMILIES = ("hf",)  # Liger patches transformers' modeling code
 PATCHES = {"rope": True, "rms_norm": True, "swiglu": True, "geglu": True, "layer_norm": True,

@@ -12,7 +12,7 @@ import torch
 
 from memlab.core import linear_ce
 from memlab.core.errors import ConfigError
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import StandIn
 from memlab.core.techniques.precision import compute_dtype
 from memlab.core.requirements import refuse_without_cuda
 

@@ -11,7 +11,7 @@ import torch
 
 from memlab.core.errors import ConfigError
 from memlab.core import shard_step
-from memlab.core.techniques.standin import StandIn
+from memlab.core.standin import StandIn
 from memlab.core.optim import build_optimizer
 from memlab.core.optim_library import PACKAGES, library_version, require_package
 from memlab.core.requirements import refuse_without_cuda

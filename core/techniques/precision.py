@@ -12,6 +12,7 @@ import torch
 
 from memlab.core.errors import ConfigError
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.standin import FakeStep
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -45,6 +46,16 @@ def _check_pure(profile: Profile) -> None:
         raise ConfigError("precision.dtype = bf16_pure does not compose with distributed.mode = fsdp (FSDP2 casts fp32 parameters itself); use bf16, or ddp")
     if profile.optimizer.offload:
         raise ConfigError("precision.dtype = bf16_pure does not compose with optimizer.offload (it keeps fp32 master copies on the host); use bf16")
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    """TF32 is a matmul mode of fp32 storage (its CPU twin saves the same tensors); fp16's GradScaler holds a scale
+    and a flag, no memory of its own."""
+    if profile.precision.dtype == "tf32" and device.type != "cuda":
+        return FakeStep({"precision.dtype": "fp32"})
+    if profile.precision.dtype == "fp16":
+        return FakeStep(note="fp16's GradScaler left out (a scale and a flag per step: no memory of its own)")
+    return None
 
 
 def set_matmul_precision(dtype: str) -> None:

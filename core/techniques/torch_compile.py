@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from memlab.core.standin import FakeStep
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -44,6 +45,14 @@ def compiled(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
         options = (dict(list_mode_options(mode)) if mode else {}) | {"coordinate_descent_tuning": True}
         return torch.compile(model, options=options)
     return torch.compile(model, mode=mode)
+
+
+def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
+    """The fake step runs eager (for a compiled step the predictor replays Inductor's own graphs where it can read
+    them); checkpointing.budget is the partitioner's setting, refused without compile, so it goes back to 1."""
+    if not profile.compile.enabled:
+        return None
+    return FakeStep({"compile.enabled": False, "checkpointing.budget": 1.0})
 
 
 def apply(step: TrainStep) -> None:

@@ -15,3 +15,21 @@ class StandIn:
     kind: str  # optimizer | loss | offload: one stand-in of each kind at most
     installs: str | None  # the stand-in memlab.core.predict.standins puts in place; None: the plain step bounds it
     settings: dict[str, Any] = field(default_factory=dict)  # "section.key" -> value on the copy the fake step builds
+
+
+@dataclass(frozen=True)
+class FakeStep:
+    """How a technique enters the predictor's step on fake tensors where it cannot run there as configured (a kernel
+    without a fake implementation, a CUDA-only setting on a CPU): the settings on the copy the fake step builds and
+    a note saying what changed, or the one-line reason it cannot be predicted on this device at all."""
+
+    settings: dict[str, Any] = field(default_factory=dict)  # "section.key" -> value, as StandIn.settings
+    note: str | None = None
+    refusal: str | None = None
+
+
+def with_settings(profile: Any, settings: dict[str, Any]) -> None:
+    """Set each "section.key" of `settings` on `profile` (a copy the fake step builds)."""
+    for key, value in settings.items():
+        section, name = key.split(".")
+        setattr(getattr(profile, section), name, value)
