@@ -448,9 +448,6 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
     for i, micro_batches in enumerate(_batches(run, prepared)):  # the loader's time falls in this step's lap
         publisher.lr[i] = lr = lr_at(i, e.train, total)
         set_lr(step.optimizer, lr)
-        # A copy from pageable host memory waits for the GPU's queue first (CUDA syncs the stream before it): made
-        # before the step starts, that wait is not counted as the host's time queuing the step (PhaseMeter's host_ms)
-        micro_batches = _on_device(micro_batches, run.device)
         meter.start_step(i)
         result = step.run(micro_batches, meter, on_phase)
         run.skipped += result.skipped
@@ -465,10 +462,6 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
             _eval(run, prepared, step, sink, i + 1)
             run.wall.restart()  # evaluating is not training
     publisher.publish(meter.flush())
-
-
-def _on_device(micro_batches: list, device: torch.device) -> list:
-    return [(x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in micro_batches]
 
 
 def _after_step(run: _Run, step: TrainStep, i: int) -> None:

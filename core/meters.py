@@ -151,8 +151,8 @@ class PhaseMeter:
         self._record.loss, self._record.grad_norm = host_copy(loss), host_copy(grad_norm)  # queued before the end mark
         self._marks.append(("end", self._mark()))
         # On CUDA the host queues the step and goes on: its time from start to end mark is Python and launches (and
-        # any wait the step itself has, fp16's GradScaler's; the batch is on the device before the start). Near the
-        # step's GPU time, the GPU waited on the host: the step's time then moves with the host's pace.
+        # any wait the step itself has, fp16's GradScaler's). Near the step's GPU time, the GPU waited on the host:
+        # the step's time then moves with the host's pace (gradcp_bf16 on gpt2s, bench/results/lanes-h200x4/).
         self._record.host_ms = (time.perf_counter() - self._host_start) * 1000.0
         previous, self._pending = self._pending, (self._record, self._marks)
         return self._resolve(previous) if previous else None
