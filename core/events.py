@@ -60,7 +60,6 @@ class StepEvent(Event):
     fwd_ms: float | None
     bwd_ms: float | None
     opt_ms: float | None
-    host_ms: float | None  # the host's time queuing the step (memlab.core.meters.PhaseMeter.finish_step)
     tokens: int
     tokens_per_s: float | None
     peak_alloc_fwd_bytes: int | None

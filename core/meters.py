@@ -70,7 +70,6 @@ class StepRecord:
     bwd_ms: float | None = 0.0
     opt_ms: float | None = 0.0
     step_ms: float = 0.0
-    host_ms: float | None = None  # the host's own time issuing the step (see PhaseMeter.finish_step)
     peak: dict[str, int | None] = field(default_factory=lambda: {p: None for p in PHASES})
     peak_reserved: int | None = None
     loss: Any = None  # a tensor (a host copy on CUDA) until the step is read back, then a float
@@ -105,7 +104,6 @@ class PhaseMeter:
         self._marks: list[tuple[str, Any]] = []
         self._record: StepRecord | None = None
         self._pending: tuple[StepRecord, list[tuple[str, Any]]] | None = None
-        self._host_start = 0.0
 
     def _mark(self) -> Any:
         if self.cuda:
@@ -116,7 +114,6 @@ class PhaseMeter:
 
     def start_step(self, step: int) -> None:
         self._record = StepRecord(step)
-        self._host_start = time.perf_counter()
         self._marks = [("start", self._mark())]
 
     def begin(self, phase: str) -> None:
@@ -150,10 +147,6 @@ class PhaseMeter:
         assert self._record is not None
         self._record.loss, self._record.grad_norm = host_copy(loss), host_copy(grad_norm)  # queued before the end mark
         self._marks.append(("end", self._mark()))
-        # On CUDA the host queues the step and goes on: its time from start to end mark is Python and launches (and
-        # any wait the step itself has, fp16's GradScaler's). Near the step's GPU time, the GPU waited on the host:
-        # the step's time then moves with the host's pace (gradcp_bf16 on gpt2s, bench/results/lanes-h200x4/).
-        self._record.host_ms = (time.perf_counter() - self._host_start) * 1000.0
         previous, self._pending = self._pending, (self._record, self._marks)
         return self._resolve(previous) if previous else None
 

@@ -130,9 +130,6 @@ METRICS: tuple[Metric, ...] = (
     Metric("fwd_ms_median", FLOAT, "ms", "max", "median forward time", **_MEASURED),
     Metric("bwd_ms_median", FLOAT, "ms", "max", "median backward time", **_MEASURED),
     Metric("opt_ms_median", FLOAT, "ms", "max", "median optimizer-step time", **_MEASURED),
-    Metric("host_ms_median", FLOAT, "ms", "max", "median time the host took to queue a step (Python and kernel launches, "
-           "and any wait of the step's own, fp16's GradScaler's); near step_ms_median on a GPU: the GPU waited on the "
-           "host, and the step time moves with the host's pace", **_MEASURED),
     Metric("tokens_per_s", FLOAT, "tokens/s", "pace", "training throughput (step time from CUDA events: the device's)", "tokens/s", 16, **_MEASURED),
     Metric("tokens_per_s_wall", FLOAT, "tokens/s", "rank0", "training throughput by the wall clock over the measured steps (data loading, logging and everything between steps included)", "wall tokens/s", 17, twin="tokens_per_s", **_MEASURED),
     Metric("flops_per_token", FLOAT, "flops", "same"),

@@ -46,7 +46,6 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "fwd_ms": pl.Float64,
     "bwd_ms": pl.Float64,
     "opt_ms": pl.Float64,
-    "host_ms": pl.Float64,
     "tokens": pl.Int64,
     "tokens_per_s": pl.Float64,
     "peak_alloc_fwd_bytes": pl.Int64,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 
 import polars as pl
 import pytest
@@ -52,18 +51,6 @@ def test_cpu_figures_are_null_not_zero(tiny):
     assert summary["step_ms_median"] > 0 and summary["tokens_per_s"] > 0
     assert summary["step_ms_p90"] >= summary["step_ms_median"]
     assert summary["precision"] == "bf16"
-
-
-def test_each_step_records_the_hosts_own_time_to_queue_it(tiny):
-    """host_ms: from the step's start to its end mark by the host's clock. On a CPU host and device are one, so it
-    holds the step's own time and a little more (the marks sit inside it); the summary has its median."""
-    sink = ListSink()
-    summary = train(tiny, load_profile("baseline"), sink, device=CPU)
-    steps = sink.of("step")
-    for e in steps:
-        assert e["step_ms"] <= e["host_ms"] < e["step_ms"] + 50, e
-    measured = sorted(e["host_ms"] for e in steps if e["measured"])
-    assert summary["host_ms_median"] == pytest.approx(statistics.median(measured))
 
 
 def test_same_seed_same_losses(tiny):
