@@ -6,13 +6,14 @@
 #   slice  the last quarter of the host's vCPUs (what one lane of four would get if lanes split the host);
 #   cores  one vCPU on each of 4 physical cores (no SMT sibling shared).
 # Each run: the summary's median step, forward, backward and optimizer milliseconds (CUDA events), the process's
-# user + system CPU seconds and wall seconds; the GPU's SM clock and power sampled every 0.5 s beside it.
+# user + system CPU seconds and wall seconds; the GPU's SM clock and power sampled every 0.5 s beside it; host_ms_median
+# where the run recorded one (only commit 628b3b7 did; reverted, bench/results/lanes-h200x4/NOTE.md says why).
 # Carries polars as .gpu-wheels/spl (bench/README.md).
-# usage: [PROFILE=gradcp_bf16] [ROUNDS=3] [STEPS=60] [GPU=3] bash bench/gradcp_jitter.sh
+# usage: [PROFILE=gradcp_bf16] [ROUNDS=3] [STEPS=60] [GPU=3] [TAG=jitter] bash bench/gradcp_jitter.sh
 set -u
 source bench/gpu_setup.sh >/dev/null
 profile=${PROFILE:-gradcp_bf16}; rounds=${ROUNDS:-3}; steps=${STEPS:-60}; gpu=${GPU:-0}
-out=$OUT/jitter; mkdir -p "$out"; export MEMLAB_CACHE=/tmp/jt-cache CUDA_VISIBLE_DEVICES=$gpu
+out=$OUT/${TAG:-jitter}; mkdir -p "$out"; export MEMLAB_CACHE=/tmp/jt-cache CUDA_VISIBLE_DEVICES=$gpu
 lscpu -p=CPU,CORE,SOCKET,NODE | grep -v '^#' > "$out/cpus.csv"
 n=$(wc -l < "$out/cpus.csv")
 slice=$(awk -F, -v n="$n" 'NR > n - n/4 {printf "%s%s", sep, $1; sep=","}' "$out/cpus.csv")
@@ -35,7 +36,7 @@ row = pq.read_table(runs[-1]).to_pylist()[0]
 user, system, wall = (float(x) for x in open(sys.argv[3]).read().split()[-3:])
 smi = [line.split(",") for line in open(sys.argv[4]) if "," in line]
 clock = [float(s[0]) for s in smi if s[0].strip().replace(".", "").isdigit()]
-keys = ("step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median", "opt_ms_median", "peak_alloc_bytes")
+keys = ("step_ms_median", "step_ms_p90", "fwd_ms_median", "bwd_ms_median", "opt_ms_median", "host_ms_median", "peak_alloc_bytes")
 print(json.dumps({"where": where, **{k: row.get(k) for k in keys}, "cpu_s": user + system, "wall_s": wall,
                   "sm_mhz_median": statistics.median(clock) if clock else None,
                   "sm_mhz_min": min(clock) if clock else None, "run": runs[-1].parent.name}))
@@ -52,5 +53,6 @@ for where in ("free", "slice", "cores"):
     ms = [r["step_ms_median"] for r in got]
     print(f"{where}: step median {statistics.median(ms):.2f} ms, runs " + ", ".join(f"{m:.2f}" for m in ms)
           + " | bwd " + ", ".join(f"{r['bwd_ms_median']:.2f}" for r in got)
+          + " | host " + ", ".join(f"{r['host_ms_median']:.2f}" if r.get("host_ms_median") else "-" for r in got)
           + " | cpu_s/wall_s " + ", ".join(f"{r['cpu_s']:.0f}/{r['wall_s']:.0f}" for r in got))
 PY
