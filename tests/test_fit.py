@@ -52,6 +52,11 @@ def test_a_deep_steps_tensor_peak_extrapolates_exactly_from_two_shallow_traces()
     from memlab.core.predict.trace import step_peaks
 
     assert applies(*_tiny("gradcp_bf16", f"model.n_layer={DEEP_ENOUGH}"))
+    # what each technique declares does not repeat block by block: a compiled step, a captured one, freeze's last blocks
+    assert not any(applies(*_tiny(name, f"model.n_layer={DEEP_ENOUGH}")) for name in ("compile", "fastest", "freeze"))
+    e, every3 = _tiny("gradcp_every2", f"model.n_layer={DEEP_ENOUGH}")
+    every3.checkpointing.every = 3  # the shallow depths (2, 4) hold no whole period of 3
+    assert applies(*_tiny("gradcp_every2", f"model.n_layer={DEEP_ENOUGH}")) and not applies(e, every3)
     for profile in ("gradcp_bf16",):  # the peak moves from the loss to the optimizer step with depth
         e, p = _tiny(profile, "model.n_layer=7")  # odd: the extrapolation is not to a multiple of the shallow depths
         vocab = vocab_for(e)[0]

@@ -17,18 +17,17 @@ import dataclasses
 from memlab.core.config import Experiment, Profile
 from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator, replayed
 from memlab.core.predict.trace import fake_trace
+from memlab.core.techniques import repeats_per_block
 
 SHALLOW = (2, 4)  # two depths, both even: a model whose blocks alternate (Gemma-2's sliding and global) has whole pairs
 DEEP_ENOUGH = 3 * SHALLOW[1]  # below this many blocks the full trace is cheap enough
 
 
 def applies(experiment: Experiment, profile: Profile) -> bool:
-    """Where extrapolating is sound: a deep stack, an eager step (a compiled step's graphs are traced whole), no CUDA
-    graph (its private pool is laid out once), no per-block schedule that depends on depth (every-n checkpointing
-    with a period the shallow depths do not share, the last blocks trained by freeze)."""
-    every = profile.checkpointing.every if profile.checkpointing.mode == "every_n" else 1
-    return (experiment.model.n_layer >= DEEP_ENOUGH and not profile.compile.enabled and not profile.cuda_graph.enabled
-            and SHALLOW[0] % max(1, every) == 0 and profile.finetune.method != "freeze")
+    """Where extrapolating is sound: a deep stack whose step repeats block by block, as its techniques declare (not
+    a compiled step, a captured one, every-n checkpointing with a period the shallow depths do not hold whole, the
+    last blocks trained by freeze)."""
+    return experiment.model.n_layer >= DEEP_ENOUGH and repeats_per_block(profile, SHALLOW)
 
 
 def extrapolated_peak(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,

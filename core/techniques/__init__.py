@@ -101,6 +101,12 @@ def memory_standins(profile: Profile) -> tuple[StandIn, ...]:
     return tuple(s for s in found if s is not None)
 
 
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """Whether the step's memory is one block's bytes repeated at each of these depths, as every technique declares:
+    where the predictor may extrapolate a deep model from shallow traces (memlab.core.predict.depth)."""
+    return all(t.repeats_per_block(profile, depths) for t in TECHNIQUES if hasattr(t, "repeats_per_block"))
+
+
 def fake_steps(experiment: Experiment, profile: Profile, device: torch.device) -> tuple[FakeStep, ...]:
     """How each technique enters the predictor's step on fake tensors on `device`, as it declares (memlab.core.standin)."""
     found = (t.fake_step(experiment, profile, device) for t in TECHNIQUES if hasattr(t, "fake_step"))

@@ -148,6 +148,12 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
                           "budget chooses what to recompute itself; use mode = 'none' with a budget, or budget = 1 with a mode")
 
 
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """Every n-th block checkpointed repeats only over whole periods: each depth must hold whole ones."""
+    every = profile.checkpointing.every if profile.checkpointing.mode == "every_n" else 1
+    return all(d % max(1, every) == 0 for d in depths)
+
+
 def apply(step: TrainStep) -> None:
     """Before compile, so compile sees (and can fuse around) the recompute boundaries. The budget is applied by
     torch_compile, around the module it compiles."""

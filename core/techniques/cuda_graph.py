@@ -77,6 +77,11 @@ def fake_step(experiment: Experiment, profile: Profile, device: torch.device) ->
     return None
 
 
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """A captured step's private pool is laid out once, for the whole step: not block by block."""
+    return not profile.cuda_graph.enabled
+
+
 def apply(step: TrainStep) -> None:
     """Last, on the finished step: its optimizer keeps lr and its step count on the device (set_lr fills the lr in
     place, outside the graph), and TrainStep.run goes through a StepGraph. Fake-tensor traces (step.on_device) run

@@ -134,6 +134,11 @@ def _peft_at_least(minimum: str) -> bool:
     return tuple(int(x) for x in got.split(".")[:2]) >= tuple(int(x) for x in minimum.split("."))
 
 
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """freeze trains the last blocks: which blocks those are depends on the depth."""
+    return profile.finetune.method != "freeze"
+
+
 def memory_standin(profile: Profile) -> StandIn | None:
     """A 4-bit base needs bitsandbytes' CUDA kernels: the predictor's fake step builds the adapters over a bf16 base
     and swaps each base for a stand-in that allocates what bitsandbytes keeps (memlab.core.predict.standins)."""

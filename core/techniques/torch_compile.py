@@ -55,6 +55,11 @@ def fake_step(experiment: Experiment, profile: Profile, device: torch.device) ->
     return FakeStep({"compile.enabled": False, "checkpointing.budget": 1.0})
 
 
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """A compiled step's graphs are traced whole: Inductor's buffers are not one block's bytes repeated."""
+    return not profile.compile.enabled
+
+
 def apply(step: TrainStep) -> None:
     """After checkpointing (compile sees the recompute boundaries), before distributed wrapping. A
     checkpointing.budget below 1 is the partitioner's setting: the compiled module runs under it."""
