@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from memlab.core.attention import backward_kernel
 from memlab.core.predict.cuda_temporaries import (
     Sms,
-    attention_backward_kernel,
     reduce_staging_bytes,
     sdpa_backward_workspace_bytes,
     sum_staging_bytes,
@@ -87,4 +87,4 @@ def test_the_backend_whose_workspace_counts_is_what_an_h100_runs(attention, dtyp
     p = Profile()
     p.attention.kernel, p.attention.sdpa_backend = attention["kernel"], attention["sdpa_backend"]
     p.precision.dtype = dtype
-    assert attention_backward_kernel(p) == expect
+    assert backward_kernel(p) == expect

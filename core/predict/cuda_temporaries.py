@@ -21,13 +21,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
-
-if TYPE_CHECKING:
-    from memlab.core.config import Profile
 
 MAX_REDUCE_THREADS = 512  # Reduce.cuh's threads a block, for every dtype but complex128
 WARP = 32
@@ -119,20 +115,3 @@ def sdpa_backward_workspace_bytes(backend: str, batch: int, heads: int, seq_len:
     if backend == "flash":
         return 4 * batch * div_up(seq_len, 128) * 128 * heads * div_up(head_dim, 32) * 32
     return 0
-
-
-def attention_backward_kernel(profile: Profile) -> str:
-    """The backend whose backward workspace sdpa_backward_workspace_bytes gives, for `profile` on an H100: SDPA's
-    auto runs cuDNN there in bf16 and fp16 (the H100's traces, torch 2.11) and the efficient kernel in fp32 (not
-    modelled); the flash family runs FlashAttention-2's backward (the flash-attn library's or SDPA's), or FA4's
-    on Hopper, whose dq accumulator is the same block (flash_attn/cute/interface.py, _flash_attn_bwd; its two fp32
-    rows of B x H x round(T, 128) beside it, 1/32 of the accumulator at head_dim 64, are left out), or the SDPA
-    backend that stands in where flash-attn cannot run (`fastest`: cuDNN, one fp32 row more than this rule)."""
-    a = profile.attention
-    if a.kernel == "flash":
-        return "flash"
-    if a.kernel != "sdpa" or a.sdpa_backend == "math":
-        return ""
-    if a.sdpa_backend == "auto":
-        return "cudnn" if profile.precision.dtype in ("bf16", "fp16") else ""
-    return a.sdpa_backend

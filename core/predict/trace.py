@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
-from memlab.core import stopping
+from memlab.core import attention, stopping
 from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, MemlabError
@@ -37,7 +37,7 @@ from memlab.core.predict import inductor
 from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
 from memlab.core.predict.card import context_bytes_here
-from memlab.core.predict.cuda_temporaries import Sms, attention_backward_kernel, sum_staging_bytes
+from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
 from memlab.core.predict.search import bisected, largest_fitting
 from memlab.core.predict.standins import compiled_standin, float8_standin
@@ -84,7 +84,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = profile.cuda_graph.enabled
-    attention_backward = attention_backward_kernel(profile)  # before the stand-ins rename the kernel
+    attention_backward = attention.backward_kernel(profile)  # the attention's declaration, before the stand-ins rename the kernel
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
