@@ -173,7 +173,6 @@ def apply(step: TrainStep) -> None:
     step.kernel = kernel_for(step.experiment, step.profile, step.device)
 
 
-
 def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
     """A kernel that cannot run on fake tensors (or cannot even be built here: flash without a GPU) is traced as SDPA,
     which saves the same tensors; a fused kernel's memory does not depend on the window (O(T) a head either way).
@@ -193,10 +192,10 @@ def fake_step(experiment: Experiment, profile: Profile, device: torch.device) ->
 
 
 def backward_kernel(profile: Profile) -> str:
-    """The backend whose backward workspace memlab.core.predict.cuda_temporaries.sdpa_backward_workspace_bytes gives, for `profile` on an H100: SDPA's
-    auto runs cuDNN there in bf16 and fp16 (the H100's traces, torch 2.11) and the efficient kernel in fp32 (not
-    modelled); the flash family runs FlashAttention-2's backward (the flash-attn library's or SDPA's), or FA4's
-    on Hopper, whose dq accumulator is the same block (flash_attn/cute/interface.py, _flash_attn_bwd; its two fp32
+    """The backend whose backward workspace memlab.core.predict.cuda_temporaries.sdpa_backward_workspace_bytes
+    gives, for `profile` on an H100: SDPA's auto runs cuDNN there in bf16 and fp16 (the H100's traces, torch
+    2.11) and the efficient kernel in fp32 (not modelled); the flash family runs FlashAttention-2's backward (the
+    flash-attn library's or SDPA's), or FA4's on Hopper, whose dq accumulator is the same block (flash_attn/cute/interface.py, _flash_attn_bwd; its two fp32
     rows of B x H x round(T, 128) beside it, 1/32 of the accumulator at head_dim 64, are left out), or the SDPA
     backend that stands in where flash-attn cannot run (`fastest`: cuDNN, one fp32 row more than this rule)."""
     a = profile.attention
@@ -207,6 +206,7 @@ def backward_kernel(profile: Profile) -> str:
     if a.sdpa_backend == "auto":
         return "cudnn" if profile.precision.dtype in ("bf16", "fp16") else ""
     return a.sdpa_backend
+
 
 _BUILTIN_LOADED = False
 
