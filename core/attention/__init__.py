@@ -195,9 +195,10 @@ def backward_kernel(profile: Profile) -> str:
     """The backend whose backward workspace memlab.core.predict.cuda_temporaries.sdpa_backward_workspace_bytes
     gives, for `profile` on an H100: SDPA's auto runs cuDNN there in bf16 and fp16 (the H100's traces, torch
     2.11) and the efficient kernel in fp32 (not modelled); the flash family runs FlashAttention-2's backward (the
-    flash-attn library's or SDPA's), or FA4's on Hopper, whose dq accumulator is the same block (flash_attn/cute/interface.py, _flash_attn_bwd; its two fp32
-    rows of B x H x round(T, 128) beside it, 1/32 of the accumulator at head_dim 64, are left out), or the SDPA
-    backend that stands in where flash-attn cannot run (`fastest`: cuDNN, one fp32 row more than this rule)."""
+    flash-attn library's or SDPA's), or FA4's on Hopper, whose dq accumulator is the same block
+    (flash_attn/cute/interface.py, _flash_attn_bwd; its two fp32 rows of B x H x round(T, 128) beside it, 1/32 of
+    the accumulator at head_dim 64, are left out), or the SDPA backend that stands in where flash-attn cannot run
+    (`fastest`: cuDNN, one fp32 row more than this rule)."""
     a = profile.attention
     if a.kernel == "flash":
         return "flash"
