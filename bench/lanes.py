@@ -224,13 +224,16 @@ def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[s
     Part study4 runs only the first, part study1 only the second (given --four-wall-s): one call each where one
     call's time limit cannot hold both."""
     if "study1a" in parts or "study1b" in parts:
-        results.add(_one_lane_in_two(args, cache, left_s, "a" if "study1a" in parts else "b"))
+        row = _one_lane_in_two(args, cache, left_s, "a" if "study1a" in parts else "b")
+        _chain(args, first_wall_s=row.get("net_s"))
+        results.add(row)
         return
     if "study1" in parts:
         four = {"wall_s": args.four_wall_s}
     else:
         four = _study(args, "0,1,2,3", cache, limit_s=min(args.study_limit_s, left_s / (1 if "study4" in parts else 4.5)))
         results.add(four)
+        _chain(args, four_wall_s=four["wall_s"])
         if four.get("stopped") or "study4" in parts:
             return
         left_s -= four["wall_s"]
@@ -241,6 +244,35 @@ def study_wall(args, results: Results, cache: Path, left_s: float, parts: list[s
     if one["bound"] and one["items_done"]:
         one["ratio_estimate"] = four["wall_s"] / (one["wall_s"] * one["items_total"] / one["items_done"])
     results.add(one)
+
+
+def _gpu_serials() -> str:
+    if not shutil.which("nvidia-smi"):
+        return ""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=serial", "--format=csv,noheader"], capture_output=True, text=True)
+    return ",".join(out.stdout.split()) if out.returncode == 0 else ""
+
+
+def _chain(args, **figures) -> None:
+    """Parts study4, study1a and study1b in calls back to back on one machine (its /tmp stays): each leaves its
+    figure in RUNS/chain.json with the GPUs' serials, so the next needs no figure typed in from the call before."""
+    path = Path(args.runs) / "chain.json"
+    state = json.loads(path.read_text()) if path.exists() else {}
+    state.update({k: v for k, v in figures.items() if v is not None}, serials=_gpu_serials())
+    path.write_text(json.dumps(state))
+
+
+def _from_chain(args) -> None:
+    """--four-wall-s and --first-wall-s, where not given, from the earlier parts on this machine (same serials)."""
+    path = Path(args.runs) / "chain.json"
+    if not path.exists():
+        return
+    state = json.loads(path.read_text())
+    if state.get("serials") != _gpu_serials():
+        sys.exit(f"{path} was left by other GPUs ({state.get('serials')}): not this machine's chain")
+    args.four_wall_s = args.four_wall_s or state.get("four_wall_s")
+    args.first_wall_s = state.get("first_wall_s") if args.first_wall_s is None else args.first_wall_s
+    args.chain_serials = state["serials"]
 
 
 def _one_lane_in_two(args, cache: Path, left_s: float, half: str) -> dict:
@@ -258,7 +290,8 @@ def _one_lane_in_two(args, cache: Path, left_s: float, half: str) -> dict:
     net = args.first_wall_s + row["wall_s"] - row["head_s"]
     row.update(note=f"two invocations: {args.first_wall_s:.1f} s (a, less its report) + {row['wall_s']:.1f} s "
                     f"less {row['head_s']:.1f} s of start-up (b resumed a's folder with every profile)",
-               wall_s=net, four_wall_s=args.four_wall_s, ratio=args.four_wall_s / net, bound=bool(row["stopped"]))
+               wall_s=net, four_wall_s=args.four_wall_s, ratio=args.four_wall_s / net, bound=bool(row["stopped"]),
+               serials=getattr(args, "chain_serials", ""))
     return row
 
 
@@ -288,7 +321,7 @@ def _study(args, gpus: str, base_cache: Path, limit_s: float, profiles: str | No
             "finished": sum(i["status"] == "finished" for i in runs), "runs": len(runs), "rc": rc,
             "lanes_used": lanes_used, "command": " ".join(cmd[2:]),
             "items_done": sum(i["status"] in final for i in state["items"].values()), "items_total": len(state["items"]),
-            "head_s": head_s, "tail_s": wall - last_end_s if last_end_s is not None else 0.0,
+            "head_s": head_s, "tail_s": wall - last_end_s if last_end_s is not None else 0.0, "serials": _gpu_serials(),
             "note": f"stopped at {wall:.0f} s (its full time is longer)" if stopped else ""}
 
 
@@ -348,8 +381,10 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="where lanes.jsonl, lanes.parquet, lanes.md and the study logs go")
     ap.add_argument("--runs", default="/tmp/lanes-runs", help="run folders, studies and caches (not copied back)")
     ap.add_argument("--part", default="side,study", help="side, study (study4 then study1) or both (comma-separated)")
-    ap.add_argument("--four-wall-s", type=float, default=None, help="parts study1, study1b: the 4-lane study's wall time, from an earlier call")
-    ap.add_argument("--first-wall-s", type=float, default=None, help="part study1b: part study1a's net_s, from the call before")
+    ap.add_argument("--four-wall-s", type=float, default=None,
+                    help="parts study1, study1b: the 4-lane study's wall time (default: part study4's, left on this machine)")
+    ap.add_argument("--first-wall-s", type=float, default=None,
+                    help="part study1b: part study1a's net_s (default: the one part study1a left on this machine)")
     ap.add_argument("--experiment", default="gpt2s")
     ap.add_argument("--device", default="cuda", help="the children's; cpu (with MEMLAB_FAKE_GPU_COUNT=4) only to try part side on a laptop")
     ap.add_argument("--steps", type=int, default=60, help="steps of each measured run in part side")
@@ -365,6 +400,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="the whole script's time: part study gets what part side left")
     args = ap.parse_args()
     args.study_set = args.study_set if args.study_set is not None else STUDY_SETS
+    if {"study1", "study1b"} & set(args.part.split(",")):
+        _from_chain(args)
     if {"study1", "study1b"} & set(args.part.split(",")) and not args.four_wall_s:
         ap.error("--part study1 and study1b need --four-wall-s (the 4-lane study's wall time)")
     if "study1b" in args.part.split(",") and args.first_wall_s is None:
