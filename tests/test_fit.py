@@ -81,6 +81,51 @@ def test_lora_and_a_4bit_base_are_traced_with_what_they_keep():
     assert weights["lora"] - weights["qlora"] == pytest.approx(2 * linear - _nf4_bytes(e), rel=0.02)
 
 
+def test_a_4bit_base_reaches_the_gpu_one_layer_at_a_time_in_the_trace():
+    """The real step builds a quantized base on the host and quantizes each layer on its way to the GPU
+    (finetune._quantize): before the steps, the trace holds at most one layer's bf16 weight beside the 4-bit ones."""
+    from memlab.core.predict.allocator import STEPS, replayed, Allocator
+    from memlab.core.predict.maxbatch import single
+    from memlab.core.predict.trace import step_trace
+
+    e, p = _tiny("qlora", "model.n_layer=2")
+    linear = _block_linear_weights(e)
+    events = step_trace(e, single(p), vocab_size=vocab_for(e)[0], micro_batch=2)
+    model = Allocator()
+    for event in events[:next(i for i, ev in enumerate(events) if ev[0] == STEPS)]:
+        replayed(model, event)
+    largest = max(m.weight.numel() for m in _targets(e)) * 2
+    built = model.allocated  # the 4-bit base, the rest of the model in bf16, the fp32 adapters
+    assert model.peak_allocated <= built + largest  # one bf16 layer at a time, not the whole base's 2 x linear bytes
+    assert model.peak_allocated < built + 2 * linear / 2
+
+
+def test_a_quantized_base_is_built_on_the_host_and_the_rest_moved_before_quantizing():
+    import torch
+    from memlab.core.step import TrainStep
+    from memlab.core.techniques.finetune import _move_all_but, apply_before_model
+
+    for profile, expect in (("qlora", torch.device("cpu")), ("lora", None)):
+        e, p = _tiny(profile)
+        step = TrainStep(e, p, torch.device("cuda"), 256)  # no CUDA needed: only what the build is told
+        apply_before_model(step)
+        assert step.build_device == expect, profile
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 8))
+    model[3].weight = model[0].weight  # a head tied to the embedding
+    model.register_buffer("scale", torch.ones(2))
+    _move_all_but(model, [model[1]], torch.device("meta"))
+    assert [t.device.type for t in (model[0].weight, model[1].weight, model[2].bias, model[3].bias, model.scale)] == \
+        ["meta", "cpu", "meta", "meta", "meta"]
+    assert model[3].weight is model[0].weight
+
+
+def _targets(e) -> list:
+    from memlab.core.models import family
+    from memlab.core.techniques.finetune import target_layers
+
+    return list(target_layers(family.skeleton(e), "all-linear").values())
+
+
 def _block_linear_weights(e) -> int:
     from memlab.core.models import family
     from memlab.core.techniques.finetune import target_layers

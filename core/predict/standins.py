@@ -138,14 +138,14 @@ def quantized_base(model: torch.nn.Module) -> None:
     peft's lora.Linear, as it is over the real 4-bit base (memlab quantizes a built model, which has no
     `is_loaded_in_4bit`, so peft wraps bitsandbytes' Linear4bit as any Linear: no clone of the base output, the input
     cast to the adapters' fp32 under autocast too; the H200's allocator trace of Llama-3.1-8B's qlora_gradcp step
-    shows both). The bf16 weights are freed here, as the real quantization frees them."""
-    for module in list(model.modules()):
-        base = getattr(module, "base_layer", None)
-        if isinstance(base, torch.nn.Linear) and hasattr(module, "lora_A"):
-            if any(getattr(module, "use_dora", {}).values()):
-                raise MemlabError("the NF4 stand-in does not model DoRA over a 4-bit base (its weight norm "
-                                  "dequantizes the whole weight); predict dora over base = bf16")
-            module.base_layer = NF4Linear(base)
+    shows both). Each bf16 weight is freed as its layer's stand-in takes its place (nothing else holds it), so the
+    trace can tell which layer's bf16 copy the real quantization moved to the GPU and freed (trace.py)."""
+    adapted = [m for m in model.modules() if isinstance(getattr(m, "base_layer", None), torch.nn.Linear) and hasattr(m, "lora_A")]
+    for module in adapted:
+        if any(getattr(module, "use_dora", {}).values()):
+            raise MemlabError("the NF4 stand-in does not model DoRA over a 4-bit base (its weight norm "
+                              "dequantizes the whole weight); predict dora over base = bf16")
+        module.base_layer = NF4Linear(module.base_layer)
 
 
 class NF4Linear(torch.nn.Module):
