@@ -56,7 +56,6 @@ class TrainStep:
     applied: dict[str, Any] = field(default_factory=dict)  # one line per technique (and the memory cap's bytes), for the summary
     param_dtype: torch.dtype = torch.float32  # precision.dtype = bf16_pure: bf16 parameters (techniques.precision)
     on_device: bool = False  # make parameters on the device (fake tensors cannot be moved there) instead of moving them
-    build_device: torch.device | None = None  # where the model is built, if not on `device` (finetune: a quantized base)
     after_step: list[Callable[[int], None]] = field(default_factory=list)  # techniques' checks after step i (the memory cap)
     graph: Any = None  # memlab.core.techniques.cuda_graph.StepGraph: cuda_graph.enabled captures `launch` and replays it
 

@@ -71,15 +71,15 @@ _SKELETONS: dict[str, torch.nn.Module] = {}
 
 def build(step: TrainStep) -> torch.nn.Module:
     """The experiment's model with the step's attention kernel, on the step's device."""
-    e, where = step.experiment, step.build_device or step.device
+    e = step.experiment
     if e.model.family == "hf":
-        return hf.build(e, step.profile, step.kernel, step.device, step.param_dtype, step.on_device, built_on=where)
+        return hf.build(e, step.profile, step.kernel, step.device, step.param_dtype, step.on_device)
     cfg = gpt_config(e, step.vocab_size)
     if step.on_device:
         with step.device:
             model = GPT(cfg, step.kernel)
     else:  # made on the CPU then moved: the same initial weights on every device, from the seed
-        model = GPT(cfg, step.kernel).to(where)
+        model = GPT(cfg, step.kernel).to(step.device)
     if step.param_dtype != torch.float32:  # bf16_pure (a no-op .to() would still swap fake tensors: skipped)
         model = model.to(step.param_dtype)
     return model

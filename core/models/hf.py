@@ -137,15 +137,14 @@ def _child(module: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
 
 
 def build(experiment: Experiment, profile: Profile, kernel: Any, device: torch.device, dtype: torch.dtype,
-          on_device: bool, built_on: torch.device | None = None) -> HFCausalLM:
-    """The model made on `device` (an 8B model is not built on the host first; `built_on`: where a technique moves
-    it from, layer by layer), every attention layer served by memlab's kernel for its window, a checkpoint's
-    weights loaded."""
+          on_device: bool) -> HFCausalLM:
+    """The model on `device` (made there: an 8B model is not built on the host first), every attention layer served
+    by memlab's kernel for its window, a checkpoint's weights loaded."""
     from transformers import AutoModelForCausalLM
 
     hf_attention.register()
     config = transformers_config(experiment.model)
-    with torch.device(built_on or device):
+    with torch.device(device):
         hf_model = AutoModelForCausalLM.from_config(config, attn_implementation=hf_attention.NAME, dtype=dtype)
     model = HFCausalLM(hf_model)
     assign_kernels(model, experiment, profile, kernel, device)

@@ -95,9 +95,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     with FAKE_STEP_LOCK, replay_standins.swappable_fake_parameters(), _model_construction(events, construction), \
             fake_step(experiment, profile, device, vocab_size, micro_batch, tracer, gpu_kernels=gpu_kernels,
                       attention_backward=attention_backward) as (step, batch):
-        installed_at = len(events)
         if replay_standins.install(step, standins, compute_dtype(profile)):
-            _quantized_on_the_way(events, installed_at)
             events.append((EMPTY_CACHE, None, 0, "torch.cuda.empty_cache() after the stand-in's own"))
         events.append((STEPS, None, 0, "the steps begin: a run's meters reset the peaks"))
         if compiled is not None:
@@ -143,33 +141,6 @@ def _model_construction(events: list[Event], window: list[int]) -> Iterator[None
         yield
 
 
-def _quantized_on_the_way(events: list[Event], installed_at: int) -> None:
-    """A quantized base is built on the host and each layer quantized on its way to the GPU
-    (techniques.finetune._quantize): its bf16 weight reaches the GPU just before its 4-bit blocks and is freed after
-    them. The fake step built every bf16 weight on the device, and the NF4 stand-in freed each after its layer's
-    blocks: each such weight's allocation (made before the stand-ins, freed by them) moves to just before its
-    layer's blocks; the one left behind becomes None, which _built_on_host drops."""
-    made: dict[object, int] = {}
-    for i in range(installed_at):
-        if events[i] is None:
-            continue
-        action, ident = events[i][0], events[i][1]
-        if action == "alloc":
-            made[ident] = i
-        elif action == "free":
-            made.pop(ident, None)
-    layered: list[Event] = []
-    since_last: list[Event] = []  # the current layer's blocks, before its bf16 weight's free
-    for event in events[installed_at:]:
-        if event[0] == "free" and event[1] in made:
-            i = made.pop(event[1])
-            layered += [events[i], *since_last, event]
-            events[i], since_last = None, []
-        else:
-            since_last.append(event)
-    events[installed_at:] = layered + since_last
-
-
 def _built_on_host(events: list[Event], start: int = 0, end: int = 0) -> list[Event]:
     """The trace less what the model's construction made and freed itself. A run builds the model on the CPU and
     moves it (TrainStep.build_model); the fake step builds it on the device, where its init's temporaries (the
@@ -180,14 +151,12 @@ def _built_on_host(events: list[Event], start: int = 0, end: int = 0) -> list[Ev
     made: dict[object, int] = {}
     dropped: set[int] = set()
     for i in range(start, end):
-        if events[i] is None:
-            continue
         action, ident = events[i][0], events[i][1]
         if action == "alloc":
             made[ident] = i
         elif ident in made:
             dropped |= {made.pop(ident), i}
-    return [e for i, e in enumerate(events) if i not in dropped and e is not None]
+    return [e for i, e in enumerate(events) if i not in dropped]
 
 
 def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:

@@ -9,8 +9,7 @@ step. `apply_techniques` applies them in this order, and why:
  2. precision       matmul flags, the autocast context and (fp16) the GradScaler; the kernel depends on the dtype;
  3. attention       the kernel for this device, dtype, dropout and window (memlab.core.attention);
     finetune        the frozen base's storage dtype (bf16 for LoRA and QLoRA) is the model's build dtype;
-    -- the model is built here (memlab.core.models.family), with that kernel, on the device (a quantized
-       base on the host: finetune quantizes it on its way to the device) --
+    -- the model is built here (memlab.core.models.family), with that kernel, on the device --
     liger patches   Liger's kernels in the transformers model's norms, MLPs and RoPE: on the bare model;
     finetune        freeze, quantize (QLoRA) and add adapters: before every wrapper and the optimizer;
  4. loss            chunked cross-entropy or a library's fused kernel is a setting of the model's head;

@@ -161,10 +161,6 @@ def apply_before_model(step: TrainStep) -> None:
     f = step.profile.finetune
     if f.method in ADAPTERS and f.base in ("bf16", *QUANTIZED):
         step.param_dtype = torch.bfloat16
-    if f.method in ADAPTERS and f.base in QUANTIZED and not step.on_device:
-        # built on the host and quantized layer by layer on its way to the GPU (apply): an 8B base's 15 GiB of bf16
-        # weights are never all on the GPU at once, as with transformers' from_pretrained(load_in_4bit=True)
-        step.build_device = torch.device("cpu")
 
 
 def apply(step: TrainStep) -> None:
@@ -243,13 +239,10 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def _quantize(model: nn.Module, layers: dict[str, nn.Linear], base: str, device: torch.device) -> None:
-    """Swap each target Linear of a model built on the host for bitsandbytes' 4-bit NF4 (or 8-bit) layer holding
-    the same weights, quantized on its way to the GPU, one layer at a time; everything else goes to the GPU first
-    (the order the predictor's stand-in allocates in). The adapters then wrap the quantized layers (peft
-    dispatches on their class)."""
+    """Swap each target Linear for bitsandbytes' 4-bit NF4 (or 8-bit) layer holding the same weights, quantized
+    on the GPU; the adapters then wrap the quantized layers (peft dispatches on their class)."""
     import bitsandbytes as bnb
 
-    _move_all_but(model, layers.values(), device)
     for name in list(layers):  # each bf16 Linear dropped once its quantized twin is in place
         linear = layers.pop(name)
         parent_name, _, child = name.rpartition(".")
@@ -268,22 +261,5 @@ def _quantize(model: nn.Module, layers: dict[str, nn.Linear], base: str, device:
             q.bias = nn.Parameter(linear.bias.data, requires_grad=False)
         setattr(parent, child, q.to(device))  # .to(cuda) quantizes
         linear = None
-    if device.type == "cuda":  # what the quantization's bf16 copies and temporaries left cached goes back
+    if device.type == "cuda":  # the bf16 weights' segments go back: an 8B base's 15 GiB would stay reserved
         torch.cuda.empty_cache()
-
-
-def _move_all_but(model: nn.Module, skipped: Any, device: torch.device) -> None:
-    """Every parameter and buffer to `device` but those of the `skipped` modules; a parameter two modules share (a
-    head tied to the embedding) moves once and stays shared."""
-    skipped_ids, moved = {id(m) for m in skipped}, {}
-    for module in model.modules():
-        if id(module) in skipped_ids:
-            continue
-        for key, param in list(module._parameters.items()):
-            if param is not None and param.device != device:
-                if id(param) not in moved:
-                    moved[id(param)] = nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
-                module._parameters[key] = moved[id(param)]
-        for key, buffer in list(module._buffers.items()):
-            if buffer is not None and buffer.device != device:
-                module._buffers[key] = buffer.to(device)
