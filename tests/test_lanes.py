@@ -297,6 +297,60 @@ def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(
     assert state.item("common", "bf16").lane != state.item("max", "gradcp").lane  # trained beside the slow search
 
 
+def test_a_run_starts_beside_its_own_search_once_a_probe_has_fitted_its_micro_batch(tmp_path, monkeypatch):
+    """The common run's micro-batch is known once a probe fitted it: the run goes on a free lane while its search
+    goes on (on a 4-GPU H200 the study ended with sac_ops' run, 26 s after its 197 s search)."""
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study import execute
+    from memlab.core.study.plan import Plan
+
+    names = ["bf16", "gradcp"]
+    options = Options(profiles=names, experiment="tiny", device="cuda")  # common batch: the experiment's 8
+    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
+    own_run_started = threading.Event()
+    search_saw_its_run: list[bool] = []
+
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None, apart=False):
+        if item.profile == "gradcp":
+            item.known_fit = 16  # a probe fitted 16: the run's 8 fits
+            search_saw_its_run.append(own_run_started.wait(timeout=30))
+        item.status, item.max_batch = "measured", 32
+
+    monkeypatch.setattr(execute, "find_max", fake_find_max)
+    monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec("reports_gpu", self.out / "runs", profile=item.profile))
+    (tmp_path / "runs").mkdir()
+    state = StudyState(options, {})
+    study = Study(plan, state, tmp_path, lambda line: None, lanes=[GPU0, GPU1])
+
+    def started(item, spec, lane, inner=study._started):
+        inner(item, spec, lane)
+        if item.profile == "gradcp":
+            own_run_started.set()
+    monkeypatch.setattr(study, "_started", started)
+    study.run()
+    assert search_saw_its_run == [True]
+    assert state.item("common", "gradcp").status == "finished" and state.item("common", "gradcp").accumulation is None
+
+
+def test_a_run_waits_for_its_search_until_a_probe_fits_its_micro_batch():
+    from memlab.core.config import load_experiment, load_profile
+    from memlab.core.study import Options, Study, StudyState
+    from memlab.core.study.plan import Plan
+
+    def needs(known_fit, batch="experiment", on="NVIDIA Fake"):
+        options = Options(profiles=["gradcp"], experiment="tiny", device="cuda", batch=batch)
+        plan = Plan(options, load_experiment("tiny"), {"gradcp": load_profile("gradcp")}, "baseline", None, on)
+        state = StudyState(options, {})
+        state.item("max", "gradcp").known_fit = known_fit
+        return Study(plan, state, Path("."), lambda line: None)._needs(state.item("common", "gradcp"))
+
+    assert needs(None) == needs(7) == ["max/gradcp"]  # nothing fitted yet, or below the experiment's batch of 8
+    assert needs(8) == [] and needs(8, batch="4") == []
+    assert needs(8, batch="16") == ["max/gradcp"]
+    assert needs(64, batch="baseline-max") == ["max/gradcp", "max/baseline"]  # the batch is the baseline's: unknown yet
+
+
 def test_a_run_waits_for_the_searches_it_needs():
     """A run needs its own profile's search, and with --batch baseline-max the baseline's; an item final before
     the pass is no reason to wait."""

@@ -7,6 +7,8 @@ refused, failed or crashed profile is recorded and the study goes on. State is s
 Lanes (memlab.core.lanes, `--gpus`): the searches and the runs are spread over the GPUs given to this invocation,
 one at a time on each; a resumed study uses whatever GPUs it is given. The phases are one queue (study.ready): a
 free lane takes the next search, else the next run whose search has ended, so no lane waits for the slowest search.
+A run at the common batch need not even wait for its own search to end: once a probe has fitted its micro-batch, it
+will not be split (on a 4-GPU H200 the study ended 26 s after its slowest search, which was its own run's time).
 With `--lanes N` (N searches share each GPU) the runs start once every search has ended: a timed run needs its GPU
 to itself.
 """
@@ -88,11 +90,21 @@ class Study:
         --batch baseline-max); a run at the profile's own max, its common-batch run too (a refusal there is final)."""
         if item.kind == "max":
             return []
-        needs = [f"max/{item.profile}"]
+        needs = [] if self._fitted_already(item) else [f"max/{item.profile}"]
         if item.kind == "at_max":
             return needs + [f"common/{item.profile}"]
         mode = self.plan.options.batch
         return needs if mode == "experiment" or mode.isdigit() else needs + ["max/baseline"]
+
+    def _fitted_already(self, item: Item) -> bool:
+        """A run at the common batch whose micro-batch (the batch over the profile's own accumulation) a probe of its
+        search in flight has fitted: _split will not split it further, whatever the search ends at."""
+        mode = self.plan.options.batch
+        if item.kind != "common" or not self.plan.on_cuda or not (mode == "experiment" or mode.isdigit()):
+            return False
+        batch = self.plan.experiment.train.batch_size if mode == "experiment" else int(mode)
+        steps = self.plan.profiles[item.profile].accumulation.steps
+        return batch % steps == 0 and (self.state.item("max", item.profile).known_fit or 0) >= batch // steps
 
     def _train_item(self, item: Item, lane: Lane) -> None:
         """One run on `lane`, through a queue of its own (a GPU fault takes the lane out; a stop ends the child)."""
@@ -204,7 +216,7 @@ class Study:
         the same effective batch (the same math), accumulated where the profile's own micro-batch would not fit
         under the cap; not run where even micro-batch 1 does not fit."""
         own = self.state.item("max", profile)
-        if not self.plan.on_cuda or own.status not in ("measured", "does not fit"):
+        if not self.plan.on_cuda or own.status not in ("measured", "does not fit"):  # or in flight (_fitted_already)
             return batch, None, ""
         if not own.max_batch:
             return None, None, f"even micro-batch 1 does not fit under the cap (its max-batch search: {own.message})"

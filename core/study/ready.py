@@ -1,7 +1,8 @@
 """Which item a free lane takes next: the study's items in their order, each handed out once, and only once the
 items it needs have ended (a run needs its profile's max-batch search: the common batch is split within the max
-micro-batch it measured). A lane that finds nothing ready waits for an item to end, rather than the whole study
-waiting for its slowest search before any run starts."""
+micro-batch it measured; `needs` may drop a need as a search goes, and is asked again every WAIT_S). A lane that
+finds nothing ready waits for an item to end, rather than the whole study waiting for its slowest search before
+any run starts."""
 
 from __future__ import annotations
 
