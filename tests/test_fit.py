@@ -81,6 +81,30 @@ def test_lora_and_a_4bit_base_are_traced_with_what_they_keep():
     assert weights["lora"] - weights["qlora"] == pytest.approx(2 * linear - _nf4_bytes(e), rel=0.02)
 
 
+def test_the_searches_guess_aims_at_the_reserve_the_verdict_allows():
+    """fit's guesses aim at verdict_room, the largest reserve trace_fits accepts (the card less the margin's share of
+    what the step adds to the built model's reserve): a card one byte either side of it flips the verdict."""
+    from memlab.core.predict.card import Card
+    from memlab.core.predict.fit import _Axis
+    from memlab.core.predict.maxbatch import single
+
+    e, p = _tiny("lora", "model.n_layer=2")
+    one, vocab = single(p), vocab_for(e)[0]
+
+    def axis(total: int) -> _Axis:
+        return _Axis(lambda b: (e, b), one, vocab, Card(total, None, "test", capped=True))
+
+    probe = axis(2**34)
+    reserved = probe.peaks(2)[1]
+    room = probe.verdict_room(2)
+    assert reserved < room < probe.budget  # the built model's reserve needs no headroom: above the card's 97%
+    # the card whose verdict_room is exactly the step's reserve: that card fits it, one a few bytes smaller does not
+    total = 2**34 - (room - reserved) * 103 // 100
+    at, below = axis(total), axis(total - 8)
+    assert at.verdict_room(2) >= reserved > below.verdict_room(2)
+    assert at.fits(2) and not below.fits(2)
+
+
 def test_the_4bit_stand_in_frees_each_bf16_weight_as_its_layer_is_quantized():
     """finetune._quantize drops each bf16 Linear once its 4-bit twin is in place, so the build peaks at about the bf16
     model, not the bf16 model plus the whole 4-bit base (Llama-3.1-8B on an H200: 16.07 GB, replayed 16.24; with
