@@ -269,14 +269,6 @@ def test_a_search_whose_gpu_fails_takes_its_lane_out_and_the_other_lane_searches
 def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(tmp_path, monkeypatch):
     """The study's phases are one queue (core.study.ready): on two lanes, the quick profile's run starts while the
     slow profile's search is still going. On a 4-GPU H200 host every run waited for the slowest search (90 s)."""
-    from memlab.core.config import load_experiment, load_profile
-    from memlab.core.study import Options, Study, StudyState
-    from memlab.core.study import execute
-    from memlab.core.study.plan import Plan
-
-    names = ["bf16", "gradcp"]
-    options = Options(profiles=names, experiment="tiny", device="cuda")
-    plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
     run_started = threading.Event()
     slow_search_saw_the_run: list[bool] = []
 
@@ -285,12 +277,8 @@ def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(
             slow_search_saw_the_run.append(run_started.wait(timeout=30))
         item.status, item.max_batch = "measured", 8
 
-    monkeypatch.setattr(execute, "find_max", fake_find_max)
-    monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec("reports_gpu", self.out / "runs", profile=item.profile))
-    (tmp_path / "runs").mkdir()
-    state = StudyState(options, {})
-    study = Study(plan, state, tmp_path, lambda line: None, lanes=[GPU0, GPU1])
-    monkeypatch.setattr(study, "_started", lambda item, spec, lane, inner=study._started: (inner(item, spec, lane), run_started.set()))
+    study, state = _two_lane_study(tmp_path, monkeypatch, fake_find_max, on_run=lambda item: run_started.set())
+    names = ["bf16", "gradcp"]
     study.run()
     assert slow_search_saw_the_run == [True]
     assert {n: state.item("common", n).status for n in names} == {n: "finished" for n in names}
@@ -300,37 +288,40 @@ def test_a_lane_whose_search_has_ended_trains_while_another_lane_still_searches(
 def test_a_run_starts_beside_its_own_search_once_a_probe_has_fitted_its_micro_batch(tmp_path, monkeypatch):
     """The common run's micro-batch is known once a probe fitted it: the run goes on a free lane while its search
     goes on (on a 4-GPU H200 the study ended with sac_ops' run, 26 s after its 197 s search)."""
+    own_run_started = threading.Event()
+    search_saw_its_run: list[bool] = []
+
+    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None, apart=False):
+        if item.profile == "gradcp":
+            item.known_fit = 16  # a probe fitted 16: the run's 8 (the experiment's batch) fits
+            search_saw_its_run.append(own_run_started.wait(timeout=30))
+        item.status, item.max_batch = "measured", 32
+
+    study, state = _two_lane_study(tmp_path, monkeypatch, fake_find_max,
+                                   on_run=lambda item: item.profile == "gradcp" and own_run_started.set())
+    study.run()
+    assert search_saw_its_run == [True]
+    assert state.item("common", "gradcp").status == "finished" and state.item("common", "gradcp").accumulation is None
+
+
+def _two_lane_study(tmp_path, monkeypatch, fake_find_max, on_run):
+    """A study of bf16 and gradcp on tiny over two fake GPU lanes: searches by `fake_find_max`, runs by fake children
+    (`on_run(item)` as each starts)."""
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.study import Options, Study, StudyState
     from memlab.core.study import execute
     from memlab.core.study.plan import Plan
 
     names = ["bf16", "gradcp"]
-    options = Options(profiles=names, experiment="tiny", device="cuda")  # common batch: the experiment's 8
+    options = Options(profiles=names, experiment="tiny", device="cuda")
     plan = Plan(options, load_experiment("tiny"), {n: load_profile(n) for n in names}, "baseline", None, "NVIDIA Fake")
-    own_run_started = threading.Event()
-    search_saw_its_run: list[bool] = []
-
-    def fake_find_max(plan, item, on_probe, stopping, live=None, env=None, apart=False):
-        if item.profile == "gradcp":
-            item.known_fit = 16  # a probe fitted 16: the run's 8 fits
-            search_saw_its_run.append(own_run_started.wait(timeout=30))
-        item.status, item.max_batch = "measured", 32
-
     monkeypatch.setattr(execute, "find_max", fake_find_max)
     monkeypatch.setattr(Study, "_spec", lambda self, item: fake_spec("reports_gpu", self.out / "runs", profile=item.profile))
     (tmp_path / "runs").mkdir()
     state = StudyState(options, {})
     study = Study(plan, state, tmp_path, lambda line: None, lanes=[GPU0, GPU1])
-
-    def started(item, spec, lane, inner=study._started):
-        inner(item, spec, lane)
-        if item.profile == "gradcp":
-            own_run_started.set()
-    monkeypatch.setattr(study, "_started", started)
-    study.run()
-    assert search_saw_its_run == [True]
-    assert state.item("common", "gradcp").status == "finished" and state.item("common", "gradcp").accumulation is None
+    monkeypatch.setattr(study, "_started", lambda item, spec, lane, inner=study._started: (inner(item, spec, lane), on_run(item)))
+    return study, state
 
 
 def test_a_run_waits_for_its_search_until_a_probe_fits_its_micro_batch():
