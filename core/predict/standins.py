@@ -138,8 +138,9 @@ def quantized_base(model: torch.nn.Module) -> None:
     peft's lora.Linear, as it is over the real 4-bit base (memlab quantizes a built model, which has no
     `is_loaded_in_4bit`, so peft wraps bitsandbytes' Linear4bit as any Linear: no clone of the base output, the input
     cast to the adapters' fp32 under autocast too; the H200's allocator trace of Llama-3.1-8B's qlora_gradcp step
-    shows both). Each bf16 weight is freed as its layer's stand-in takes its place (nothing else holds it), so the
-    trace can tell which layer's bf16 copy the real quantization moved to the GPU and freed (trace.py)."""
+    shows both). Each bf16 weight is freed as its layer's stand-in takes its place (nothing else holds it), as
+    finetune._quantize drops each once its 4-bit twin is in place: the build peaks near the bf16 model, not the bf16
+    model plus the whole 4-bit base (Llama-3.1-8B: 16.24 GB replayed, 16.07 on an H200; bench/results/qlora-build-h200)."""
     adapted = [m for m in model.modules() if isinstance(getattr(m, "base_layer", None), torch.nn.Linear) and hasattr(m, "lora_A")]
     for module in adapted:
         if any(getattr(module, "use_dora", {}).values()):
