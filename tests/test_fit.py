@@ -205,6 +205,17 @@ def test_a_card_smaller_than_a_transformers_models_weights_is_refused_before_any
     assert "the weights need 5.61 GiB; the card has 4.00 GiB (--gpu-memory 4GiB)" in err, err
 
 
+def test_ddp_ranks_each_hold_the_weights_so_a_card_smaller_than_them_is_refused_and_fsdp_is_not():
+    from memlab.core.errors import ConfigError
+    from memlab.core.predict.prediction import refuse_weights_over_card
+
+    card = card_for("4GiB")
+    e = load_experiment("llama-1b")  # 1.24B parameters: 4.6 GiB of fp32 weights under bf16 autocast
+    with pytest.raises(ConfigError, match="the weights need .* GiB; the card has 4.00 GiB"):
+        refuse_weights_over_card(e, load_profile("ddp_bf16"), card)
+    refuse_weights_over_card(e, load_profile("fsdp_bf16"), card)  # each rank holds its share
+
+
 @pytest.mark.parametrize("name", ["bf16", "lora", "dora", "freeze"])
 def test_fits_trainable_count_on_the_skeleton_is_what_the_engine_trains(name):
     """memlab fit counts trainable parameters on the meta skeleton (an 8B model is never built); the engine counts

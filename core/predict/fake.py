@@ -25,7 +25,7 @@ from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, 
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.standin import with_settings
-from memlab.core.techniques import check_plan, check_techniques, fake_steps
+from memlab.core.techniques import accumulation, check_plan, check_techniques, fake_steps
 from memlab.core.techniques.precision import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -52,7 +52,7 @@ def fake_estimate(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     p, standins = split(profile)  # CUDA-only libraries and host copies: the stand-ins their techniques declare
     p = fake_runnable(experiment, p, device, notes)
     check_techniques(experiment, p, device)
-    b = micro_batch if micro_batch is not None else max(1, experiment.train.batch_size // p.accumulation.steps)
+    b = micro_batch if micro_batch is not None else max(1, accumulation.micro_batch(experiment, p, 1))
     if b < 1:
         raise MemlabError(f"estimate: the micro-batch must be at least 1, got {b}")
     try:

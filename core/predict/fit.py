@@ -29,7 +29,7 @@ from memlab.core.predict.prediction import max_positions, weights_bytes, with_se
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
-from memlab.core.techniques import finetune
+from memlab.core.techniques import accumulation, distributed, finetune
 
 @dataclass(frozen=True)
 class Fit:
@@ -71,7 +71,7 @@ def kept(experiment: Experiment, profile: Profile, card: Card) -> Fit | None:
 
 
 def _micro(experiment: Experiment, profile: Profile) -> int:
-    return max(1, experiment.train.batch_size // profile.accumulation.steps)
+    return max(1, accumulation.micro_batch(experiment, profile, 1))
 
 
 def _key(experiment: Experiment, profile: Profile, card: Card) -> str:
@@ -85,7 +85,7 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
     weights = weights_bytes(experiment, one)
-    if weights is not None and weights > card.budget_bytes and one.distributed.mode == "none":  # FSDP shards them
+    if weights is not None and weights > card.budget_bytes and not distributed.shards_weights(one):
         return _weights_over_budget(experiment, one, vocab, card, row, weights)
     traces: dict[tuple[int, int], list] = {}  # (sequence, micro-batch): the two axes meet at the experiment's shape
     batches = _Axis(lambda b: (experiment, b), one, vocab, card, traces)

@@ -23,6 +23,7 @@ from memlab.core.predict import analytic, cache, trace
 from memlab.core.predict.calibration import ValidFor, valid_for
 from memlab.core.predict.card import Card, card_for, context_bytes_here
 from memlab.core.predict.fake import fake_estimate
+from memlab.core.techniques import accumulation, distributed
 from memlab.core.techniques.finetune import ADAPTERS, target_layers
 from memlab.core.units import gib
 
@@ -82,7 +83,7 @@ def predict(experiment: Experiment, profile: Profile, micro_batch: int | None = 
     weights, a sequence longer than the model's positions."""
     card = card or card_for(None)
     refuse(experiment, profile, card, method, world_size)
-    micro = micro_batch or max(1, experiment.train.batch_size // (profile.accumulation.steps * world_size))
+    micro = micro_batch or max(1, accumulation.micro_batch(experiment, profile, world_size))
     if method == "analytic":  # instant: nothing to keep
         return _analytic(experiment, profile, micro, card, world_size)
     name = cache.key(experiment, profile, micro, asdict(card), method, world_size)
@@ -149,7 +150,7 @@ def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
 
 def refuse_weights_over_card(experiment: Experiment, profile: Profile, card: Card) -> None:
     need = weights_bytes(experiment, profile)
-    if need is not None and profile.distributed.mode == "none" and need > card.budget_bytes:
+    if need is not None and not distributed.shards_weights(profile) and need > card.budget_bytes:
         raise ConfigError(f"the weights need {gib(need)}; the card has {gib(card.total_bytes)} ({card.where}), "
                           f"{gib(card.budget_bytes)} of it for the allocator: choose a larger card or a smaller model")
 

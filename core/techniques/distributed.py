@@ -17,6 +17,11 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     distributed.check(experiment, profile, world, device.type)
 
 
+def shards_weights(profile: Profile) -> bool:
+    """Whether each rank holds only its share of the weights (FSDP); DDP's ranks each hold all of them."""
+    return profile.distributed.mode == "fsdp"
+
+
 def apply(step: TrainStep) -> None:
     """Last of the model wrappers: DDP wraps the compiled module; FSDP2 shards the module inside it."""
     if step.dist is None:
