@@ -146,7 +146,7 @@ class _Axis:
         self.budget = card.budget_bytes
         self.room = int(card.budget_bytes * (1 - REPLAY_MARGIN))  # float8's untraced verdict (peaks against it)
         self._traces = traces if traces is not None else {}  # by (sequence, micro-batch)
-        self._replays: dict[tuple[int, int], Any] = {}  # the replays of those traces, by the same keys
+        self._replays: dict[int, Any] = {}  # this axis's replays of those traces, by size
 
     def trace(self, size: int) -> list:
         exp, micro = self.shaped(size)
@@ -157,11 +157,9 @@ class _Axis:
         return self._traces[shape]
 
     def replayed(self, size: int) -> Any:
-        exp, micro = self.shaped(size)
-        shape = (exp.model.seq_len, micro)
-        if shape not in self._replays:
-            self._replays[shape] = replay(self.trace(size), expandable=self.profile.allocator.expandable_segments)
-        return self._replays[shape]
+        if size not in self._replays:
+            self._replays[size] = replay(self.trace(size), expandable=self.profile.allocator.expandable_segments)
+        return self._replays[size]
 
     def peaks(self, size: int) -> tuple[int, int]:
         if float8_untraced(self.profile):
