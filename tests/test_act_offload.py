@@ -238,7 +238,8 @@ def test_estimate_command_works_on_the_cpu():
     from memlab.cli import _register_commands, app
 
     _register_commands()
-    r = CliRunner().invoke(app, ["estimate", "--profile", "act_offload_overlap", "--json"])
+    # the formula (instant); the offload stand-ins' traces: tests/test_replay_standins.py
+    r = CliRunner().invoke(app, ["estimate", "--profile", "act_offload_overlap", "--json", "--method", "analytic"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["total_bytes"] > 0 and out["max_batch"] > 0

@@ -23,6 +23,15 @@ from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, 
 REPLAY_MARGIN = 0.03
 SEQ_GRANULE = 64  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
 NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound
+# The most tokens a micro-batch of the estimate's search holds. A trace's cost grows with the batch where a loss is
+# chunked (tiny's chunked_ce on 80 GB: an analytic max batch of 220k, 6 s a trace at 16k), and no one plans a
+# micro-batch of a million tokens; where this fits, the figure is a lower bound ("at least").
+SEARCH_TOKENS = 1 << 20
+
+
+def search_limit(experiment: Experiment) -> int:
+    """The largest micro-batch the estimate's replay asks: SEARCH_TOKENS at the experiment's sequence length."""
+    return max(1, SEARCH_TOKENS // experiment.model.seq_len)
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,11 @@ class MaxBatch:
     analytic_bound: int | None  # None: no analytic formula for this model family
     replayed: Replayed | None = None
     not_replayed: str = ""  # why there is no replay ('' when there is one, or none was asked)
+
+    @property
+    def at_least(self) -> bool:
+        """The replay's search stopped at its limit with room to spare: max_batch is a lower bound."""
+        return self.replayed is not None and self.replayed.limit_reached and self.max_batch == self.replayed.max_batch
 
 
 def single(profile: Profile) -> Profile:
@@ -73,7 +87,7 @@ def _max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: 
     try:
         replayed = replay_for_card(experiment, profile, vocab_size=analytic.vocab_for(experiment)[0], micro_batch=at,
                                    memory_bytes=card.total_bytes, start=max(1, bound or at),
-                                   margin=REPLAY_MARGIN, capped=card.capped)
+                                   margin=REPLAY_MARGIN, capped=card.capped, limit=search_limit(experiment))
     except MemlabError as e:
         return MaxBatch(bound or 0, bound, None, str(e))
     if not formula:

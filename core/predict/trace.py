@@ -396,6 +396,11 @@ class Replayed:
     margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
     float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
     traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
+    limit: int = 1 << 20  # the largest micro-batch the search asked: max_batch == limit means "at least"
+
+    @property
+    def limit_reached(self) -> bool:
+        return self.max_batch >= self.limit
 
     @property
     def fragmentation(self) -> float:
@@ -403,24 +408,25 @@ class Replayed:
 
 
 def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
-                    start: int = 16, margin: float = 0.0, capped: bool = False) -> Replayed:
-    """`memlab estimate --method fake`'s allocator figures, its max batch as find-batch's prediction takes it (the
-    budget less what this GPU holds outside the allocator, `margin` left free). A compiled step replays what Inductor
-    plans (compiled_trace); one compile_budget_model cannot trace is refused (a MemlabError) rather than answered wrong.
-    `capped`: the card is emulated under --gpu-memory's cap, as find-batch's and the study's probes run."""
+                    start: int = 16, margin: float = 0.0, capped: bool = False, limit: int = 1 << 20) -> Replayed:
+    """`memlab estimate`'s allocator figures, its max batch as find-batch's prediction takes it (the
+    budget less what this GPU holds outside the allocator, `margin` left free), searched up to `limit`. A compiled
+    step replays what Inductor plans (compiled_trace); one compile_budget_model cannot trace is refused (a
+    MemlabError) rather than answered wrong. `capped`: the card is emulated under --gpu-memory's cap, as
+    find-batch's and the study's probes run."""
 
     budget = memory_bytes - context_bytes_here()
     expandable = profile.allocator.expandable_segments
     try:
         allocated, reserved = step_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start, margin=margin,
-                                  capped=capped)
+        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start,
+                                  limit=limit, margin=margin, capped=capped)
     except MemlabError:
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return Replayed(micro_batch, allocated, reserved, budget, best, expandable, profile.compile.enabled, margin,
-                    float8_untraced(profile), traced_by(profile))
+                    float8_untraced(profile), traced_by(profile), limit)
 
 
 def traced_by(profile: Profile) -> str:

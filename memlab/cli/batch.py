@@ -60,7 +60,7 @@ def estimate(
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Effective batch (train.batch_size, over all ranks); the micro-batch is it divided by accumulation.steps x --nproc.")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="World size: predict one GPU's peak among N ranks (memlab run --nproc N); the profile's distributed.mode (ddp, fsdp, cpu_offload) says what is sharded.")] = None,
     gpu_memory: EstimateMemoryOpt = None,
-    method: Annotated[str, typer.Option("--method", help="auto (gpt: analytic, and with --gpu-memory the allocator replay too, seconds; other families: trace) | analytic (the GPT formula: an upper bound, instant) | trace (alias fake: one step of the real TrainStep on fake tensors, and the allocator replay: no GPU, no memory).")] = "auto",
+    method: Annotated[str, typer.Option("--method", help="auto (trace; with --nproc above 1, analytic) | trace (alias fake: one step of the real TrainStep on fake tensors, and the allocator replay: seconds, no GPU, no memory) | analytic (the GPT formula: instant, tensors and a fragmentation margin).")] = "auto",
     longest_seq: Annotated[bool, typer.Option("--longest-seq", help="Also search the longest sequence (a multiple of 64) that fits at this micro-batch, by the same method.")] = False,
     as_json: JsonOpt = False,
     set_: SetOpt = None,
@@ -100,15 +100,15 @@ def _estimate(exp: Experiment, prof: Profile, nproc: int | None, gpu_memory: str
     from memlab.core.predict.trace import traces_kept
 
     world = _world(exp, prof, nproc)
-    traced = method in ("fake", "trace") or (method == "auto" and family_of(exp) != "gpt")
+    # auto is the trace wherever it can run: one process (the analytic formula alone speaks for several ranks)
+    traced = method in ("fake", "trace") or (method == "auto" and (world == 1 or family_of(exp) != "gpt"))
     if traced and world > 1:
         raise ConfigError(f"--method {method} measures one process; with --nproc use --method analytic")
     card = P.card_for(gpu_memory)
     with traces_kept():  # the peaks' trace serves the max-batch search too
         result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
         analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
-        # a card named, one process: the allocator replay as well (seconds), whose max batch is the safe one
-        replay_too = traced or (method == "auto" and gpu_memory is not None and world == 1)
+        replay_too = traced  # the allocator replay's max batch is the one never above what fits
         found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
         longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     vocab_from = vocab_for(exp)[1]
@@ -144,7 +144,8 @@ def _estimate_json(result: Prediction, analytic: Prediction | None, found: MaxBa
                    world: int, replay_too: bool) -> dict:
     """One object: the prediction (bytes), one max_batch (the one to plan for), the others named for what they are."""
     out = result.to_dict() | {"memory_bytes": card.total_bytes, "memory": card.where, "max_batch": found.max_batch,
-                              "analytic_max_batch": found.analytic_bound, "vocab_from": vocab_from, "world_size": world}
+                              "max_batch_at_least": found.at_least, "analytic_max_batch": found.analytic_bound,
+                              "vocab_from": vocab_from, "world_size": world}
     if analytic is not None:
         out["analytic_total_bytes"] = analytic.total_bytes
     if replay_too:
@@ -158,7 +159,7 @@ def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
         return
     mode = "expandable_segments:True" if r.expandable_segments else "default settings"
     typer.echo(f"allocator replay (CUDA's caching allocator, {mode}, over this step's trace): {gib(r.reserved_bytes)} reserved at "
-               f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {r.max_batch} without an allocator retry in "
+               f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {'at least ' if r.limit_reached else ''}{r.max_batch} without an allocator retry in "
                f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
@@ -204,6 +205,7 @@ def _print_estimate(result: Prediction, analytic: Prediction | None, found: MaxB
     from rich.table import Table
 
     from memlab.core.predict.analytic import COMPONENTS
+    from memlab.core.predict.maxbatch import SEARCH_TOKENS
 
     console = make_console()
     console.print(f"[bold]{result.profile}[/] · {result.experiment} · micro-batch {result.micro_batch} x {result.accumulation} accumulation · {result.method} estimate"
@@ -221,7 +223,10 @@ def _print_estimate(result: Prediction, analytic: Prediction | None, found: MaxB
         diff = (analytic.total_bytes - result.total_bytes) / max(result.total_bytes, 1)
         console.print(f"analytic estimate: {gib(analytic.total_bytes)} ({diff:+.1%} against the fake-tensor measurement)")
     if found.max_batch:
-        console.print(f"predicted max micro-batch in {gib(card.total_bytes)} ({card.where}): [bold]{found.max_batch}[/] (the one to plan for)")
+        figure = f"at least {found.max_batch}" if found.at_least else str(found.max_batch)
+        console.print(f"predicted max micro-batch in {gib(card.total_bytes)} ({card.where}): [bold]{figure}[/] (the one to plan for)")
+        if found.at_least:
+            console.print(f"  [dim]a lower bound: the search stops at {SEARCH_TOKENS:,} tokens a micro-batch, and that fits[/]")
         if found.replayed is None:  # the analytic figure assumes a fragmentation margin; --method trace replays the allocator
             console.print("  [dim]tensors and a fragmentation margin: an upper estimate where large transient blocks (logits and their "
                           "gradients) fragment the allocator; --method trace replays CUDA's caching allocator over the step[/]")
