@@ -19,6 +19,6 @@ export MEMLAB_CACHE=${MEMLAB_CACHE:-/root/cache}
   for c in ${CASES:-knobs}; do
     r=${ROUNDS:-2}; [ "$c" = compile ] && r=1   # compile's builds take a minute each: one round
     CUDA_VISIBLE_DEVICES=0,1 timeout ${FSDP_LIMIT_S:-480} torchrun --standalone --nproc_per_node 2 bench/fsdp_speed.py \
-      --cases bench/fsdp_cases/$c.txt --out "$OUT/fsdp/$c" --steps 15 --rounds $r 2>&1 | grep -E '^\{|Error|error'
+      --cases bench/fsdp_cases/$c.txt --out "$OUT/fsdp/$c" --steps ${STEPS:-15} --rounds $r 2>&1 | grep -E '^\{|Error|error'
   done
 } 2>&1 | tee "$OUT/fsdp/fsdp_h100.log"

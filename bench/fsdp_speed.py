@@ -66,12 +66,45 @@ def engine_steps(step, batches: list) -> list:
     return [r for r in records if r is not None]
 
 
-def timed_steps(step, batches: list) -> tuple[float, dict[str, float], int]:
-    """The slowest rank's wall ms a step; this rank's median phase times (CUDA events) and its step peak."""
+class GcClock:
+    """Python's garbage collections during the timed steps, through gc.callbacks: how many, and their wall time."""
+
+    def __init__(self):
+        self.count, self.seconds, self._t0 = 0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+
+
+def gc_mode(mode: str) -> None:
+    """Before the timed steps: `auto` leaves Python's collector as it is; `freeze` collects, then moves every object
+    alive (the model, the libraries) to the permanent generation, so later collections skip them."""
+    if mode == "freeze":
+        gc.collect()
+        gc.freeze()
+    elif mode != "auto":
+        raise SystemExit(f"gc={mode}: use auto or freeze")
+
+
+def timed_steps(step, batches: list) -> tuple[float, dict[str, float], int, dict]:
+    """The slowest rank's wall ms a step; this rank's median phase times (CUDA events) and its step peak; the slowest
+    rank's garbage collections a step."""
     sync()
     dist.barrier()
     t0 = time.perf_counter()
-    records = engine_steps(step, batches)
+    with GcClock() as collected:
+        records = engine_steps(step, batches)
     sync()
     phases = {}
     for phase in ("fwd", "bwd", "opt"):
@@ -79,7 +112,8 @@ def timed_steps(step, batches: list) -> tuple[float, dict[str, float], int]:
         phases[f"{phase}_ms"] = times[len(times) // 2] if times else 0.0
     # the meters reset the peak at each phase: the step's peak is the largest phase peak they recorded
     peak = max((v or 0 for r in records for v in r.peak.values()), default=0)
-    return slowest((time.perf_counter() - t0) / len(batches) * 1000), phases, peak
+    gcs = {"gc_per_step": slowest(collected.count / len(batches)), "gc_ms_per_step": slowest(collected.seconds * 1000 / len(batches))}
+    return slowest((time.perf_counter() - t0) / len(batches) * 1000), phases, peak, gcs
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -129,7 +163,9 @@ def profiled(step, batches: list) -> dict:
 def run_case(line: str, steps: int) -> dict:
     experiment, profile, sets = (line.split("|") + [""])[:3]
     e, p = load_experiment(experiment), load_profile(profile)
-    apply_overrides(e, p, [s for s in sets.split(",") if s])
+    # gc=MODE among the sets is the bench's own (gc_mode), not a profile field
+    mode = next((s.split("=", 1)[1] for s in sets.split(",") if s.startswith("gc=")), "auto")
+    apply_overrides(e, p, [s for s in sets.split(",") if s and not s.startswith("gc=")])
     device = torch.device("cuda", torch.cuda.current_device()) if CUDA else torch.device("cpu")
     prepared = prepare(e, p, device, dist.get_world_size())
     dctx = distributed.setup(p, device)
@@ -138,12 +174,14 @@ def run_case(line: str, steps: int) -> dict:
     desc = step.applied.get("distributed") if isinstance(step.applied, dict) else None
     data = random_batches(step, min(prepared.vocab_size, 8192), 3 + steps + 2, e.model.seq_len, device)
     engine_steps(step, data[:3])
-    step_ms, phases, peak_bytes = timed_steps(step, data[3:3 + steps])
+    gc_mode(mode)
+    step_ms, phases, peak_bytes, gcs = timed_steps(step, data[3:3 + steps])
+    gc.unfreeze()
     peak = slowest(peak_bytes / 2**30)
     row = {"case": line, "experiment": experiment, "profile": profile, "sets": sets, "world": dist.get_world_size(),
            "micro_batch": step.micro_batch, "seq_len": e.model.seq_len, "step_ms": step_ms,
            "tokens_per_s": e.train.batch_size * e.model.seq_len / step_ms * 1000, "peak_alloc_gib": peak,
-           "applied": str(desc), **phases, "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
+           "applied": str(desc), "gc": mode, **gcs, **phases, "gpu": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__}
     row.update(profiled(step, data[-2:]))
     del step, data
     gc.collect()
@@ -154,20 +192,22 @@ def run_case(line: str, steps: int) -> dict:
 
 def report(rows: list[dict]) -> str:
     lines = ["# FSDP2 against DDP, step by step (bench/fsdp_speed.py)", "",
-             "| round | experiment | profile | sets | step ms | tokens/s | x DDP | peak GiB | compute busy ms | NCCL ms | host busy ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| round | experiment | profile | sets | step ms | tokens/s | x DDP | peak GiB | compute busy ms | NCCL ms | host busy ms | GCs a step | GC ms a step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = {}
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['round']} | {r['case']} | error: {r['error']} | | | | | | | | |")
             continue
-        key = (r["round"], r["experiment"], "optimizer.fused=true" in r["sets"])
+        key = (r["round"], r["experiment"], "optimizer.fused=true" in r["sets"], r.get("gc", "auto"))
         if r["profile"].startswith("ddp"):
             base[key] = r["tokens_per_s"]
         ratio = r["tokens_per_s"] / base[key] if key in base else float("nan")
         lines.append(f"| {r['round']} | {r['experiment']} | {r['profile']} | {r['sets']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {ratio:.2f} | "
-                     f"{r['peak_alloc_gib']:.2f} | {r.get('compute_busy_ms', 0):.1f} | {r.get('nccl_ms', 0):.1f} | {r.get('host_busy_ms', 0):.1f} |")
-    lines += ["", "x DDP: against the DDP row of the same round, experiment and optimizer implementation.", ""]
+                     f"{r['peak_alloc_gib']:.2f} | {r.get('compute_busy_ms', 0):.1f} | {r.get('nccl_ms', 0):.1f} | {r.get('host_busy_ms', 0):.1f} | "
+                     f"{r.get('gc_per_step', 0):.2f} | {r.get('gc_ms_per_step', 0):.2f} |")
+    lines += ["", "x DDP: against the DDP row of the same round, experiment, optimizer implementation and gc mode. GCs: the slowest "
+              "rank's garbage collections during the timed steps (gc.callbacks), and their wall time.", ""]
     for r in rows:
         if "host_top" in r and r["round"] == 1:
             lines += [f"## {r['case']}", "", f"phases (CUDA events, median): fwd {r.get('fwd_ms', 0):.1f} ms, bwd {r.get('bwd_ms', 0):.1f}, "

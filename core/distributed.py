@@ -223,7 +223,9 @@ class DistContext:
                                   reduce_dtype=torch.float32 if d.reduce_dtype == "fp32" else None)  # None: the params'
         offload = CPUOffloadPolicy(pin_memory=True) if d.cpu_offload else OffloadPolicy()
         blocks, k = list(inner.blocks), d.blocks_per_unit
-        units = [blocks[i:i + k] for i in range(0, len(blocks), k)]
+        # every block in one unit kept after forward: that unit would be gathered and reduced beside the root's, so
+        # the root holds the blocks itself (one group: one all-gather, one reduce-scatter, half the hooks' host work)
+        units = [] if k >= len(blocks) and not d.reshard_after_forward else [blocks[i:i + k] for i in range(0, len(blocks), k)]
         for unit in units:  # one all-gather / reduce-scatter per unit: only one unit (of k blocks) is ever whole
             fully_shard(unit if k > 1 else unit[0], mesh=mesh, mp_policy=mp, offload_policy=offload,
                         reshard_after_forward=d.reshard_after_forward)
@@ -325,7 +327,9 @@ def _fsdp_description(n_blocks: int, profile: Profile) -> str:
         parts.append("kept after forward")
     if d.prefetch > 1:
         parts.append(f"prefetch {d.prefetch}")
-    if d.blocks_per_unit > 1:
+    if d.blocks_per_unit >= n_blocks and not d.reshard_after_forward:
+        parts.append("one unit with the root")
+    elif d.blocks_per_unit > 1:
         parts.append(f"{d.blocks_per_unit} blocks a unit")
     if not d.local_optimizer:
         parts.append("optimizer on DTensors")

@@ -187,6 +187,21 @@ def test_ddp_or_fsdp_outside_torchrun_is_one_rank_of_its_own(mode, tiny):
     assert "ranks" not in single.of("finished")[0]  # mode none, one process: no ranks.parquet
 
 
+def test_every_block_kept_after_forward_is_sharded_with_the_root_and_trains_the_same(tiny):
+    """distributed.blocks_per_unit >= the blocks, kept after forward: one FSDP group (the root's), not a unit of all
+    the blocks beside it; the same training as a unit per block (one rank, fp32)."""
+    losses = {}
+    for sets in (["distributed.blocks_per_unit=2", "distributed.reshard_after_forward=false"], []):
+        p = load_profile("baseline")
+        apply_overrides(tiny, p, ["train.steps=3", "distributed.mode=fsdp", *sets])
+        sink = ListSink()
+        assert train(tiny, p, sink, device="cpu")["status"] == "finished"
+        losses[bool(sets)] = [e["loss"] for e in sink.of("step")]
+        described = sink.of("started")[0]["distributed"]
+        assert ("one unit with the root" in described) == bool(sets), described
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-6, atol=1e-6)
+
+
 def test_rank_summaries_combine_as_the_run_summary():
     base = {"status": "finished", "tokens_per_s": 1000.0, "mfu": 0.2, "alloc_retries": 1, "final_loss": 2.0}
     r0 = {**base, "step_ms_median": 100.0, "peak_alloc_bytes": 5, "peak_host_rss_bytes": 7}
