@@ -228,7 +228,7 @@ def test_fits_trainable_count_on_the_skeleton_is_what_the_engine_trains(name):
 
     e, p = load_experiment("llama-tiny"), load_profile(name)
     step = build_step(e, p, torch.device("cpu"), vocab_for(e)[0])
-    assert finetune.trainable_params(family.skeleton(e), p.finetune) == step.applied["trainable_params"] > 0
+    assert finetune.trainable_params(family.skeleton(e), p) == step.applied["trainable_params"] > 0
 
 
 def test_a_profile_whose_weights_alone_exceed_the_card_is_not_searched():

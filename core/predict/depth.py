@@ -17,7 +17,7 @@ import dataclasses
 from memlab.core.config import Experiment, Profile
 from memlab.core.predict.allocator import PHASE, Allocator, ExpandableAllocator, replayed
 from memlab.core.predict.trace import fake_trace
-from memlab.core.techniques import repeats_per_block
+from memlab.core.techniques import allocator, repeats_per_block
 
 SHALLOW = (2, 4)  # two depths, both even: a model whose blocks alternate (Gemma-2's sliding and global) has whole pairs
 DEEP_ENOUGH = 3 * SHALLOW[1]  # below this many blocks the full trace is cheap enough
@@ -49,7 +49,7 @@ def _phase_peaks(experiment: Experiment, profile: Profile, vocab_size: int, micr
     """The tensors' peak between the trace's phase marks: building the model, then each phase of two steps (the
     first is the model's construction, which the steps' peaks do not count: STEPS resets them)."""
     events = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, phases=True)
-    model = ExpandableAllocator() if profile.allocator.expandable_segments else Allocator()
+    model = ExpandableAllocator() if allocator.expandable(profile) else Allocator()
     peaks = []
     for event in events:
         if event[0] == PHASE:

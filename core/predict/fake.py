@@ -25,7 +25,7 @@ from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, 
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.standin import with_settings
-from memlab.core.techniques import accumulation, check_plan, check_techniques, fake_steps
+from memlab.core.techniques import accumulation, check_plan, check_techniques, fake_steps, finetune, torch_compile
 from memlab.core.techniques.precision import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -74,7 +74,7 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
         with_settings(p, declared.settings)
         if declared.note:
             notes.append(declared.note)
-    if profile.compile.enabled:  # which graphs the predictor replays for a compiled step is its own method
+    if torch_compile.compiles(profile):  # which graphs the predictor replays for a compiled step is its own method
         notes.append(_compile_note(experiment, profile))
     kernel_for(experiment, p, device)  # the stand-in itself must build here
     return p
@@ -98,13 +98,11 @@ def reads_compiled_graphs(experiment: Experiment, profile: Profile) -> bool:
     adapters as the engine does: Llama-3.2-1B's compiled LoRA step predicted 10.38 GiB for the H100's 10.38, +60.8%
     traced eager; DoRA and a 4-bit base are not built there) and one whose layers window or soft-cap their
     attention (the CPU's kernel stands in for a plain causal one)."""
-    if not profile.compile.enabled:
+    if not torch_compile.compiles(profile):
         return False
     if experiment.model.family == "gpt":
         return True
-    f = profile.finetune
-    lora_on_bf16 = f.method == "lora" and f.base == "bf16"  # the reader builds peft's adapters; not DoRA's, not a 4-bit base
-    return (f.method == "full" or lora_on_bf16) and not _windowed_layers(experiment)
+    return finetune.graphs_readable(profile) and not _windowed_layers(experiment)
 
 
 def _windowed_layers(experiment: Experiment) -> bool:

@@ -29,7 +29,7 @@ from memlab.core.predict.prediction import max_positions, weights_bytes, with_se
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
-from memlab.core.techniques import accumulation, distributed, finetune
+from memlab.core.techniques import accumulation, allocator, distributed, finetune
 
 @dataclass(frozen=True)
 class Fit:
@@ -114,7 +114,7 @@ def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card:
 def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
     shaped = copy.deepcopy(experiment)
     shaped.model.vocab_size = vocab  # the gpt family's skeleton takes its head from here
-    return finetune.trainable_params(family.shared_skeleton(shaped), profile.finetune)
+    return finetune.trainable_params(family.shared_skeleton(shaped), profile)
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:
@@ -158,7 +158,7 @@ class _Axis:
 
     def replayed(self, size: int) -> Any:
         if size not in self._replays:
-            self._replays[size] = replay(self.trace(size), expandable=self.profile.allocator.expandable_segments)
+            self._replays[size] = replay(self.trace(size), expandable=allocator.expandable(self.profile))
         return self._replays[size]
 
     def peaks(self, size: int) -> tuple[int, int]:
@@ -181,7 +181,7 @@ class _Axis:
     def fits(self, size: int) -> bool:
         if float8_untraced(self.profile):
             return self.peaks(size)[1] <= self.room
-        return trace_fits(self.trace(size), self.budget, self.profile.allocator.expandable_segments, REPLAY_MARGIN)
+        return trace_fits(self.trace(size), self.budget, allocator.expandable(self.profile), REPLAY_MARGIN)
 
     def tensors(self, size: int) -> int:
         """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""

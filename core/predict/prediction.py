@@ -23,8 +23,7 @@ from memlab.core.predict import analytic, cache, trace
 from memlab.core.predict.calibration import ValidFor, valid_for
 from memlab.core.predict.card import Card, card_for, context_bytes_here
 from memlab.core.predict.fake import fake_estimate
-from memlab.core.techniques import accumulation, distributed
-from memlab.core.techniques.finetune import ADAPTERS, target_layers
+from memlab.core.techniques import accumulation, distributed, finetune
 from memlab.core.units import gib
 
 METHODS = ("trace", "analytic")
@@ -138,14 +137,8 @@ def _skeleton_weights_bytes(experiment: Experiment, profile: Profile) -> int:
 
 def _counted_weights_bytes(experiment: Experiment, profile: Profile) -> int:
     model = family.shared_skeleton(experiment)
-    total = sum(p.numel() for p in model.parameters())
-    f = profile.finetune
-    if f.method not in ADAPTERS or f.base not in ("bf16", "nf4"):
-        return total * analytic.param_bytes(profile)
-    if f.base == "bf16":
-        return total * 2
-    packed = sum(m.weight.numel() for m in target_layers(model, f.targets).values())
-    return (total - packed) * 2 + packed * 9 // 16  # NF4: half a byte a weight, an 8-bit scale per 64 (and less)
+    stored = finetune.stored_weights_bytes(model, profile)
+    return stored if stored is not None else sum(p.numel() for p in model.parameters()) * analytic.param_bytes(profile)
 
 
 def refuse_weights_over_card(experiment: Experiment, profile: Profile, card: Card) -> None:

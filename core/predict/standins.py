@@ -39,7 +39,7 @@ import torch
 from memlab.core.config import Profile
 from memlab.core.errors import MemlabError
 from memlab.core.standin import with_settings
-from memlab.core.techniques import memory_standins
+from memlab.core.techniques import around_graphs_standin, graphs_standin, memory_standins
 from memlab.core.linear_ce import head_loss
 from memlab.core.offload import HostCopies, OverlapOffload
 from memlab.core.predict.analytic import liger_chunk_rows
@@ -67,23 +67,23 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
 
 
 def compiled_standin(profile: Profile) -> Profile:
-    """What a compiled step's trace (memlab.core.predict.inductor) traces for `profile`: with kernels.fused, the
-    stock compiled model. memlab's fused kernels allocate their outputs only and save what the ops they replace
-    save, in the same bytes (each norm's input instead of its output: memlab.core.predict.analytic); on the seed shape the
-    H100 found the same max batch for both, 400 (bench/results/study-so-posts-h100/)."""
-    if not profile.kernels.fused:
+    """What a compiled step's trace (memlab.core.predict.inductor) traces for `profile`, as its techniques declare
+    (techniques.graphs_standin: kernels.fused's graphs are the stock compiled model's); `profile` itself if nothing."""
+    return _with(profile, graphs_standin(profile))
+
+
+def around_graphs(profile: Profile) -> Profile:
+    """The eager step a compiled step's graphs are replayed in (allocation_trace.compiled_trace), as its techniques
+    declare (techniques.around_graphs_standin: float8's Linears left in bf16), and the step whose waste
+    allocation_trace.float8_peaks borrows where torchao is not installed to trace float8's own."""
+    return _with(profile, around_graphs_standin(profile))
+
+
+def _with(profile: Profile, settings: dict[str, Any]) -> Profile:
+    if not settings:
         return profile
     p = copy.deepcopy(profile)
-    p.kernels.fused = False
-    return p
-
-
-def float8_standin(profile: Profile) -> Profile:
-    """The same profile with the blocks' Linears left in bf16: the eager step a compiled float8 step's graphs are
-    replayed in (its parameters are the same; allocation_trace.compiled_trace), and the step whose waste
-    allocation_trace.float8_peaks borrows where torchao is not installed to trace float8's own."""
-    p = copy.deepcopy(compiled_standin(profile))
-    p.kernels.float8 = False
+    with_settings(p, settings)
     return p
 
 

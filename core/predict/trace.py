@@ -40,8 +40,9 @@ from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
 from memlab.core.predict.search import bisected, largest_fitting
-from memlab.core.predict.standins import compiled_standin, float8_standin
+from memlab.core.predict.standins import around_graphs, compiled_standin
 from memlab.core.predict.trace_lines import Sized, StepTraces
+from memlab.core.techniques import allocator, cuda_graph, float8, torch_compile
 from memlab.core.techniques.cuda_graph import WARM_STEPS
 from memlab.core.techniques.precision import compute_dtype
 
@@ -73,7 +74,7 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     graphs = inductor.step_events(est.compiled_graph_shape(experiment, profile, vocab_size))
     # float8's casts and scaled matmuls are in the graphs; the eager step around them (which cannot build torchao's
     # Float8Linear on fake tensors here) has the same parameters without it
-    return _two_steps(experiment, float8_standin(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
+    return _two_steps(experiment, around_graphs(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
 
 
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
@@ -83,7 +84,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    graphed = profile.cuda_graph.enabled
+    graphed = cuda_graph.captures(profile)
     attention_backward = attention.backward_kernel(profile)  # the attention's declaration, before the stand-ins rename the kernel
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
@@ -325,7 +326,7 @@ def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, 
     without, 39 and 42, and three of the sixteen H100 searches of bench/allocator_replay.py
     move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
     `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace. `margin`: trace_fits'."""
-    expandable = profile.allocator.expandable_segments
+    expandable = allocator.expandable(profile)
     if float8_untraced(profile):  # no trace to tell the built model's reserve from the step's: the whole budget's share
         peaks = float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
         return peaks[1] <= budget_bytes * (1 - margin)
@@ -359,7 +360,7 @@ def float8_untraced(profile: Profile) -> bool:
     """float8's compiled step where torchao is not installed to trace it (estimate._untraceable): float8_peaks puts its
     reserve together instead. With torchao here, compiled_trace traces it as any compiled step."""
 
-    return profile.kernels.float8 and profile.compile.enabled and not est.torchao_installed()
+    return float8.swaps_linears(profile) and torch_compile.compiles(profile) and not est.torchao_installed()
 
 
 def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -376,8 +377,8 @@ def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, m
 
     tensors = est.estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
     tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
-    stock = replay(step_trace(experiment, float8_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
-                              capped=capped), expandable=profile.allocator.expandable_segments)
+    stock = replay(step_trace(experiment, around_graphs(profile), vocab_size=vocab_size, micro_batch=micro_batch,
+                              capped=capped), expandable=allocator.expandable(profile))
     return tensors, tensors + stock.peak_reserved - stock.peak_allocated
 
 
@@ -416,7 +417,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
     find-batch's and the study's probes run."""
 
     budget = memory_bytes - context_bytes_here()
-    expandable = profile.allocator.expandable_segments
+    expandable = allocator.expandable(profile)
     try:
         allocated, reserved = step_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
         best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start,
@@ -425,7 +426,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int
         raise
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, allocated, reserved, budget, best, expandable, profile.compile.enabled, margin,
+    return Replayed(micro_batch, allocated, reserved, budget, best, expandable, torch_compile.compiles(profile), margin,
                     float8_untraced(profile), traced_by(profile), limit)
 
 
@@ -433,7 +434,7 @@ def traced_by(profile: Profile) -> str:
     """The releases whose code decided the trace: torch's (its fake kernels, and a compiled step's partitioner and
     Inductor buffer plan), and torchao's where its Float8Linear is in the graphs."""
     releases = f"torch {torch.__version__}"
-    if profile.compile.enabled and profile.kernels.float8 and not float8_untraced(profile):
+    if torch_compile.compiles(profile) and float8.swaps_linears(profile) and not float8_untraced(profile):
         import torchao
 
         releases += f", torchao {torchao.__version__}"
@@ -445,7 +446,7 @@ def step_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     if float8_untraced(profile):
         return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
     at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
-                expandable=profile.allocator.expandable_segments)
+                expandable=allocator.expandable(profile))
     return at.peak_allocated, at.peak_reserved
 
 

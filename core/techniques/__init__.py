@@ -107,6 +107,25 @@ def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     return all(t.repeats_per_block(profile, depths) for t in TECHNIQUES if hasattr(t, "repeats_per_block"))
 
 
+def graphs_standin(profile: Profile) -> dict[str, object]:
+    """The settings under which the predictor traces a compiled step's graphs, as the techniques declare them (a
+    technique whose kernels the graph reader cannot build names the stock one that allocates the same)."""
+    return _declared("graphs_standin", profile)
+
+
+def around_graphs_standin(profile: Profile) -> dict[str, object]:
+    """The settings of the eager step the compiled graphs are replayed in: graphs_standin's, and what each technique
+    declares it cannot build on fake tensors around the graphs."""
+    return graphs_standin(profile) | _declared("around_graphs_standin", profile)
+
+
+def _declared(hook: str, profile: Profile) -> dict[str, object]:
+    settings: dict[str, object] = {}
+    for t in TECHNIQUES:
+        settings |= (getattr(t, hook)(profile) or {}) if hasattr(t, hook) else {}
+    return settings
+
+
 def fake_steps(experiment: Experiment, profile: Profile, device: torch.device) -> tuple[FakeStep, ...]:
     """How each technique enters the predictor's step on fake tensors on `device`, as it declares (memlab.core.standin)."""
     found = (t.fake_step(experiment, profile, device) for t in TECHNIQUES if hasattr(t, "fake_step"))

@@ -20,6 +20,11 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     refuse_without_cuda("allocator", profile, device)
 
 
+def expandable(profile: Profile) -> bool:
+    """Whether CUDA's allocator maps growable segments for this profile (the allocator replay models either mode)."""
+    return profile.allocator.expandable_segments
+
+
 def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
     """Expandable segments are CUDA's allocator's; the allocator replay models them, the fake step needs none."""
     if profile.allocator.expandable_segments and device.type != "cuda":

@@ -69,6 +69,11 @@ def check_plan(experiment: Experiment, profile: Profile) -> None:
             raise ConfigError(conflict)
 
 
+def captures(profile: Profile) -> bool:
+    """Whether the step is captured and replayed as one CUDA graph (the allocator replay gives it its own pool)."""
+    return profile.cuda_graph.enabled
+
+
 def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
     """A capture allocates what the launched step does; the allocator replay gives the graph its own pool."""
     if profile.cuda_graph.enabled and device.type != "cuda":

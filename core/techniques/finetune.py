@@ -183,11 +183,12 @@ def apply(step: TrainStep) -> None:
     step.applied["frozen_params"] = sum(p.numel() for p in model.parameters()) - trainable
 
 
-def trainable_params(model: nn.Module, f: Any) -> int:
-    """What the optimizer will update under `f`, counted on the model before any adapter (a meta skeleton will do, as
+def trainable_params(model: nn.Module, profile: Profile) -> int:
+    """What the optimizer will update under the profile's fine-tuning, counted on the model before any adapter (a meta skeleton will do, as
     memlab fit counts it): every parameter (full); the last blocks, the final norm and the head (freeze; a weight
     shared with the embedding once); or what peft adds to the target layers: r x (in + out) each, and DoRA's
     magnitude, one per output feature."""
+    f = profile.finetune
     if f.method == "freeze":
         blocks = list(model.blocks)
         parts = [*blocks[-f.last_blocks:], model.final_norm, model.head]
@@ -197,6 +198,27 @@ def trainable_params(model: nn.Module, f: Any) -> int:
     dora = f.method == "dora"
     return sum(f.rank * (m.in_features + m.out_features) + (m.out_features if dora else 0)
                for m in target_layers(model, f.targets).values())
+
+
+def stored_weights_bytes(model: nn.Module, profile: Profile) -> int | None:
+    """The weights as an adapter's frozen base stores them, counted on the model before adapters (a meta skeleton
+    will do): bf16, or NF4's packed half byte a target weight with an 8-bit scale per 64 (and less) beside the rest
+    in bf16. None where the base is stored as the profile's precision stores weights (full, freeze, an 8-bit base)."""
+    f = profile.finetune
+    if f.method not in ADAPTERS or f.base not in ("bf16", "nf4"):
+        return None
+    total = sum(p.numel() for p in model.parameters())
+    if f.base == "bf16":
+        return total * 2
+    packed = sum(m.weight.numel() for m in target_layers(model, f.targets).values())
+    return (total - packed) * 2 + packed * 9 // 16
+
+
+def graphs_readable(profile: Profile) -> bool:
+    """Whether the predictor's compiled-graph reader builds this fine-tuning as the engine does: the whole model, or
+    peft's LoRA on a bf16 base (not DoRA's layers, not a 4-bit base)."""
+    f = profile.finetune
+    return f.method == "full" or (f.method == "lora" and f.base == "bf16")
 
 
 def _freeze(model: nn.Module, last: int) -> str:

@@ -66,6 +66,17 @@ def converts(module: torch.nn.Module, fqn: str) -> bool:
     return fqn.split(".")[-1] not in SKIPPED and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
+def swaps_linears(profile: Profile) -> bool:
+    """Whether the blocks' Linears are torchao's Float8Linear."""
+    return profile.kernels.float8
+
+
+def around_graphs_standin(profile: Profile) -> dict[str, bool] | None:
+    """The eager step a compiled float8 step's graphs are replayed in: without Float8Linear, which fake tensors cannot
+    build here (its parameters are the same; its casts and scaled matmuls are in the graphs)."""
+    return {"kernels.float8": False} if profile.kernels.float8 else None
+
+
 def memory_libraries(profile: Profile) -> tuple[str, ...]:
     """The libraries whose release decides this technique's memory (torchao's Float8Linear, traced or stood in for)."""
     return ("torchao",) if profile.kernels.float8 else ()

@@ -37,6 +37,14 @@ def check_plan(experiment: Experiment, profile: Profile, world: int) -> None:
         raise ConfigError("kernels.fused cannot run under distributed.mode = fsdp (FSDP2 gathers each block in its own forward); use ddp or none")
 
 
+def graphs_standin(profile: Profile) -> dict[str, bool] | None:
+    """What the predictor's compiled-graph trace builds for a fused step: the stock compiled model. memlab's fused
+    kernels allocate their outputs only and save what the ops they replace save, in the same bytes (each norm's
+    input instead of its output: memlab.core.predict.analytic); on the seed shape the H100 found the same max batch
+    for both, 400 (bench/results/study-so-posts-h100/)."""
+    return {"kernels.fused": False} if profile.kernels.fused else None
+
+
 def apply(step: TrainStep) -> None:
     """Switch the model to the fused forward (before compile, which traces it); the label goes to the summary."""
     if not step.profile.kernels.fused:

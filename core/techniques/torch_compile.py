@@ -47,6 +47,11 @@ def compiled(model: torch.nn.Module, profile: Profile) -> torch.nn.Module:
     return torch.compile(model, mode=mode)
 
 
+def compiles(profile: Profile) -> bool:
+    """Whether the step runs Inductor's graphs (the predictor then replays those graphs' own buffers)."""
+    return profile.compile.enabled
+
+
 def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
     """The fake step runs eager (for a compiled step the predictor replays Inductor's own graphs where it can read
     them); checkpointing.budget is the partitioner's setting, refused without compile, so it goes back to 1."""
