@@ -69,7 +69,8 @@ def max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: b
     trace the estimate made already), the smaller under the plain-margin guard (guarded). A
     family without the formula has the replay's figure alone (always replayed). A replayed answer is kept in the
     prediction cache (a search traces the step several times: a minute for an 8B model)."""
-    name = cache.key(experiment, profile, at, dataclasses.asdict(card), f"max_batch replay={replay}", world_size)
+    asked = f"max_batch replay={replay} limit={search_limit(experiment)}"  # what the search was asked, beside the step's key
+    name = cache.key(experiment, profile, at, dataclasses.asdict(card), asked, world_size)
     known = cache.read(name)
     if known is not None:
         return MaxBatch(**(known | {"replayed": Replayed(**known["replayed"]) if known["replayed"] else None}))
