@@ -3,9 +3,9 @@ moves gradcp_bf16's step time from process to process, the collector's?).
 
     python3 bench/gc_run.py auto|freeze|off -- RUN ARGS...     (RUN ARGS as `memlab run` takes them, without --events)
 
-`freeze`: as the engine runs (the objects alive after the first step frozen, memlab.core.engine._settle_collector);
-`auto`: without that freeze, the collector as Python leaves it; `off`: the collector disabled once memlab is
-imported (the run's objects then live until exit). Prints one JSON line:
+`auto`: the collector as Python leaves it; `freeze`: what engine commit e066bf5 did (reverted in the next: a
+full collection per run cost the CPU suite ~50 s), one collection after the first step, then every object alive
+frozen; `off`: the collector disabled once memlab is imported (the run's objects then live until exit). Prints one JSON line:
 the collections (and their wall ms) between the first and the last step event, and the run's median step, forward
 and backward ms from its finished event.
 """
@@ -48,8 +48,18 @@ def main() -> None:
 
     if mode == "off":
         gc.disable()
-    elif mode == "auto":  # the collector as Python leaves it: the engine's freeze after the first step undone
-        gc.freeze = lambda: None
+    elif mode == "freeze":
+        from memlab.core import engine
+
+        count = engine._count_step
+
+        def count_then_freeze(run, i):  # as e066bf5's engine did, after the first step
+            count(run, i)
+            if i == 0:
+                gc.collect()
+                gc.freeze()
+
+        engine._count_step = count_then_freeze
     gc.callbacks.append(clock)
     out, real = Lines(), sys.stdout
     sys.stdout = out

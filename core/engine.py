@@ -10,7 +10,6 @@ summary of what it had, so the run store always has something to write.
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import time
@@ -311,7 +310,6 @@ def train(
             _fail(run, sink, "error", f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             run.info["exception"] = e
     finally:
-        gc.unfreeze()  # what _settle_collector froze is collectable again (a later run in this process, a test)
         if run.nvml:
             run.nvml.stop()
         if run.dist:
@@ -455,8 +453,6 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
         done = meter.finish_step(run.dist.reduce_loss(result.loss_sum), result.grad_norm)  # read one step late
         _count_step(run, i)
         _after_step(run, step, i)
-        if i == 0:
-            _settle_collector()
         if done is not None:
             publisher.publish(done)
         run.wall.lap(i)
@@ -465,15 +461,6 @@ def _train_loop(run: _Run, prepared: Prepared, step: TrainStep, sink: Sink, mete
             _eval(run, prepared, step, sink, i + 1)
             run.wall.restart()  # evaluating is not training
     publisher.publish(meter.flush())
-
-
-def _settle_collector() -> None:
-    """After the first step (the model, the optimizer's state, compiled graphs: what lives for the run) collect once,
-    then move every object alive to Python's permanent generation, so that the collections the steps trigger no
-    longer walk them. A checkpointed step leaves cyclic garbage (gradcp_bf16 on gpt2s: 2.9 collections a step, one
-    walking everything a minute or so), and each walk is host time the GPU waits for (bench/results/gc-h200/)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _after_step(run: _Run, step: TrainStep, i: int) -> None:
