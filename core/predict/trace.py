@@ -50,6 +50,8 @@ Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, 
 # replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
 # large step takes seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside)
 STOP_EVERY = 256
+# The trace's second step: "synthesized" from the first (_next_step: half a trace's ops), or "traced" again
+SECOND_STEP = "synthesized"
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -102,13 +104,39 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
         marked = (lambda name: events.append((PHASE, name, 0, ""))) if phases else None
-        for _ in range(WARM_STEPS if graphed else 2):
+        first = len(events)
+        step.run(batch(), on_phase=marked)
+        again = _next_step(events, first) if SECOND_STEP == "synthesized" and not graphed else None
+        if again is not None:
+            events += again
+        for _ in range(0 if again is not None else (WARM_STEPS if graphed else 2) - 1):
             step.run(batch(), on_phase=marked)
         if graphed:  # cuda_graph.enabled: after the launched steps, one captured into the graph's own pool
             events.append((CAPTURE, None, 0))
             tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream
             step.run(batch())
     return _built_on_host(events, *construction)
+
+
+def _next_step(events: list[Event], first: int) -> list[Event] | None:
+    """The events of a second step, from the first's (events[first:]): the same ops in the same order, each block
+    made and freed within the step made and freed again under a key of its own; what the first step made and kept
+    (the optimizer's state, a scaler's, a kernel's workspace) not made again. None where the first step freed a
+    block made before it (a lifetime across steps): then only tracing the second step tells."""
+    made: dict[object, int] = {}  # a key's block made in this step and not yet freed -> its event's index in `out`
+    out: list[Event] = []
+    for i, ev in enumerate(events[first:]):
+        if ev[0] == "alloc":
+            made[ev[1]] = len(out)
+            out.append(("alloc", ("again", i), *ev[2:]))
+        elif ev[0] == "free":
+            if ev[1] not in made:
+                return None
+            out.append(("free", out[made.pop(ev[1])][1], *ev[2:]))
+        else:
+            out.append(ev)
+    kept = set(made.values())
+    return [ev for j, ev in enumerate(out) if j not in kept]
 
 
 def _memory_cap_measurement(tracer: Any, events: list[Event]) -> None:
