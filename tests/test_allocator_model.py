@@ -424,7 +424,9 @@ def test_a_compiled_step_replays_its_graphs_between_the_eager_parameters_tokens_
     state = [i for i, ev in enumerate(events) if ev[0] == "alloc" and ev[3] == "aten.zeros_like.default"]
     assert len(state) == 2 * len(list(model.parameters()))  # AdamW's two moments, made at the first step
     grads = [at["free", f"0:bw{i}"] for i in range(len(list(model.parameters())))]
-    assert max(state) < min(grads) and max(grads) < at["alloc", "1:fw1"]
+    # the second step (made from the first: trace._next_step) begins its forward once the first's gradients are gone
+    second = next(i for i, ev in enumerate(events) if i > at["alloc", "0:fw1"] and ev[0] == "alloc" and ev[3] == "compiled forward: saved")
+    assert max(state) < min(grads) and max(grads) < second
     assert not any(ev[0] == "alloc" and ev[3] == "aten.clone.default" for ev in events)  # .grad is the graph's buffer
 
 
@@ -856,3 +858,32 @@ def test_a_trace_that_fails_while_a_stop_is_asked_is_a_stop_and_otherwise_the_fa
                                             should_stop=lambda: bool(asked.append(1)) or len(asked) > 1)
     with pytest.raises(RuntimeError, match="asked to stop"):
         allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, should_stop=lambda: False)
+
+
+@pytest.mark.parametrize("profile", ["bf16", "gradcp_bf16", "chunked_ce", "act_offload_overlap", "adamw8bit", "qlora_gradcp"])
+def test_the_second_step_made_from_the_first_is_the_traced_one(profile, monkeypatch):
+    """A trace's second step is made from its first (trace._next_step), not traced: the same events as tracing it, so
+    the same peaks (bench/one_step_check.py compares every built-in profile on three experiments)."""
+    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict.trace_lines import canonical
+    from memlab.core.config import load_experiment, load_profile
+
+    e, p = load_experiment("tiny"), load_profile(profile)
+    allocation_trace.step_trace(e, p, vocab_size=512, micro_batch=8)  # what a process makes at its first trace only
+    got = {}
+    for mode in ("traced", "synthesized"):
+        monkeypatch.setattr(allocation_trace, "SECOND_STEP", mode)
+        events = canonical(allocation_trace.step_trace(e, p, vocab_size=512, micro_batch=8))
+        got[mode] = [(ev[0], ev[1], str(ev[2])) if ev[0] == "alloc" else ev[:2] for ev in events]
+    assert got["traced"] == got["synthesized"]
+
+
+def test_the_next_step_makes_again_what_the_first_freed_and_not_what_it_kept():
+    from memlab.core.predict.trace import _next_step
+
+    before = [("alloc", "w", 64, "weight")]
+    step = [("alloc", "x", 8, "batch"), ("alloc", "m", 64, "moment"), ("free", "x", 0, ""), ("phase", "opt", 0, "")]
+    again = _next_step(before + step, len(before))
+    assert [(ev[0], ev[2]) for ev in again] == [("alloc", 8), ("free", 0), ("phase", 0)]
+    assert again[0][1] == again[1][1] != "x" and again[0][3] == "batch"  # a key of its own, the same block
+    assert _next_step(before + [("free", "w", 0, "")], len(before)) is None  # a lifetime across steps: trace it
