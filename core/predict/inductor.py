@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -211,8 +212,10 @@ def children_output(requests: list[list[str]]) -> list[dict]:
 
 def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `cmd`, ended early (RuntimeError) when this thread's stop is asked
-    (memlab.core.stopping: a study stopping during a lane's prediction) or after TRACE_TIMEOUT_S."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+    (memlab.core.stopping: a study stopping during a lane's prediction) or after TRACE_TIMEOUT_S. One compile
+    thread: the child writes wrapper code and compiles no kernel, so a pool of compile workers is only start-up."""
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as child:
         for _ in range(int(TRACE_TIMEOUT_S / poll_s)):
             try:
                 out, err = child.communicate(timeout=poll_s)
