@@ -4,7 +4,7 @@ moves gradcp_bf16's step time from process to process, the collector's?).
     python3 bench/gc_run.py auto|freeze|off -- RUN ARGS...     (RUN ARGS as `memlab run` takes them, without --events)
 
 `auto`: the collector as Python leaves it; `freeze`: what engine commit e066bf5 did (reverted in the next: a
-full collection per run cost the CPU suite ~50 s), one collection after the first step, then every object alive
+the CPU suite ran 332.6 s with it, 277.4 s after), one collection after the first step, then every object alive
 frozen; `off`: the collector disabled once memlab is imported (the run's objects then live until exit). Prints one JSON line:
 the collections (and their wall ms) between the first and the last step event, and the run's median step, forward
 and backward ms from its finished event.
