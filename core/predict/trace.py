@@ -39,7 +39,7 @@ from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, Ou
 from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
-from memlab.core.predict.search import bisected, largest_fitting
+from memlab.core.predict.search import LIMIT, bisected, largest_fitting
 from memlab.core.predict.standins import around_graphs, compiled_standin
 from memlab.core.predict.trace_lines import Sized, StepTraces
 from memlab.core.techniques import allocator, cuda_graph, float8, torch_compile
@@ -109,8 +109,9 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         again = _next_step(events, first) if SECOND_STEP == "synthesized" and not graphed else None
         if again is not None:
             events += again
-        for _ in range(0 if again is not None else (WARM_STEPS if graphed else 2) - 1):
-            step.run(batch(), on_phase=marked)
+        else:
+            for _ in range((WARM_STEPS if graphed else 2) - 1):
+                step.run(batch(), on_phase=marked)
         if graphed:  # cuda_graph.enabled: after the launched steps, one captured into the graph's own pool
             events.append((CAPTURE, None, 0))
             tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream
@@ -284,7 +285,7 @@ class SearchStopped(Exception):
 
 
 def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
-                       start: int = 16, limit: int = 1 << 20, margin: float = 0.0, capped: bool = False,
+                       start: int = 16, limit: int = LIMIT, margin: float = 0.0, capped: bool = False,
                        should_stop: Callable[[], bool] | None = None) -> int:
     """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
     and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds,
@@ -425,7 +426,7 @@ class Replayed:
     margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
     float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
     traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
-    limit: int = 1 << 20  # the largest micro-batch the search asked: max_batch == limit means "at least"
+    limit: int = LIMIT  # the largest micro-batch the search asked: max_batch == limit means "at least"
 
     @property
     def limit_reached(self) -> bool:
@@ -437,7 +438,7 @@ class Replayed:
 
 
 def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
-                    start: int = 16, margin: float = 0.0, capped: bool = False, limit: int = 1 << 20) -> Replayed:
+                    start: int = 16, margin: float = 0.0, capped: bool = False, limit: int = LIMIT) -> Replayed:
     """`memlab estimate`'s allocator figures, its max batch as find-batch's prediction takes it (the
     budget less what this GPU holds outside the allocator, `margin` left free), searched up to `limit`. A compiled
     step replays what Inductor plans (compiled_trace); one compile_budget_model cannot trace is refused (a

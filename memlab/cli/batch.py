@@ -108,19 +108,19 @@ def _estimate(exp: Experiment, prof: Profile, nproc: int | None, gpu_memory: str
     with traces_kept():  # the peaks' trace serves the max-batch search too
         result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
         analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
-        replay_too = traced  # the allocator replay's max batch is the one never above what fits
-        found = P.max_batch(exp, prof, card, replay=replay_too, world_size=world, at=result.micro_batch)
+        # the allocator replay's max batch is the one never above what fits
+        found = P.max_batch(exp, prof, card, replay=traced, world_size=world, at=result.micro_batch)
         longest = P.longest_sequence(exp, prof, card, result.micro_batch, result.method) if longest_seq else None
     vocab_from = vocab_for(exp)[1]
     if as_json:
-        typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, replay_too)
+        typer.echo(json.dumps(_estimate_json(result, analytic, found, card, vocab_from, world, traced)
                               | ({"max_seq_len": longest} if longest_seq else {})))
         return
     _print_estimate(result, analytic, found, card, vocab_from, world, prof.distributed.mode)
     if longest_seq:
         typer.echo(f"longest sequence at micro-batch {result.micro_batch} in {gib(card.total_bytes)} ({card.where}): "
                    f"{longest} tokens ({result.method}, a multiple of 64)")
-    if replay_too:
+    if traced:
         _print_replayed(found.replayed, found.not_replayed, card.where, family_of(exp))
 
 
