@@ -6,9 +6,9 @@ through CUDA's caching allocator, stays within the card's allocator budget (the 
 libraries and driver reserve) with REPLAY_MARGIN of what the step adds to the built model's reserve left free,
 without an allocator retry; the answer's next smaller size must fit
 too. A search starts from a guess: the step's tensors are affine in the micro-batch and, with a fused attention
-kernel, in the sequence, so two traces of a shallow copy of the model (memlab.core.predict.depth) put the tensors'
-peak against the budget times the share of the reserve the tensors held at the experiment's own shape; full traces
-then search from there (largest_near).
+kernel, in the sequence, so two traces put the tensors' peak against the budget times the share of the reserve the
+tensors held at the experiment's own shape; traces then search from there (largest_near). A deep model's trace is
+made from five of its blocks (memlab.core.predict.deepen): an 8B model's in about a second.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from memlab.core.errors import MemlabError
 from memlab.core.models import family
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
-from memlab.core.predict.depth import applies, extrapolated_peak
 from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
 from memlab.core.predict.prediction import max_positions, weights_bytes, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
-from memlab.core.predict.trace import float8_untraced, step_peaks, step_trace, trace_fits
+from memlab.core.predict.trace import deep_trace, float8_untraced, step_peaks, step_trace, trace_fits
 from memlab.core.techniques import accumulation, allocator, distributed, finetune
 
 @dataclass(frozen=True)
@@ -103,12 +102,13 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
 
 def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card: Card, row: Fit, weights: int) -> Fit:
     """Not even the weights fit (full training of an 8B model on a 24 GiB card): nothing is searched. The peak
-    column comes from two shallow traces (depth.py) where that is sound; the reserve is not extrapolated."""
+    columns come from the step's trace where it is made from a few blocks (deep_trace: seconds), not traced whole."""
     note = f"the weights alone need {weights / 2**30:.1f} GiB"
-    if not applies(experiment, one):
+    made = deep_trace(experiment, one, vocab_size=vocab, micro_batch=row.micro_batch, capped=card.capped)
+    if made is None:
         return dataclasses.replace(row, note=note)
-    peak = extrapolated_peak(experiment, one, vocab_size=vocab, micro_batch=row.micro_batch, capped=card.capped)
-    return dataclasses.replace(row, allocated_bytes=peak, note=note + "; the peak extrapolated from 2 and 4 blocks")
+    at = replay(made, expandable=allocator.expandable(one))
+    return dataclasses.replace(row, allocated_bytes=at.peak_allocated, reserved_bytes=at.peak_reserved, note=note)
 
 
 def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
@@ -183,20 +183,12 @@ class _Axis:
             return self.peaks(size)[1] <= self.room
         return trace_fits(self.trace(size), self.budget, allocator.expandable(self.profile), REPLAY_MARGIN)
 
-    def tensors(self, size: int) -> int:
-        """The tensors' peak: from shallow traces where the model is deep (depth.py), else this size's trace."""
-        exp, micro = self.shaped(size)
-        if (exp.model.seq_len, micro) not in self._traces and applies(exp, self.profile):
-            return extrapolated_peak(exp, self.profile, vocab_size=self.vocab, micro_batch=micro,
-                                     capped=self.card.capped)
-        return self.peaks(size)[0]
-
     def largest(self, x0: int, share: float, limit: int) -> int:
         """The largest size that fits, searched from a guess: the tensors' line through x0 and 2 x0 against the
         budget times `share`, moved along the reserve's line through x0 and that guess (the reserve's waste grows
         with the size too: the logits' blocks)."""
         room = self.verdict_room(x0)
-        guess = min(_affine_guess(self.tensors, x0, 2 * x0, int(room * share)), limit)
+        guess = min(_affine_guess(lambda x: self.peaks(x)[0], x0, 2 * x0, int(room * share)), limit)
         if guess > x0:
             guess = min(_affine_guess(lambda x: self.peaks(x)[1], x0, guess, room), limit)
         return largest_near(self.fits, guess, limit, confirm=1)

@@ -246,9 +246,10 @@ class TorchaoAdamWState(_StateOnly):
         n = p.numel()
         if self.bits is None or n < 4096 or n % self.block:
             return torch.zeros_like(p)
-        codes = torch.zeros(n * self.bits // 8, dtype=torch.uint8, device=p.device)
-        scale = torch.zeros(n // self.block, device=p.device)
-        qmap = torch.zeros(2**self.bits, dtype=torch.float32, device=p.device)
+        # new_zeros, not torch.zeros(device=): the same blocks, made from `p` (memlab.core.predict.deepen's owner)
+        codes = p.new_zeros(n * self.bits // 8, dtype=torch.uint8)
+        scale = p.new_zeros(n // self.block, dtype=torch.float32)
+        qmap = p.new_zeros(2**self.bits, dtype=torch.float32)
         return codes, scale, qmap
 
 
@@ -272,12 +273,12 @@ class PagedAdamW8bitState(_StateOnly):
         n = p.numel()
         eight_bit = n >= MIN_8BIT_SIZE
         if eight_bit and not self.qmaps:
-            self.qmaps = tuple(torch.zeros(256, dtype=torch.float32, device=p.device) for _ in range(2))
+            self.qmaps = tuple(p.new_zeros(256, dtype=torch.float32) for _ in range(2))
         dtype = torch.uint8 if eight_bit else torch.float32
         state = {f"state{i}": self._buffer(p, dtype) for i in (1, 2)}
         if eight_bit:
             blocks = -(-n // BNB_BLOCK)
-            state |= {f"absmax{i}": torch.zeros(blocks, dtype=torch.float32, device=p.device) for i in (1, 2)}
+            state |= {f"absmax{i}": p.new_zeros(blocks, dtype=torch.float32) for i in (1, 2)}  # from p: see above
         return state
 
     @staticmethod

@@ -20,6 +20,7 @@ storages are created and freed, in order, and how large.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import weakref
 from dataclasses import dataclass
@@ -38,11 +39,12 @@ from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
 from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
+from memlab.core.predict.deepen import BLOCK, SHALLOW, Owners, deepened
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
 from memlab.core.predict.search import LIMIT, bisected, largest_fitting
 from memlab.core.predict.standins import around_graphs, compiled_standin
 from memlab.core.predict.trace_lines import Sized, StepTraces
-from memlab.core.techniques import allocator, cuda_graph, float8, torch_compile
+from memlab.core.techniques import allocator, cuda_graph, float8, repeats_per_block, torch_compile
 from memlab.core.techniques.cuda_graph import WARM_STEPS
 from memlab.core.techniques.precision import compute_dtype
 
@@ -52,17 +54,18 @@ Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, 
 STOP_EVERY = 256
 # The trace's second step: "synthesized" from the first (_next_step: half a trace's ops), or "traced" again
 SECOND_STEP = "synthesized"
+# A deep model's trace made from a trace of deepen.SHALLOW blocks (deep_trace), or False: traced at its own depth
+DEEPEN = True
 
 
 def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               gpu_kernels: bool = True, capped: bool = False, phases: bool = False) -> list[Event]:
+               gpu_kernels: bool = True, capped: bool = False) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
     of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
     saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
-    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here. With `phases`, a (PHASE,
-    name) event where each phase of a step begins (memlab.core.predict.depth reads the peaks between them)."""
-    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped, phases=phases)
+    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
+    return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped)
 
 
 def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
@@ -79,12 +82,25 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     return _two_steps(experiment, around_graphs(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
 
 
+def deep_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+               capped: bool = False) -> list[Event] | None:
+    """fake_trace at the model's depth, made from a trace of deepen.SHALLOW blocks (memlab.core.predict.deepen: the
+    first blocks and the last as traced, the middle one repeated); None where the model is too shallow to gain, a
+    technique's step does not repeat block by block, or the traced blocks do not repeat as the making needs."""
+    depth = experiment.model.n_layer
+    if not DEEPEN or depth < 2 * SHALLOW or not repeats_per_block(profile, (SHALLOW, depth)):
+        return None
+    shallow = dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, n_layer=SHALLOW))
+    return _two_steps(shallow, profile, vocab_size, micro_batch, capped=capped, deepen_to=depth)
+
+
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
-               compiled: Any = None, capped: bool = False, phases: bool = False) -> list[Event]:
+               compiled: Any = None, capped: bool = False, deepen_to: int = 0) -> list[Event] | None:
     """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
     compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
-    `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement)."""
+    `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement). With `deepen_to`, the first
+    step made at that many blocks (deep_trace; None where it cannot be)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = cuda_graph.captures(profile)
     attention_backward = attention.backward_kernel(profile)  # the attention's declaration, before the stand-ins rename the kernel
@@ -92,6 +108,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
     events: list[Event] = []
     tracer = _storage_tracer(torch, events)
+    tracer.sources = {} if deepen_to else None
     if capped:
         _memory_cap_measurement(tracer, events)
     construction: list[int] = []
@@ -100,12 +117,17 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
                       attention_backward=attention_backward) as (step, batch):
         if replay_standins.install(step, standins, compute_dtype(profile)):
             events.append((EMPTY_CACHE, None, 0, "torch.cuda.empty_cache() after the stand-in's own"))
+        steps_at = len(events)
         events.append((STEPS, None, 0, "the steps begin: a run's meters reset the peaks"))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
-        marked = (lambda name: events.append((PHASE, name, 0, ""))) if phases else None
+        params = _block_marks(step.model, events) if deepen_to else {}
+        marked = (lambda name: events.append((PHASE, name, 0, ""))) if deepen_to else None  # deepen's run ends
         first = len(events)
         step.run(batch(), on_phase=marked)
+        if deepen_to:
+            owners = Owners(params, tracer.sources, steps_at)
+            return _made_deeper(events, construction, owners, deepen_to)
         again = _next_step(events, first) if SECOND_STEP == "synthesized" and not graphed else None
         if again is not None:
             events += again
@@ -117,6 +139,40 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
             tracer.workspaces.clear()  # on the capture's own stream: cuBLAS keeps a workspace per handle and stream
             step.run(batch())
     return _built_on_host(events, *construction)
+
+
+def _made_deeper(events: list[Event], construction: list[int], owners: Owners, depth: int) -> list[Event] | None:
+    """The shallow trace's construction and first step (deepen.BLOCK marks, the phases) at `depth` blocks, and its
+    second step made from that first."""
+    dropped = _construction_temporaries(events, *(construction or (0, 0)))
+    index = {i: n for n, i in enumerate(i for i in range(len(events)) if i not in dropped)}
+    kept = [ev for i, ev in enumerate(events) if i not in dropped]
+    sources = {index[i]: keys for i, keys in owners.sources.items() if i in index}
+    deep = deepened(kept, Owners(owners.params, sources, index[owners.steps_at]), depth)
+    if deep is None:
+        return None
+    deep = [ev for ev in deep if ev[0] != PHASE]
+    first = next(i for i, ev in enumerate(deep) if ev[0] == STEPS) + 1
+    again = _next_step(deep, first)
+    return None if again is None else deep + again
+
+
+def _block_marks(model: Any, events: list[Event]) -> dict[object, int]:
+    """A BLOCK mark where each block's forward begins and one where its backward begins (its output's gradient
+    made); the keys of each block's parameters and buffers, by block."""
+    params = {}
+    for i, block in enumerate(model.blocks):
+        for t in (*block.parameters(), *block.buffers()):
+            params[t.untyped_storage()._cdata] = i
+        block.register_forward_pre_hook(lambda module, args, i=i: events.append((BLOCK, i, 0, "")))
+        block.register_forward_hook(lambda module, args, out, i=i: _mark_backward(out, events, i))
+    return params
+
+
+def _mark_backward(out: Any, events: list[Event], i: int) -> None:
+    grown = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if grown:
+        grown[0].register_hook(lambda grad: events.append((BLOCK, i, 0, "")))
 
 
 def _next_step(events: list[Event], first: int) -> list[Event] | None:
@@ -178,6 +234,12 @@ def _built_on_host(events: list[Event], start: int = 0, end: int = 0) -> list[Ev
     act_offload's backward cuBLAS workspace took one, and the replay reserved 11.02 GiB where the H100 reserved
     14.09 (the workspace pinned a freed logits segment there, as it does for bf16). What outlives the construction
     (the weights, moved) stays, as does bf16_pure's cast after it (the fp32 weights reach the device first)."""
+    dropped = _construction_temporaries(events, start, end)
+    return [e for i, e in enumerate(events) if i not in dropped]
+
+
+def _construction_temporaries(events: list[Event], start: int, end: int) -> set[int]:
+    """The indices of the events of blocks made and freed within events[start:end]."""
     made: dict[object, int] = {}
     dropped: set[int] = set()
     for i in range(start, end):
@@ -186,7 +248,7 @@ def _built_on_host(events: list[Event], start: int = 0, end: int = 0) -> list[Ev
             made[ident] = i
         elif ident in made:
             dropped |= {made.pop(ident), i}
-    return [e for i, e in enumerate(events) if i not in dropped]
+    return dropped
 
 
 def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:
@@ -252,7 +314,8 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
         trace = compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                                capped=capped)
     else:
-        trace = fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+        trace = deep_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped) or \
+            fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
     if kept is not None:
         kept[name] = trace
         while len(kept) > KEPT_TRACES:
@@ -506,6 +569,7 @@ class _TraceBook:
         self.seen: set[int] = set()
         self.workspaces: set[str] = set()
         self.paused = False
+        self.sources: dict[int, tuple] | None = None  # deep_trace's: an allocation's index -> what it was made from
         self.should_stop = stopping.current()  # read here, in the caller's thread: the backward may run on autograd's own
         self.ops = 0
 
@@ -521,8 +585,12 @@ class _TraceBook:
         outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         if func is torch.ops.aten.native_dropout.default:
             outputs.reverse()  # CUDA's dropout kernel makes its mask before its output (the fake kernel: after)
-        for t in outputs:
+        made_from = _made_from(torch, args, out, len(outputs)) if self.sources is not None else None
+        for j, t in enumerate(outputs):
+            before = len(self.events)
             self._note(t.untyped_storage(), op)
+            if made_from and len(self.events) > before:  # a new storage (not an in-place op's, a view's)
+                self.sources[before] = made_from[j] if len(made_from) == len(outputs) else made_from[0]
         if op.startswith(MATMULS):
             self.workspace("backward" if torch._C._current_graph_task_id() != -1 else "forward")
         temporary = _kernel_temporary(torch, func, args, self.sms)
@@ -590,6 +658,17 @@ def _storage_tracer(torch: Any, events: list[Event]) -> Any:
             return out
 
     return Storages()
+
+
+def _made_from(torch: Any, args: tuple, out: Any, n: int) -> list[tuple]:
+    """The keys of the tensors each of an op's `n` outputs was made from: for an op over lists (torch._foreach_*),
+    the tensors at the output's own place in each list; else one entry, every tensor argument."""
+    lists = [a for a in args if isinstance(a, (list, tuple)) and len(a) == n and n > 1
+             and all(isinstance(t, torch.Tensor) for t in a)]
+    if lists and isinstance(out, (list, tuple)):
+        return [tuple(lst[j].untyped_storage()._cdata for lst in lists) for j in range(n)]
+    tensors = [t for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    return [tuple(t.untyped_storage()._cdata for t in tensors)] if tensors else []
 
 
 DISPATCH_WRAPPERS = ("torch/_dynamo/", "torch/_compile.py")  # what wraps a mode's __torch_dispatch__ (no op's code)

@@ -103,7 +103,7 @@ def memory_standins(profile: Profile) -> tuple[StandIn, ...]:
 
 def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     """Whether the step's memory is one block's bytes repeated at each of these depths, as every technique declares:
-    where the predictor may extrapolate a deep model from shallow traces (memlab.core.predict.depth)."""
+    where the predictor may make a deep model's trace from a shallow one's (memlab.core.predict.deepen)."""
     return all(t.repeats_per_block(profile, depths) for t in TECHNIQUES if hasattr(t, "repeats_per_block"))
 
 
