@@ -286,7 +286,8 @@ def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_h
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)  # tiny counts as large here
     monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
-    real_start, real_fitted, here = fit_children._start, fit_module._fitted, []
+    real_start, real_fitted, real_searched, here = fit_children._start, fit_module._fitted, fit_module.searched, []
+    monkeypatch.setattr(fit_module, "searched", lambda *args: True)  # each row to a child, as a searched row goes
 
     def start(experiment, overrides, gpu_memory, name):
         if name == "lora":
@@ -295,7 +296,9 @@ def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_h
 
     def fitted(experiment, profile, card, micro):
         here.append(profile.name)
-        return real_fitted(experiment, profile, card, micro)
+        with monkeypatch.context() as m:
+            m.setattr(fit_module, "searched", real_searched)
+            return real_fitted(experiment, profile, card, micro)
 
     monkeypatch.setattr(fit_children, "_start", start)
     monkeypatch.setattr(fit_module, "_fitted", fitted)
@@ -305,3 +308,25 @@ def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_h
     assert "lora: its child ended with status 3; predicting it here" in err
     assert here == ["lora"]  # bf16's row came from its child, through the cache
     assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2
+
+
+def test_rows_that_search_nothing_are_predicted_here_while_the_children_run(monkeypatch):
+    """predict_in_children starts the children, then runs `meanwhile` here once, then waits for them."""
+    import subprocess
+    import sys
+
+    from memlab.cli import fit_children
+
+    order = []
+
+    def start(experiment, overrides, gpu_memory, name):
+        order.append(f"start {name}")
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    monkeypatch.setattr(fit_children, "_start", start)
+    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    fit_children.predict_in_children("tiny", [], None, ["a", "b", "c"], order.append,
+                                     meanwhile=lambda: order.append("meanwhile"))
+    assert order[:4] == ["predicting 3 profiles, 2 at a time, each in its own process…", "start a", "start b",
+                         "meanwhile"]
+    assert order.count("meanwhile") == 1 and "start c" in order and "c: predicted" in order

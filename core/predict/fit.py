@@ -83,9 +83,8 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     vocab, _ = analytic.vocab_for(experiment)
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
-    weights = weights_bytes(experiment, one)
-    if weights is not None and weights > card.budget_bytes and not distributed.shards_weights(one):
-        return _weights_over_budget(experiment, one, vocab, card, row, weights)
+    if not searched(experiment, profile, card):
+        return _weights_over_budget(experiment, one, vocab, card, row, weights_bytes(experiment, one))
     traces: dict[tuple[int, int], list] = {}  # (sequence, micro-batch): the two axes meet at the experiment's shape
     batches = _Axis(lambda b: (experiment, b), one, vocab, card, traces)
     try:
@@ -100,11 +99,21 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
                                longest_seq=_longest(experiment, one, vocab, card, 1, share, traces))
 
 
+def searched(experiment: Experiment, profile: Profile, card: Card) -> bool:
+    """Whether the row searches its sizes: not where the weights alone exceed the card (one trace, seconds)."""
+    one = single(profile)
+    weights = weights_bytes(experiment, one)
+    return weights is None or weights <= card.budget_bytes or distributed.shards_weights(one)
+
+
 def _weights_over_budget(experiment: Experiment, one: Profile, vocab: int, card: Card, row: Fit, weights: int) -> Fit:
     """Not even the weights fit (full training of an 8B model on a 24 GiB card): nothing is searched. The peak
     columns come from the step's trace where it is made from a few blocks (deep_trace: seconds), not traced whole."""
     note = f"the weights alone need {weights / 2**30:.1f} GiB"
-    made = deep_trace(experiment, one, vocab_size=vocab, micro_batch=row.micro_batch, capped=card.capped)
+    try:
+        made = deep_trace(experiment, one, vocab_size=vocab, micro_batch=row.micro_batch, capped=card.capped)
+    except Exception:  # noqa: BLE001 (a step fake tensors cannot run here: the row keeps its note, the others go on)
+        made = None
     if made is None:
         return dataclasses.replace(row, note=note)
     at = replay(made, expandable=allocator.expandable(one))

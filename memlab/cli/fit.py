@@ -117,14 +117,19 @@ def _fit(experiment: str, names: list[str], overrides: list[str], loaded: list[t
 def _ahead(experiment: str, overrides: list[str], gpu_memory: str | None, loaded: list[tuple[Experiment, Any]],
            names: list[str], card: Card, err: Any) -> None:
     """A large model's rows not yet in the prediction cache, predicted several at once in child processes (each row
-    then reads from the cache below); memlab.cli.fit_children says when that pays."""
+    then reads from the cache below); memlab.cli.fit_children says when that pays. The rows that search nothing
+    (weights over the card: one trace) are predicted here meanwhile, not worth a child's start."""
     from memlab.cli.fit_children import predict_in_children, worth_children
-    from memlab.core.predict.fit import kept
+    from memlab.core.predict.fit import fit as fit_row
+    from memlab.core.predict.fit import kept, searched
 
-    pending = [name for (e, prof), name in zip(loaded, names) if kept(e, prof, card) is None]
+    pending = [(e, prof, name) for (e, prof), name in zip(loaded, names) if kept(e, prof, card) is None]
+    children = [name for e, prof, name in pending if searched(e, prof, card)]
     m = loaded[0][0].model
-    if worth_children(m.n_layer, m.d_model, len(pending)):
-        predict_in_children(experiment, overrides, gpu_memory, pending, lambda line: err.print(f"[dim]{line}[/dim]"))
+    if worth_children(m.n_layer, m.d_model, len(children)):
+        here = [(e, prof) for e, prof, name in pending if name not in children]
+        predict_in_children(experiment, overrides, gpu_memory, children, lambda line: err.print(f"[dim]{line}[/dim]"),
+                            meanwhile=lambda: [fit_row(e, prof, card) for e, prof in here])
 
 
 def _for(exp: Experiment, card: Card) -> str:

@@ -28,16 +28,20 @@ def worth_children(n_layer: int, d_model: int, pending: int) -> bool:
 
 
 def predict_in_children(experiment: str, overrides: list[str], gpu_memory: str | None, names: list[str],
-                        say: Callable[[str], None]) -> None:
-    """Each profile of `names` predicted by its own child `memlab fit`, one per core at a time, into the cache."""
+                        say: Callable[[str], None], meanwhile: Callable[[], object] = lambda: None) -> None:
+    """Each profile of `names` predicted by its own child `memlab fit`, one per core at a time, into the cache;
+    `meanwhile` runs here once the first children have started."""
     jobs = min(len(names), os.cpu_count() or 1)
     say(f"predicting {len(names)} profiles, {jobs} at a time, each in its own process…")
-    waiting, running = list(names), []
+    waiting, running, started = list(names), [], False
     try:
         while waiting or running:
             while waiting and len(running) < jobs:
                 name = waiting.pop(0)
                 running.append((name, _start(experiment, overrides, gpu_memory, name)))
+            if not started:
+                started = True
+                meanwhile()
             time.sleep(POLL_S)
             for name, child in [(n, c) for n, c in running if c.poll() is not None]:
                 running.remove((name, child))
