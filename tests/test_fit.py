@@ -286,6 +286,7 @@ def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_h
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(fit_children, "LARGE_PARAMS", 0)  # tiny counts as large here
     monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(fit_children, "FORK_SAFE", False)  # a child `memlab fit` (the forked child: the test below)
     real_start, real_fitted, real_searched, here = fit_children._start, fit_module._fitted, fit_module.searched, []
     monkeypatch.setattr(fit_module, "searched", lambda *args: True)  # each row to a child, as a searched row goes
 
@@ -330,3 +331,22 @@ def test_rows_that_search_nothing_are_predicted_here_while_the_children_run(monk
     assert order[:4] == ["predicting 3 profiles, 2 at a time, each in its own process…", "start a", "start b",
                          "meanwhile"]
     assert order.count("meanwhile") == 1 and "start c" in order and "c: predicted" in order
+
+
+def test_on_linux_a_row_is_predicted_in_a_fork_and_a_failed_fork_is_said(tmp_path, monkeypatch):
+    """With `row`, each child is this process forked to run row(name); one that raises ends with status 1."""
+    from memlab.cli import fit_children
+
+    if not fit_children.FORK_SAFE:
+        pytest.skip("forked children only on Linux")
+
+    def row(name: str) -> None:
+        if name == "bad":
+            raise RuntimeError("no fake kernel")
+        (tmp_path / name).write_text("predicted")
+
+    said = []
+    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    fit_children.predict_in_children("tiny", [], None, ["a", "bad", "c"], said.append, row=row)
+    assert (tmp_path / "a").exists() and (tmp_path / "c").exists() and not (tmp_path / "bad").exists()
+    assert "a: predicted" in said and "bad: its child ended with status 1; predicting it here" in said

@@ -128,8 +128,10 @@ def _ahead(experiment: str, overrides: list[str], gpu_memory: str | None, loaded
     m = loaded[0][0].model
     if worth_children(m.n_layer, m.d_model, len(children)):
         here = [(e, prof) for e, prof, name in pending if name not in children]
+        by_name = {name: (e, prof) for e, prof, name in pending}
         predict_in_children(experiment, overrides, gpu_memory, children, lambda line: err.print(f"[dim]{line}[/dim]"),
-                            meanwhile=lambda: [fit_row(e, prof, card) for e, prof in here])
+                            meanwhile=lambda: [fit_row(e, prof, card) for e, prof in here],
+                            row=lambda name: fit_row(*by_name[name], card))
 
 
 def _for(exp: Experiment, card: Card) -> str:
