@@ -98,15 +98,21 @@ def _owned(events: list[tuple], owners: Owners) -> list[_Item] | None:
                 refusal[0] = f"event {i}: a key freed that is not live"
                 return None
             owner, n, _ = live.pop(ev[1])
-            block = marked if marked is not None and not burst_of_many else owner
-            if marked is None and not burst_of_many and owner is not None and previous == owner + 1:
-                block = previous  # the last block's temporaries, freed as the next block's work begins (a loop)
+            block = _freed_in(owner, marked, previous, burst_of_many)
             ref = ("global", ev[1]) if owner is None else ("block", owner - block, n)
             items.append(_Item(block, ev, ("free", ref)))
         else:
             items.append(_Item(None, ev))
         previous = items[-1].block if action in ("alloc", "free") else None
     return items
+
+
+def _freed_in(owner: int | None, marked: int | None, previous: int | None, burst_of_many: bool) -> int | None:
+    """The run a free belongs to: the running block's (forward, backward), else the freed block's own, or the next
+    block's where it frees the last block's temporaries as that block's work begins (a per-parameter loop)."""
+    if burst_of_many or marked is None:
+        return previous if owner is not None and previous == owner + 1 and not burst_of_many else owner
+    return marked
 
 
 def _frees_in_block_order(events: list[tuple], live: dict) -> Any:
