@@ -38,6 +38,7 @@ def one(case: str) -> dict:
     vocab, _ = analytic.vocab_for(e)
     row = {"case": case}
     got = {}
+    trace.DEEPEN = False  # both ways at the model's depth (the made deep step: bench/deepen_check.py)
     trace.step_trace(e, p, vocab_size=vocab, micro_batch=micro)  # once first: what a process makes at its first trace only
     for mode in ("traced", "synthesized"):
         trace.SECOND_STEP = mode

@@ -17,6 +17,7 @@ from memlab.core.predict.allocator import replay
 e = load_experiment(sys.argv[2] if len(sys.argv) > 2 else "llama-8b")
 p = load_profile(sys.argv[1])
 vocab, _ = analytic.vocab_for(e)
+trace.DEEPEN = False  # both ways at the model's depth (deepen.py makes the step from 5 blocks: bench/deepen_check.py)
 trace.step_trace(e, p, vocab_size=vocab, micro_batch=1)
 for mode in ("traced", "synthesized", "traced", "synthesized"):
     trace.SECOND_STEP = mode

@@ -88,8 +88,8 @@ def deep_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     first blocks and the last as traced, the middle one repeated); None where the model is too shallow to gain, a
     technique's step does not repeat block by block, or the traced blocks do not repeat as the making needs."""
     depth = experiment.model.n_layer
-    if not DEEPEN or depth < 2 * SHALLOW or not repeats_per_block(profile, (SHALLOW, depth)):
-        return None
+    if not DEEPEN or SECOND_STEP != "synthesized" or depth < 2 * SHALLOW or not repeats_per_block(profile, (SHALLOW, depth)):
+        return None  # (a second step traced needs the step at its depth)
     shallow = dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, n_layer=SHALLOW))
     return _two_steps(shallow, profile, vocab_size, micro_batch, capped=capped, deepen_to=depth)
 
