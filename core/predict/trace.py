@@ -303,9 +303,9 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                capped: bool = False) -> list[Event]:
     """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
-    fake_trace's; `capped`: a run under --gpu-memory's cap. Within `traces_kept()` the last few are kept: an
-    estimate replays its own micro-batch's trace for the peaks and again in the max-batch search (12 s each for an
-    8B model)."""
+    fake_trace's, made from a few blocks where the model is deep (deep_trace); `capped`: a run under --gpu-memory's
+    cap. Within `traces_kept()` the last few are kept: an estimate replays its own micro-batch's trace for the peaks
+    and again in the max-batch search."""
     kept = _KEPT["traces"]
     name = cache.key(experiment, profile, micro_batch, {"vocab": vocab_size, "capped": capped}, "step_trace", 1) if kept is not None else ""
     if name in (kept or {}):
