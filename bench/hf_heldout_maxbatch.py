@@ -22,6 +22,7 @@ from unittest import mock
 
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.predict import card as cards, maxbatch
+from memlab.core.techniques import accumulation
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf-heldout-h200"
 H200_RESERVE = int(0.601 * 2**30)
@@ -59,7 +60,7 @@ def main() -> None:
             apply_overrides(e, p, sets)
             t0 = time.time()
             card = cards.Card(CARD, None, "--gpu-memory 24GiB", capped=True, named=True)
-            predicted = maxbatch.max_batch(e, maxbatch.single(p), card, replay=True).max_batch
+            predicted = maxbatch.max_batch(e, accumulation.single(p), card, replay=True).max_batch
             error = "exact" if predicted == measured else (f"{predicted / measured - 1:+.0%}" if measured else "above")
             lines.append(f"| {experiment} | {'+'.join([profile, *sets])} | {measured} | {predicted} | {error} | "
                          f"{time.time() - t0:.0f} | {log} |")

@@ -52,7 +52,7 @@ def main() -> None:
 
 def replayed_build(e, p) -> None:
     from memlab.core.predict.allocator import STEPS, Allocator, replayed
-    from memlab.core.predict.maxbatch import single
+    from memlab.core.techniques.accumulation import single
     from memlab.core.predict.trace import step_trace
 
     t0 = time.perf_counter()

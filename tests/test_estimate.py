@@ -49,7 +49,7 @@ def test_fp32_adamw_is_4_plus_4_plus_8_bytes_a_parameter():
     # at the step: weights + gradients + state + foreach AdamW's one fp32 temporary of the decayed matrices, the
     # tokens (x and y, int64) and eager attention's cached boolean T x T mask
     matrices = sum(math.prod(s) for s in E.param_shapes(2, 64, 256, 64, 512) if len(s) == 2)
-    assert opt == 4 * N + 4 * N + 8 * N + 4 * matrices + 16 * 4 * 64 + 64 * 64 + E.WORKSPACE_BYTES["default"]
+    assert opt == 4 * N + 4 * N + 8 * N + 4 * matrices + 16 * 4 * 64 + 64 * 64 + E.WORKSPACE_BYTES
 
 
 def _real_state_bytes(opt_name: str) -> tuple[int, int]:

@@ -110,7 +110,7 @@ def test_the_searches_guess_aims_at_the_reserve_the_verdict_allows():
     what the step adds to the built model's reserve): a card one byte either side of it flips the verdict."""
     from memlab.core.predict.card import Card
     from memlab.core.predict.fit import _Axis
-    from memlab.core.predict.maxbatch import single
+    from memlab.core.techniques.accumulation import single
 
     e, p = _tiny("lora", "model.n_layer=2")
     one, vocab = single(p), vocab_for(e)[0]
@@ -134,7 +134,7 @@ def test_the_4bit_stand_in_frees_each_bf16_weight_as_its_layer_is_quantized():
     model, not the bf16 model plus the whole 4-bit base (Llama-3.1-8B on an H200: 16.07 GB, replayed 16.24; with
     every bf16 weight freed last it replayed 19.83, bench/results/qlora-build-h200)."""
     from memlab.core.predict.allocator import STEPS, Allocator, replayed
-    from memlab.core.predict.maxbatch import single
+    from memlab.core.techniques.accumulation import single
     from memlab.core.predict.trace import step_trace
 
     e, p = _tiny("qlora", "model.n_layer=2")
@@ -175,7 +175,8 @@ def _nf4_bytes(e, layers: list | None = None) -> int:
 @pytest.mark.slow
 def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsys):
     from memlab.cli import main
-    from memlab.core.predict.maxbatch import REPLAY_MARGIN, single
+    from memlab.core.predict.maxbatch import REPLAY_MARGIN
+    from memlab.core.techniques.accumulation import single
     from memlab.core.predict.prediction import with_seq_len
     from memlab.core.predict.trace import fits_replayed
 

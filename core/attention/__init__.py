@@ -209,6 +209,22 @@ def backward_kernel(profile: Profile) -> str:
     return a.sdpa_backend
 
 
+def keeps_scores(profile: Profile) -> bool:
+    """Whether SDPA is pinned to its math path, which saves the T x T probabilities on a GPU too; every other
+    backend is a fused kernel that saves its output and a log-sum-exp (what the predictor's fake SDPA allocates)."""
+    return profile.attention.sdpa_backend == "math"
+
+
+def fake_tensors_note(profile: Profile) -> str:
+    """What a fake-tensor step of this attention leaves out ("" for nothing): the H100's allocator history of
+    eager fp32 attention held one more fp32 T x T gradient in backward than the fake (meta) kernels allocate
+    (bench/results/estimate-h100; the analytic figure counts it)."""
+    if profile.attention.kernel == "eager" and profile.precision.dtype in ("fp32", "tf32"):
+        return ("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do "
+                "not allocate; expect a real peak above this one")
+    return ""
+
+
 _BUILTIN_LOADED = False
 
 

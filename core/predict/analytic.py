@@ -45,7 +45,7 @@ from memlab.core.predict.search import LIMIT, largest_fitting
 # workspaces, attention scratch, block rounding), and device memory outside the allocator on a card used whole (the
 # CUDA context, handles, loaded kernels), of which the driver's own reserve: measured, so data keyed by GPU and torch
 # (memlab.core.predict.calibration). A GPU with another reserve takes its own in its place (card.context_bytes_here).
-WORKSPACE_BYTES: dict[str, int] = {"default": CALIBRATION.workspace_bytes}
+WORKSPACE_BYTES = CALIBRATION.workspace_bytes
 CUDA_CONTEXT_BYTES = CALIBRATION.cuda_context_bytes
 
 
@@ -744,7 +744,7 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         opt_state=on_gpu * optimizer_state_bytes(p, shapes) // shard,
         opt_temp=on_gpu * optimizer_temp_bytes(p, shapes, st.device) // shard,
         gathered=gathered,
-        workspace=WORKSPACE_BYTES.get(p.attention.kernel, WORKSPACE_BYTES["default"]) if st.device == "cuda" else 0,
+        workspace=WORKSPACE_BYTES if st.device == "cuda" else 0,
     )
 
 

@@ -16,7 +16,7 @@ from unittest import mock
 
 import torch
 from memlab.core import step as train_step
-from memlab.core.attention import kernel_for
+from memlab.core.attention import fake_tensors_note, keeps_scores, kernel_for
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import DeviceError, MemlabError
 from memlab.core.models import family
@@ -180,7 +180,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     backward workspace the fused SDPA allocates and frees (memlab.core.predict.cuda_temporaries; "" for none)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    T, k = experiment.model.seq_len, p.accumulation.steps
+    T, k = experiment.model.seq_len, accumulation.steps(p)
 
     def batch() -> list:
         return [(torch.randint(0, vocab_size, (b, T), device=device), torch.randint(0, vocab_size, (b, T), device=device)) for _ in range(k)]
@@ -229,7 +229,7 @@ def _fused_sdpa(torch: Any, p: Profile, backend: str = "") -> Any:
     sdpa_backend = math, which saves T x T on a GPU too. With `backend`, backward also allocates and frees that
     GPU kernel's workspace once the gradients exist (memlab.core.predict.cuda_temporaries)."""
 
-    if p.attention.sdpa_backend == "math":
+    if keeps_scores(p):
         return contextlib.nullcontext()
 
     class FusedAttention(torch.autograd.Function):
@@ -270,18 +270,15 @@ def _fake_result(experiment: Experiment, profile: Profile, peak: dict, device: A
     comps["activations"] = by.get("Activation", 0)
     comps["temporaries"] = by.get("Temp", 0) + by.get("Other", 0)
     if cuda:
-        comps["workspace"] = WORKSPACE_BYTES.get(profile.attention.kernel, WORKSPACE_BYTES["default"])
+        comps["workspace"] = WORKSPACE_BYTES
         notes.append("workspace: the analytic constant, added (fake tensors have none)")
-    if profile.attention.kernel == "eager" and profile.precision.dtype in ("fp32", "tf32"):
-        # bench/results/estimate-h100: gradcp's allocator history on the H100 held one more fp32 T x T gradient at
-        # the attention backward's peak than the fake (meta) kernels allocate; the analytic figure counts it
-        notes.append("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do not allocate; expect a real peak above this one")
+    notes += [note] if (note := fake_tensors_note(profile)) else []
     F = m_.d_ff or 4 * m_.d_model
     return Estimate(
         profile=profile.name,
         experiment=experiment.name,
         micro_batch=b,
-        accumulation=profile.accumulation.steps,
+        accumulation=accumulation.steps(profile),
         vocab_size=vocab_size,
         # the gpt family's count from its formula (as every figure before); another family's from the model built
         params=param_count(m_.n_layer, m_.d_model, F, m_.seq_len, vocab_size) if getattr(m_, "family", "gpt") == "gpt" else params,

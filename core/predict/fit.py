@@ -23,7 +23,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.models import family
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.card import Card
-from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE, single
+from memlab.core.predict.maxbatch import REPLAY_MARGIN, SEQ_GRANULE
 from memlab.core.predict.prediction import max_positions, weights_bytes, with_seq_len
 from memlab.core.predict.allocator import replay
 from memlab.core.predict.search import LIMIT, largest_near
@@ -79,7 +79,7 @@ def _key(experiment: Experiment, profile: Profile, card: Card) -> str:
 
 
 def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) -> Fit:
-    one = single(profile)
+    one = accumulation.single(profile)
     vocab, _ = analytic.vocab_for(experiment)
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
@@ -101,7 +101,7 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
 
 def searched(experiment: Experiment, profile: Profile, card: Card) -> bool:
     """Whether the row searches its sizes: not where the weights alone exceed the card (one trace, seconds)."""
-    one = single(profile)
+    one = accumulation.single(profile)
     weights = weights_bytes(experiment, one)
     return weights is None or weights <= card.budget_bytes or distributed.shards_weights(one)
 
@@ -129,7 +129,7 @@ def _trainable(experiment: Experiment, profile: Profile, vocab: int) -> int:
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro: int) -> int:
     """The longest sequence (a multiple of SEQ_GRANULE) that fits at micro-batch `micro`, searched as fit searches
     it: find-batch --seq-len max starts its probes here."""
-    return _longest(experiment, single(profile), analytic.vocab_for(experiment)[0], card, micro, None)
+    return _longest(experiment, accumulation.single(profile), analytic.vocab_for(experiment)[0], card, micro, None)
 
 
 def _longest(experiment: Experiment, one: Profile, vocab: int, card: Card, micro: int, share: float | None,

@@ -15,6 +15,7 @@ from memlab.core.predict.card import Card
 from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_positions, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_multiple
 from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, replayed_max_batch
+from memlab.core.techniques.accumulation import single
 
 # The share of what a step adds to the built model's reserve that the replayed max batch leaves free
 # (trace.trace_fits). At the batches find-batch found, the replay reserved up to 1.9% less than the H100
@@ -48,11 +49,6 @@ class MaxBatch:
     def at_least(self) -> bool:
         """The replay's search stopped at its limit with room to spare: max_batch is a lower bound."""
         return self.replayed is not None and self.replayed.limit_reached and self.max_batch == self.replayed.max_batch
-
-
-def single(profile: Profile) -> Profile:
-    """The profile at accumulation 1: a probe runs one micro-batch a step."""
-    return dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
 
 
 def analytic_bound(experiment: Experiment, profile: Profile, card: Card, *, world_size: int = 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,3 +31,13 @@ def _divisor_near(batch: int, k: int) -> int:
 def micro_batch(experiment: Experiment, profile: Profile, world: int) -> int:
     """Sequences per forward on one rank: train.batch_size is the global batch of one optimizer step."""
     return experiment.train.batch_size // (profile.accumulation.steps * world)
+
+
+def steps(profile: Profile) -> int:
+    """Micro-batches (forward and backward each) in one optimizer step."""
+    return profile.accumulation.steps
+
+
+def single(profile: Profile) -> Profile:
+    """The profile at one micro-batch a step, as a probe runs it (and the predictor's searches size it)."""
+    return dataclasses.replace(profile, accumulation=dataclasses.replace(profile.accumulation, steps=1))
