@@ -83,8 +83,9 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
     vocab, _ = analytic.vocab_for(experiment)
     row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
               trainable_params=_trainable(experiment, profile, vocab))
-    if not searched(experiment, profile, card):
-        return _weights_over_budget(experiment, one, vocab, card, row, weights_bytes(experiment, one))
+    weights = weights_bytes(experiment, one)
+    if not _searches(weights, one, card):
+        return _weights_over_budget(experiment, one, vocab, card, row, weights)
     traces: dict[tuple[int, int], list] = {}  # (sequence, micro-batch): the two axes meet at the experiment's shape
     batches = _Axis(lambda b: (experiment, b), one, vocab, card, traces)
     try:
@@ -102,7 +103,10 @@ def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) ->
 def searched(experiment: Experiment, profile: Profile, card: Card) -> bool:
     """Whether the row searches its sizes: not where the weights alone exceed the card (one trace, seconds)."""
     one = accumulation.single(profile)
-    weights = weights_bytes(experiment, one)
+    return _searches(weights_bytes(experiment, one), one, card)
+
+
+def _searches(weights: int | None, one: Profile, card: Card) -> bool:
     return weights is None or weights <= card.budget_bytes or distributed.shards_weights(one)
 
 
