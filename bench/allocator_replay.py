@@ -104,8 +104,8 @@ for 32 (32 since best fit's ties go to the newer segment). `memlab estimate --me
 measured, and there answers 100, 41, 41, 25 and 32 for the five cases one above: never above find-batch's. Before a replayed fit had to be retry-free in the default mode too, the deep shape's bf16
 and chunked_ce replayed 40 and 43. Near the boundary the replayed fit
 is not monotone in the batch (gradcp_every2 fits 35 and 37, not 36 or 38), so a plain bisection's answer depends on
-where it starts (37 from 35). replayed_max_batch therefore confirms that the two batches below its answer fit too,
-and searches on below one that does not: 35, find-batch's answer. The real allocator follows the same policy, so
+where it starts (37 from 35). The search (memlab.core.predict.axis) therefore confirms that the batch below its
+answer fits too, and searches on below one that does not: 35, find-batch's answer. The real allocator follows the same policy, so
 find-batch's bisection, which assumes a monotone fit, may meet the same. Not modelled: compiled steps (Inductor
 plans its own buffers), several streams.
 
@@ -298,7 +298,7 @@ def found_max_batch(experiment: str, profile: str, where: str) -> int | None:
 
 def max_batch_against_h100(standins: bool = False) -> None:
     from memlab.cli.options import resolve
-    from memlab.core.predict.trace import replayed_max_batch
+    from memlab.core.predict import axis, card as cards
     from memlab.core.predict.analytic import vocab_for
 
     print("| experiment, profile | allocator budget GiB | max micro-batch: replay / find-batch on the GPU |")
@@ -314,8 +314,8 @@ def max_batch_against_h100(standins: bool = False) -> None:
         cases += [(e, p, sets, *reversed(logged_search(log)), True) for e, p, sets, log in HELD_OUT_CASES]
     for experiment, profile, sets, budget, found, capped in cases:
         exp, prof = resolve(experiment, profile, "cpu", sets)
-        replayed = replayed_max_batch(exp, prof, vocab_size=vocab_for(exp)[0], budget_bytes=budget, start=found or 16,
-                                      capped=capped)
+        card = cards.Card(budget + cards.context_bytes_here(), None, "", capped=capped)
+        replayed = axis.batches(exp, prof, vocab_for(exp)[0], card, margin=0).largest(found or 16, 1 << 20)
         versus = f"{replayed} / {found} ({replayed / found - 1:+.1%})" if found else f"{replayed} / —"
         mode = " (expandable)" if prof.allocator.expandable_segments else ""
         print(f"| {experiment.split('/')[-1]} {profile}{mode} | {budget / GIB:.2f} | {versus} |")

@@ -51,11 +51,15 @@ def searches() -> list[tuple[str, str, list[str], int, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="experiment:profile,... (default: every search)")
     args = ap.parse_args()
+    only = {tuple(c.split(":")) for c in args.only.split(",") if c}
     outside = cards.context_bytes_with(H200_RESERVE)
     lines = ["| experiment | profile | found (H200) | predicted | error | seconds | log |", "|---|---|---|---|---|---|---|"]
     with mock.patch.object(cards, "context_bytes_here", lambda: outside):
         for experiment, profile, sets, measured, log in searches():
+            if only and (experiment, profile) not in only:
+                continue
             e, p = load_experiment(experiment), load_profile(profile)
             apply_overrides(e, p, sets)
             t0 = time.time()
@@ -65,8 +69,16 @@ def main() -> None:
             lines.append(f"| {experiment} | {'+'.join([profile, *sets])} | {measured} | {predicted} | {error} | "
                          f"{time.time() - t0:.0f} | {log} |")
             print(lines[-1], flush=True)
-    args.out.write_text(f"command: python bench/hf_heldout_maxbatch.py --out {args.out}\n\n24 GiB card, "
+    command = f"python bench/hf_heldout_maxbatch.py --out {args.out}" + (f" --only {args.only}" if args.only else "")
+    args.out.write_text(f"command: {command}\n\n{_releases()}\n\n24 GiB card, "
                         f"{outside / 2**30:.2f} GiB outside the allocator (the H200's)\n\n" + "\n".join(lines) + "\n")
+
+
+def _releases() -> str:
+    import torch
+    import transformers
+
+    return f"predicted with torch {torch.__version__}, transformers {transformers.__version__}"
 
 
 if __name__ == "__main__":

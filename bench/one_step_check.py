@@ -19,14 +19,14 @@ from pathlib import Path
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.predict import analytic, trace
 from memlab.core.predict.allocator import replay
-from memlab.core.predict.trace_lines import canonical
+from trace_compare import canonical
 from memlab.core.techniques import allocator
 
 PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "profiles").glob("*.toml"))
 
 
 def normalized(events: list) -> list:
-    """trace_lines.canonical, each block's "where" dropped (a made-again block's is its original's), lazy sizes as text."""
+    """trace_compare.canonical, each block's "where" dropped (a made-again block's is its original's), lazy sizes as text."""
     return [(ev[0], ev[1], str(ev[2])) if ev[0] == "alloc" else ev[:2] for ev in canonical(events)]
 
 

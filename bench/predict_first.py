@@ -15,8 +15,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from memlab.core.predict import card as cards, maxbatch
-from memlab.core.predict.trace import replayed_max_batch
+from memlab.core.predict import axis, card as cards, maxbatch
 from memlab.core.predict import analytic as est
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.errors import MemlabError
@@ -31,8 +30,8 @@ def parts(experiment, profile, card: int) -> tuple[int, int, int | None, int | N
     analytic = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card)
     guard = est.predict_max_batch(experiment, single, vocab_size=vocab, memory_bytes=card, pattern="plain")
     try:
-        replayed = replayed_max_batch(experiment, single, vocab_size=vocab, budget_bytes=card - cards.context_bytes_here(),
-                                      start=max(1, analytic // 2), capped=True)  # the whole budget: no margin
+        whole = axis.batches(experiment, single, vocab, cards.Card(card, None, "", capped=True), margin=0)  # no margin
+        replayed = whole.largest(max(1, analytic // 2), 1 << 20)
     except MemlabError:  # a compiled step the replay cannot trace (a chunked or fused loss): the analytic figure stands
         replayed = None
     return analytic, guard, replayed, maxbatch.predicted_max_batch(experiment, profile, card, replay=True)

@@ -1,5 +1,5 @@
 """The stop that long work in this thread asks now and then. A study's lane sets it around each trace of its
-replayed prediction (allocation_trace.replayed_max_batch); the trace's dispatch mode and the compiled step's tracing
+replayed prediction (memlab.core.predict.axis); the trace's dispatch mode and the compiled step's tracing
 child (compile_budget_model) ask it, so a stop does not wait for either to end."""
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ real profiles replayed through it against the H100's own reserved memory and max
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -120,19 +121,15 @@ def test_with_expandable_segments_growth_refills_the_lowest_unmapped_gap_that_ho
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_a_replayed_fit_that_needed_a_retry_does_not_count(expandable, monkeypatch):
-    """find-batch does not count a probe that fitted only after allocator retries; nor does fits_replayed, in either
-    mode. Under a 200 MiB budget y needs the retry that releases x's memory in both modes; under 250 MiB it does not."""
+    """find-batch does not count a probe that fitted only after allocator retries; nor does the replay's verdict
+    (trace_fits), in either mode. Under a 200 MiB budget y needs the retry that releases x's memory in both modes;
+    under 250 MiB it does not."""
     from memlab.core.predict import trace as allocation_trace
-    from memlab.core.config import load_experiment, load_profile
 
     trace = [("alloc", "x", 100 * MIB, ""), ("free", "x", 0, ""), ("alloc", "y", 120 * MIB, "")]
-    monkeypatch.setattr(allocation_trace, "fake_trace", lambda *args, **kwargs: trace)
-    profile = load_profile("bf16")
-    profile.allocator.expandable_segments = expandable
-    fits = dict(experiment=load_experiment("tiny"), profile=profile, vocab_size=512, micro_batch=1)
     assert allocation_trace.replay(trace, 200 * MIB, expandable=expandable).retries == 1
-    assert not allocation_trace.fits_replayed(**fits, budget_bytes=200 * MIB)
-    assert allocation_trace.fits_replayed(**fits, budget_bytes=250 * MIB)
+    assert not allocation_trace.trace_fits(trace, 200 * MIB, expandable)
+    assert allocation_trace.trace_fits(trace, 250 * MIB, expandable)
 
 
 def test_a_real_snapshots_trace_and_its_own_reserved_peak():
@@ -200,48 +197,29 @@ def test_the_cublas_workspace_follows_the_gpu_and_cublas_workspace_config(config
     assert cublas_workspace_bytes(capability) == expect
 
 
-def test_the_largest_fitting_batch_is_found_from_above_or_below_the_start():
-    from memlab.core.predict.trace import largest_fitting
+def test_the_largest_fitting_size_is_found_from_above_or_below_the_guess():
+    from memlab.core.predict.search import largest_near
 
     for limit_true in (0, 1, 7, 16, 17, 100):
         asked = []
         fits = lambda b: asked.append(b) or b <= limit_true  # noqa: E731
-        assert largest_fitting(fits, 16, 1 << 10) == limit_true
-        assert len(asked) <= 12
-    assert largest_fitting(lambda b: True, 16, 100) == 100  # nothing above the limit is asked
-    assert largest_fitting(lambda b: b <= 90, 16, 100) == 90
-    assert largest_fitting(lambda b: b <= 150, 500, 100) == 100  # a start above the limit starts at the limit
+        assert largest_near(fits, 16, 1 << 10) == limit_true
+        assert len(asked) <= 16 and len(asked) == len(set(asked))  # each size asked once
+    assert largest_near(lambda b: True, 16, 100) == 100  # nothing above the limit is asked
+    assert largest_near(lambda b: b <= 90, 16, 100) == 90
+    assert largest_near(lambda b: b <= 150, 500, 100) == 100  # a guess above the limit starts at the limit
 
 
 def test_a_fit_that_is_not_monotone_is_confirmed_below_so_the_answer_errs_low():
-    """gpt2s gradcp_every2 under 12 GiB, replayed: 35 and 37 fit, 36 and 38 do not. Bisection from 35 says 37;
-    confirming the two batches below it says 35, find-batch's answer on the H100."""
-    from memlab.core.predict.trace import largest_fitting
+    """gpt2s gradcp_every2 under 12 GiB, replayed: 35 and 37 fit, 36 and 38 do not. Galloping from 30 (31, 33, 37
+    fit) says 37; confirming the batch below it says 35, find-batch's answer on the H100."""
+    from memlab.core.predict.search import largest_near
 
     fits = lambda b: b <= 35 or b == 37  # noqa: E731
-    assert largest_fitting(fits, 35, 1 << 10) == 37
-    assert largest_fitting(fits, 35, 1 << 10, confirm=2) == 35
-    assert largest_fitting(lambda b: b in (1, 3), 3, 10, confirm=2) == 1
-    assert largest_fitting(lambda b: b == 2, 2, 10, confirm=2) == 0
-
-
-def test_the_margin_steps_the_whole_budgets_answer_down_without_confirming_again(monkeypatch):
-    """The replay's max batch leaves a share of the budget free by stepping its answer under the whole budget down to
-    the largest that fits the smaller one, not by a second search with the non-monotone confirmation there (which
-    only lowers the figure: 25 where 27 fits, here)."""
-    from memlab.core.predict import trace as allocation_trace
-
-    budget = 1000
-    tight_fits = set(range(1, 26)) | {27, 29}  # under the smaller budget: 26 and 28 are holes
-    monkeypatch.setattr(allocation_trace, "fits_replayed", lambda e, p, *, vocab_size, micro_batch, budget_bytes, capped, traces, margin:
-                        micro_batch <= 30 if budget_bytes == budget and not margin else micro_batch in tight_fits)
-    args = dict(vocab_size=8, budget_bytes=budget, start=16)
-    assert allocation_trace.replayed_max_batch(None, None, **args) == 30
-    assert allocation_trace.replayed_max_batch(None, None, **{**args, "budget_bytes": int(budget * 0.97)}) == 25
-    stepped = allocation_trace.replayed_max_batch(None, None, **args, margin=0.03)
-    assert stepped == 27 and stepped in tight_fits  # bisection above the floor (27): a fit, at most the whole's
-    assert allocation_trace.stepped_down(lambda b: b <= 12, 30, 27) == 12  # the floor does not fit: halving below it
-    assert allocation_trace.stepped_down(lambda b: False, 30, 27) == 0
+    assert largest_near(fits, 30, 1 << 10) == 37
+    assert largest_near(fits, 30, 1 << 10, confirm=1) == 35
+    assert largest_near(lambda b: b in (1, 3), 3, 10, confirm=1) == 1
+    assert largest_near(lambda b: b == 2, 2, 10, confirm=1) == 0
 
 
 def test_the_margin_is_a_share_of_what_the_steps_add_to_the_built_models_reserve():
@@ -264,12 +242,15 @@ def test_the_replayed_max_batch_is_find_batchs_on_gpt2s_under_12_gib(profile, fo
     the fake trace replayed under the same budget fits there and not one above (no constant of the model was
     fitted to these; `bench/allocator_replay.py --against-h100` has the rest)."""
     from memlab.cli.options import resolve
-    from memlab.core.predict.trace import fits_replayed
+    from memlab.core.predict.trace import step_trace, trace_fits
     from memlab.core.predict.analytic import vocab_for
 
     experiment, prof = resolve("gpt2s", profile, "cpu", [])
-    at = dict(vocab_size=vocab_for(experiment)[0], budget_bytes=12 * 2**30)
-    assert fits_replayed(experiment, prof, micro_batch=found, **at) and not fits_replayed(experiment, prof, micro_batch=found + 1, **at)
+
+    def fits(b: int) -> bool:
+        return trace_fits(step_trace(experiment, prof, vocab_size=vocab_for(experiment)[0], micro_batch=b), 12 * 2**30, False)
+
+    assert fits(found) and not fits(found + 1)
 
 
 def _estimate_json(capsys, *args: str) -> dict:
@@ -296,15 +277,17 @@ def test_estimate_method_fake_replays_the_allocator_and_refuses_it_for_a_compile
     assert refused == "the compiled step cannot be traced with a chunked or fused loss"
 
 
-@pytest.mark.parametrize("expandable, reserved, max_batch", [(False, 32 * MIB, 48), (True, 20 * MIB, 47)])
+@pytest.mark.parametrize("expandable, reserved, max_batch", [(False, 32 * MIB, 47), (True, 20 * MIB, 46)])
 def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable, reserved, max_batch, monkeypatch, capsys):
     """A 12 MiB tensor kept, then 8 MiB per sample, under a 400 MiB budget. Default: a 12 MiB segment, then a 20 MiB
-    one (32 MiB at micro-batch 1), and 12 + 8 x 48 MiB fits. Expandable: one 20 MiB page holds both at micro-batch 1,
-    but the cap check adds the request's whole allocation size to the 20 MiB mapped, so 20 + 8 x 47 MiB is the most."""
+    one (32 MiB at micro-batch 1), and 12 + 8 x 48 MiB would fit the budget, but the replay leaves REPLAY_MARGIN (3%)
+    of what the step reserves free (nothing is reserved before it here): 388 MiB x 1.03 fits, 396 x 1.03 does not, so
+    47. Expandable: one 20 MiB page holds both at micro-batch 1, and the cap check adds the request's whole allocation
+    size to the 20 MiB mapped, so 20 + 8 x 47 MiB fits the budget, and with the margin 20 + 8 x 46."""
     import torch
 
     from memlab.cli.batch import _print_replayed
-    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict import Card, maxbatch, trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.predict.analytic import CUDA_CONTEXT_BYTES
 
@@ -314,8 +297,8 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
     monkeypatch.setattr(allocation_trace, "fake_trace", trace)
     profile = load_profile("bf16")
     profile.allocator.expandable_segments = expandable
-    r = allocation_trace.replay_for_card(load_experiment("tiny"), profile, vocab_size=512, micro_batch=1,
-                                         memory_bytes=CUDA_CONTEXT_BYTES + 400 * MIB)
+    r = maxbatch.replay_for_card(load_experiment("tiny"), profile, Card(CUDA_CONTEXT_BYTES + 400 * MIB, None, "test"),
+                                 at=1, limit=1 << 20)
     assert (r.reserved_bytes, r.allocated_bytes, r.max_batch, r.expandable_segments) == (reserved, 20 * MIB, max_batch, expandable)
     _print_replayed(r, "", "a card")
     line, releases = capsys.readouterr().out.splitlines()[:2]
@@ -325,7 +308,7 @@ def test_estimate_replays_the_profiles_allocator_mode_and_says_which(expandable,
 
 
 def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(monkeypatch):
-    from memlab.core.predict import trace as allocation_trace
+    from memlab.core.predict import Card, maxbatch, trace as allocation_trace
     from memlab.core.config import load_experiment, load_profile
     from memlab.core.errors import MemlabError
 
@@ -334,7 +317,7 @@ def test_a_step_that_cannot_be_traced_is_a_one_line_refusal_of_the_replay_alone(
 
     monkeypatch.setattr(allocation_trace, "fake_trace", broken)
     with pytest.raises(MemlabError, match=r"could not be traced on fake tensors \(RuntimeError: aten::frobnicate has no fake implementation\)$"):
-        allocation_trace.replay_for_card(load_experiment("tiny"), load_profile("bf16"), vocab_size=512, micro_batch=2, memory_bytes=2**31)
+        maxbatch.replay_for_card(load_experiment("tiny"), load_profile("bf16"), Card(2**31, None, "test"), at=2, limit=64)
 
 
 def test_the_fake_estimate_of_sdpa_with_dropout_saves_what_the_h100s_fused_kernel_did():
@@ -522,9 +505,14 @@ def test_float8s_reserve_is_its_analytic_tensors_plus_the_waste_of_its_step_with
     expected = int(tensors * (1 + allocation_trace.FLOAT8_TENSOR_MARGIN)) + stock.peak_reserved - stock.peak_allocated
     assert stock.peak_reserved > stock.peak_allocated
     assert allocation_trace.float8_peaks(experiment, float8, vocab_size=512, micro_batch=8)[1] == expected
-    fits = dict(vocab_size=512, micro_batch=8)
-    assert allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected)
-    assert not allocation_trace.fits_replayed(experiment, float8, **fits, budget_bytes=expected - 1)
+    from memlab.core.predict import axis, card
+
+    def fits(budget: int) -> bool:  # the search's verdict leaves REPLAY_MARGIN of the whole budget free
+        monkeypatch.setattr(card, "context_bytes_here", lambda: 0)
+        return axis.batches(experiment, float8, 512, card.Card(budget, None, "test")).fits(8)
+
+    room = math.ceil(expected / (1 - axis.REPLAY_MARGIN))
+    assert fits(room + 1) and not fits(room - 2)
 
 
 def torch_release() -> str:
@@ -821,10 +809,19 @@ def test_a_stop_ends_a_replayed_trace_in_progress_and_leaves_torch_as_it_was(mon
 
     originals = (F.scaled_dot_product_attention, F.dropout)
     with pytest.raises(allocation_trace.SearchStopped, match="during a trace"):
-        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, should_stop=should_stop)
+        _searched(experiment, profile, should_stop)
     assert not returned and len(asked) == 3
     assert (F.scaled_dot_product_attention, F.dropout) == originals
-    assert allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, start=4) > 0
+    assert _searched(experiment, profile, lambda: False) > 0
+
+
+def _searched(experiment, profile, should_stop) -> int:
+    """The replay's max-batch search (memlab.core.predict.axis) under a 1 GiB allocator budget, up to 64."""
+    from memlab.core.predict import Card, axis
+    from memlab.core.predict.analytic import CUDA_CONTEXT_BYTES
+
+    card = Card(2**30 + CUDA_CONTEXT_BYTES, None, "test")
+    return axis.batches(experiment, profile, 256, card, should_stop=should_stop).largest(4, 64)
 
 
 def test_a_stop_ends_the_compiled_steps_tracing_child():
@@ -854,10 +851,9 @@ def test_a_trace_that_fails_while_a_stop_is_asked_is_a_stop_and_otherwise_the_fa
     monkeypatch.setattr(allocation_trace, "step_trace", killed)
     experiment, profile, asked = load_experiment("tiny"), load_profile("compile"), []
     with pytest.raises(allocation_trace.SearchStopped, match="during the trace"):
-        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30,
-                                            should_stop=lambda: bool(asked.append(1)) or len(asked) > 1)
+        _searched(experiment, profile, lambda: bool(asked.append(1)) or len(asked) > 1)
     with pytest.raises(RuntimeError, match="asked to stop"):
-        allocation_trace.replayed_max_batch(experiment, profile, vocab_size=256, budget_bytes=2**30, should_stop=lambda: False)
+        _searched(experiment, profile, lambda: False)
 
 
 @pytest.mark.parametrize("profile", ["gradcp_bf16", "act_offload_overlap", "qlora_gradcp"])
@@ -865,7 +861,7 @@ def test_the_second_step_made_from_the_first_is_the_traced_one(profile, monkeypa
     """A trace's second step is made from its first (trace._next_step), not traced: the same events as tracing it, so
     the same peaks (bench/one_step_check.py compares every built-in profile on three experiments)."""
     from memlab.core.predict import trace as allocation_trace
-    from memlab.core.predict.trace_lines import canonical
+    canonical = bench_module("trace_compare").canonical
     from memlab.core.config import load_experiment, load_profile
 
     e, p = load_experiment("tiny"), load_profile(profile)

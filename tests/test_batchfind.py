@@ -553,7 +553,7 @@ def test_the_prediction_takes_the_allocator_replay_under_an_analytic_guard(monke
     guard = E.predict_max_batch(exp, prof, vocab_size=E.vocab_for(exp)[0], memory_bytes=2 * 2**30, pattern="plain")
     asked = []
     monkeypatch.setattr(P, "_replayed_max_batch",
-                        lambda e, p, vocab, budget, near, capped, should_stop=None: asked.append((budget, near, capped)) or replayed)
+                        lambda e, p, vocab, card, near, should_stop=None: asked.append((card.budget_bytes, near, card.capped)) or replayed)
     got = P.predicted_max_batch(exp, prof, 2 * 2**30, replay=True)
     assert got == {"analytic": analytic, "guard": guard}.get(expected, expected)
     assert asked == [(2 * 2**30 - E.CUDA_CONTEXT_BYTES, analytic, True)] and analytic > 100  # an emulated card by default
@@ -629,13 +629,13 @@ class LengthChild(RetryingChild):
 def test_find_batch_seq_len_max_probes_sequences_from_the_predicted_one(monkeypatch, capsys, tmp_path):
     from memlab.cli import batch as batch_cli
     from memlab.cli import main
-    from memlab.core.predict import fit
+    from memlab.core.predict import maxbatch
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(batch_cli, "_require_cuda", lambda what: None)
     monkeypatch.setattr(gpu_memory, "gpu_info", lambda index=0: gpu_memory.GpuInfo("Fake GPU", 80 * 2**30))
     monkeypatch.setattr(supervisor, "ChildRun", LengthChild)
-    monkeypatch.setattr(fit, "longest_sequence", lambda *a: 256)  # a prediction well below: the search climbs
+    monkeypatch.setattr(maxbatch, "longest_sequence", lambda *a: 256)  # a prediction well below: the search climbs
     LengthChild.made = []
     main(["find-batch", "--profile", "baseline", "--experiment", "tiny", "--seq-len", "max", "--batch-size", "2",
           "--gpu-memory", "24GiB"])

@@ -108,15 +108,15 @@ def test_lora_and_a_4bit_base_are_traced_with_what_they_keep():
 def test_the_searches_guess_aims_at_the_reserve_the_verdict_allows():
     """fit's guesses aim at verdict_room, the largest reserve trace_fits accepts (the card less the margin's share of
     what the step adds to the built model's reserve): a card one byte either side of it flips the verdict."""
+    from memlab.core.predict.axis import Axis, batches
     from memlab.core.predict.card import Card
-    from memlab.core.predict.fit import _Axis
     from memlab.core.techniques.accumulation import single
 
     e, p = _tiny("lora", "model.n_layer=2")
     one, vocab = single(p), vocab_for(e)[0]
 
-    def axis(total: int) -> _Axis:
-        return _Axis(lambda b: (e, b), one, vocab, Card(total, None, "test", capped=True))
+    def axis(total: int) -> Axis:
+        return batches(e, one, vocab, Card(total, None, "test", capped=True))
 
     probe = axis(2**34)
     reserved = probe.peaks(2)[1]
@@ -175,10 +175,9 @@ def _nf4_bytes(e, layers: list | None = None) -> int:
 @pytest.mark.slow
 def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsys):
     from memlab.cli import main
-    from memlab.core.predict.maxbatch import REPLAY_MARGIN
+    from memlab.core.predict.axis import batches
     from memlab.core.techniques.accumulation import single
     from memlab.core.predict.prediction import with_seq_len
-    from memlab.core.predict.trace import fits_replayed
 
     one_block = "model.n_layer=1"  # the search is what is checked: one block traces faster
     main(["fit", "--experiment", "llama-tiny", "--profiles", "lora", "--gpu-memory", "1.6GiB", "--format", "json",
@@ -186,14 +185,13 @@ def test_fit_table_answers_each_axis_with_the_largest_size_the_replay_fits(capsy
     out = json.loads(capsys.readouterr().out)
     assert "micro-batch 8 x 64 tokens" in out["header"] and "without an allocator retry" in out["header"]
     card = card_for("1.6GiB")
-    budget = int(card.budget_bytes * (1 - REPLAY_MARGIN))
     for row in out["rows"]:
         e, p = _tiny(row["profile"], one_block)
         p, vocab = single(p), vocab_for(e)[0]
         assert row["fits"] and row["max_batch"] > 8 and row["longest_seq"] > 64
 
         def fits(exp, b):
-            return fits_replayed(exp, p, vocab_size=vocab, micro_batch=b, budget_bytes=budget, capped=True)
+            return batches(exp, p, vocab, card).fits(b)
 
         # the search asked the answers themselves (largest_near: test above); one size more does not fit
         assert not fits(e, row["max_batch"] + 1)

@@ -37,7 +37,7 @@ from memlab.core.offload import MIN_BYTES
 from memlab.core.predict.calibration import CALIBRATION
 from memlab.core.units import gib, parse_size
 from memlab.core.predict.inductor import GraphShape, budget_trace
-from memlab.core.predict.search import LIMIT, largest_fitting
+from memlab.core.predict.search import LIMIT, largest_near
 
 # ---------------------------------------------------------------------------------------------- measured constants
 
@@ -1095,13 +1095,13 @@ def predict_max_batch(
 ) -> int:
     """The largest micro-batch whose predicted peak fits in `memory_bytes` (0 if not even 1 fits), with the
     fragmentation margin of `pattern` (usable_bytes). Peak memory grows monotonically with the batch, so
-    grow-then-bisect on the pure function finds it exactly."""
+    galloping from 1 then bisecting on the pure function finds it exactly."""
     budget = usable_bytes(memory_bytes, profile=profile, pattern=pattern)
 
     def fits(b: int) -> bool:
         return estimate(experiment, profile, vocab_size=vocab_size, micro_batch=b, world_size=world_size).total_bytes <= budget
 
-    return largest_fitting(fits, 1, limit)
+    return largest_near(fits, 1, limit)
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary

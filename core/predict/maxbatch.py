@@ -11,18 +11,14 @@ from typing import Any, Callable
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
+from memlab.core.predict.axis import REPLAY_MARGIN, SEQ_GRANULE, batches, longest_seq
 from memlab.core.predict.card import Card
 from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_positions, predict, with_seq_len
-from memlab.core.predict.search import LIMIT, largest_multiple
-from memlab.core.predict.trace import Replayed, SearchStopped, replay_for_card, replayed_max_batch
+from memlab.core.predict.search import LIMIT, largest_near
+from memlab.core.predict.trace import SearchStopped, float8_untraced, traced_by
+from memlab.core.techniques import allocator, torch_compile
 from memlab.core.techniques.accumulation import single
 
-# The share of what a step adds to the built model's reserve that the replayed max batch leaves free
-# (trace.trace_fits). At the batches find-batch found, the replay reserved up to 1.9% less than the H100
-# (act_offload on the wide held-out shape, 22.22 for 22.64 GiB at 136, every tensor right:
-# bench/results/prediction-check/heldout-3/), enough to put its figure one to three above.
-REPLAY_MARGIN = 0.03
-SEQ_GRANULE = 64  # sequence lengths are searched in multiples of this (attention kernels tile by 64 or 128)
 NO_FORMULA_START = 16  # where the replay's search starts for a family without the analytic bound
 # The most tokens a micro-batch of the estimate's search holds. A trace's cost grows with the batch where a loss is
 # chunked (tiny's chunked_ce on 80 GB: an analytic max batch of 220k, 6 s a trace at 16k), and no one plans a
@@ -33,6 +29,32 @@ SEARCH_TOKENS = 1 << 20
 def search_limit(experiment: Experiment) -> int:
     """The largest micro-batch the estimate's replay asks: SEARCH_TOKENS at the experiment's sequence length."""
     return max(1, SEARCH_TOKENS // experiment.model.seq_len)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The allocator model over one step's fake trace: what the allocator would reserve at the estimate's micro-batch,
+    and the largest micro-batch whose trace stays within the card's allocator budget."""
+
+    micro_batch: int
+    allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
+    reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
+    budget_bytes: int  # the card less what a run holds outside the allocator (card.context_bytes_here)
+    max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
+    expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
+    compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
+    margin: float = 0.0  # the share of what the step adds to the reserve max_batch leaves free (axis.REPLAY_MARGIN)
+    float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
+    traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
+    limit: int = LIMIT  # the largest micro-batch the search asked: max_batch == limit means "at least"
+
+    @property
+    def limit_reached(self) -> bool:
+        return self.max_batch >= self.limit
+
+    @property
+    def fragmentation(self) -> float:
+        return 1 - self.allocated_bytes / self.reserved_bytes if self.reserved_bytes else 0.0
 
 
 @dataclass(frozen=True)
@@ -82,15 +104,31 @@ def _max_batch(experiment: Experiment, profile: Profile, card: Card, *, replay: 
     if not replay and formula:
         return MaxBatch(bound, bound)
     try:
-        replayed = replay_for_card(experiment, profile, vocab_size=analytic.vocab_for(experiment)[0], micro_batch=at,
-                                   memory_bytes=card.total_bytes, start=max(1, bound or at),
-                                   margin=REPLAY_MARGIN, capped=card.capped, limit=search_limit(experiment))
+        replayed = replay_for_card(experiment, profile, card, at=at, limit=search_limit(experiment))
     except MemlabError as e:
         return MaxBatch(bound or 0, bound, None, str(e))
     if not formula:
         return MaxBatch(replayed.max_batch, None, replayed)
     plan = guarded(experiment, profile, card, replayed.max_batch) if bound else 0
     return MaxBatch(plan, bound, replayed)
+
+
+def replay_for_card(experiment: Experiment, profile: Profile, card: Card, *, at: int, limit: int) -> Replayed:
+    """`memlab estimate`'s allocator figures: the peaks at micro-batch `at` and the largest micro-batch that fits
+    (axis: searched from `at`, up to `limit`). A step fake tensors cannot run is refused (a MemlabError) rather
+    than answered wrong."""
+    vocab, _ = analytic.vocab_for(experiment)
+    axis = batches(experiment, profile, vocab, card)
+    try:
+        allocated, reserved = axis.peaks(at)
+        best = axis.largest(at, limit, allocated / reserved)
+    except MemlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {first})") from None
+    return Replayed(at, allocated, reserved, card.budget_bytes, best, allocator.expandable(profile),
+                    torch_compile.compiles(profile), REPLAY_MARGIN, float8_untraced(profile), traced_by(profile), limit)
 
 
 def guarded(experiment: Experiment, profile: Profile, card: Card, replayed: int) -> int:
@@ -125,20 +163,19 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
         return None
     if not replay or (bound is None and formula):
         return bound
-    replayed = _replayed_max_batch(experiment, one, vocab, card.budget_bytes, bound or 2 * NO_FORMULA_START, card.capped,
-                                   should_stop)
+    replayed = _replayed_max_batch(experiment, one, vocab, card, bound or 2 * NO_FORMULA_START, should_stop)
     return guarded(experiment, one, card, replayed) if replayed and bound else replayed or bound
 
 
-def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes: int, near: int, capped: bool,
+def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, card: Card, near: int,
                         should_stop: Callable[[], bool] | None = None) -> int | None:
-    """The allocator replay's max micro-batch, None where the step cannot be replayed (a compiled step the
-    Inductor reader cannot trace, such as a chunked or fused loss under compile; kernels.fused replays as the stock
-    compiled step, float8 as traced with torchao (trace.float8_peaks where torchao is not installed), offload and
-    the CUDA-only libraries through memlab.core.predict.standins)."""
-    try:  # from half the analytic figure `near`, with the replay's margin (bench/trace_lines_check.py asks the same)
-        return replayed_max_batch(experiment, profile, vocab_size=vocab, budget_bytes=budget_bytes, start=max(1, near // 2),
-                                  margin=REPLAY_MARGIN, capped=capped, should_stop=should_stop) or None
+    """The allocator replay's max micro-batch, searched from half of `near` (the analytic figure), None where the
+    step cannot be replayed (a compiled step the Inductor reader cannot trace, such as a chunked or fused loss
+    under compile; kernels.fused replays as the stock compiled step, float8 as traced with torchao
+    (trace.float8_peaks where torchao is not installed), offload and the CUDA-only libraries through
+    memlab.core.predict.standins)."""
+    try:
+        return batches(experiment, profile, vocab, card, should_stop=should_stop).largest(max(1, near // 2), LIMIT) or None
     except SearchStopped:
         raise
     except Exception:  # noqa: BLE001 (refused or untraceable: the analytic figure stands)
@@ -148,24 +185,26 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, budget_bytes:
 def max_seq_len(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, *,
                 fits: Callable[[Experiment], bool], limit: int = LIMIT) -> int:
     """The longest sequence (a multiple of SEQ_GRANULE, up to `limit` and the model's positions) at which
-    `fits(experiment at that length)` holds at `micro_batch`: grow then bisect, as for the batch. 0: not even
+    `fits(experiment at that length)` holds at `micro_batch`, searched from the experiment's length. 0: not even
     SEQ_GRANULE tokens fit."""
     positions = max_positions(experiment)
-    limit = min(limit, positions) if positions else limit
+    limit = (min(limit, positions) if positions else limit) // SEQ_GRANULE
 
-    def at(T: int) -> bool:
-        return fits(with_seq_len(experiment, T))
+    def at(n: int) -> bool:
+        return fits(with_seq_len(experiment, n * SEQ_GRANULE))
 
-    return largest_multiple(at, SEQ_GRANULE, max(SEQ_GRANULE, experiment.model.seq_len), limit)
+    return SEQ_GRANULE * largest_near(at, max(1, experiment.model.seq_len // SEQ_GRANULE), limit)
 
 
-def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, method: str) -> int:
-    """max_seq_len with predict's own verdict: the analytic bound within its fragmentation margin, or the trace's
-    replayed reserve within the allocator budget (a trace for every length asked: seconds each)."""
+def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, method: str = "trace") -> int:
+    """The longest sequence that fits at `micro_batch`: by the trace's replayed verdict (axis.longest_seq, as `memlab
+    fit` and find-batch --seq-len max search it), or the analytic bound within its fragmentation margin."""
+    one = single(profile)
+    if method != "analytic":
+        return longest_seq(experiment, one, analytic.vocab_for(experiment)[0], card, micro_batch)
     budget = analytic.usable_bytes(card.total_bytes, profile=profile)
 
     def fits(exp: Experiment) -> bool:
-        got = predict(exp, profile, micro_batch, card, method=method)
-        return got.allocated_bytes <= budget if method == "analytic" else got.fits
+        return predict(exp, one, micro_batch, card, method=method).allocated_bytes <= budget
 
-    return max_seq_len(experiment, profile, card, micro_batch, fits=fits)
+    return max_seq_len(experiment, one, card, micro_batch, fits=fits)

@@ -11,10 +11,8 @@ storages are created and freed, in order, and how large.
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
-- `replayed_max_batch`: the largest micro-batch whose fake trace, replayed under an allocator budget in the
-  profile's allocator mode (allocator.expandable_segments), fits (fits_replayed says how: with expandable segments,
-  only without an allocator retry); `replay_for_card`: that and the reserved memory at one micro-batch, for
-  `memlab estimate`.
+- `trace_fits`: the replay's verdict on one trace under an allocator budget, in the profile's allocator mode
+  (allocator.expandable_segments): no out of memory and no allocator retry (memlab.core.predict.axis searches on it).
 """
 
 from __future__ import annotations
@@ -23,33 +21,29 @@ import contextlib
 import dataclasses
 import sys
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 from memlab.core import attention, stopping
 from memlab.core.gpu_memory import MEASURE_SIDE
 from memlab.core.config import Experiment, Profile
-from memlab.core.errors import ConfigError, MemlabError
+from memlab.core.errors import ConfigError
 from memlab.core.model import GPT
 from memlab.core.predict import analytic as est
 from memlab.core.predict import cache
 from memlab.core.predict import inductor
 from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
-from memlab.core.predict.card import context_bytes_here
 from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.deepen import BLOCK, SHALLOW, Owners, deepened
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
-from memlab.core.predict.search import LIMIT, bisected, largest_fitting
 from memlab.core.predict.standins import around_graphs, compiled_standin
-from memlab.core.predict.trace_lines import Sized, StepTraces
 from memlab.core.techniques import allocator, cuda_graph, float8, repeats_per_block, torch_compile
 from memlab.core.techniques.cuda_graph import WARM_STEPS
 from memlab.core.techniques.precision import compute_dtype
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
-# replayed_max_batch's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
+# a search's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a
 # large step takes seconds to tens of seconds, and a study's stop should not wait for it (SearchStopped from inside)
 STOP_EVERY = 256
 # The trace's second step: "synthesized" from the first (_next_step: half a trace's ops), or "traced" again
@@ -339,92 +333,9 @@ KEPT_TRACES = 4  # traces_kept's: a trace of an 8B step holds a few hundred thou
 _KEPT: dict[str, dict[str, list[Event]] | None] = {"traces": None}
 
 
-CONFIRM_BELOW = 2  # replayed_max_batch: the answer's two smaller batches must fit too (largest_fitting)
-
-
 class SearchStopped(Exception):
     """The replay's search was asked to stop (a study stopping: a search takes minutes), between two traces or within
     one (every STOP_EVERY ops)."""
-
-
-def replayed_max_batch(experiment: Experiment, profile: Profile, *, vocab_size: int, budget_bytes: int,
-                       start: int = 16, limit: int = LIMIT, margin: float = 0.0, capped: bool = False,
-                       should_stop: Callable[[], bool] | None = None) -> int:
-    """The largest micro-batch whose fake trace fits under an allocator budget of `budget_bytes` (fits_replayed),
-    and so do the two below it (0 if 1 does not): grow from `start` by doubling, then bisect. A trace costs seconds,
-    so the traces come off lines through three (trace_lines.StepTraces) where the step's sizes are affine in the
-    micro-batch, and the batches that decided the answer are traced for real (a second search on real traces if
-    the lines were wrong there).
-    With `margin`, that answer then steps down to the largest batch whose trace also fits with that share of what
-    the step adds to the built model's reserve left free (trace_fits: headroom for what the replay misses in the
-    reserve): one more trace where the answer has that headroom
-    already, a bisection below it otherwise, and no second confirmation of the batches below (which only ever
-    lowers the figure). `capped`: the runs are under --gpu-memory's cap (find-batch's and the study's probes).
-    `should_stop`: asked before each trace and within it every STOP_EVERY ops; SearchStopped when it says so."""
-    start = max(1, start)
-
-    def traced(b: int) -> list:
-        # asked once the lock is ours (another lane's trace may have held it for a while), then within the trace
-        with FAKE_STEP_LOCK, stopping.asking(should_stop):
-            if stopping.asked():
-                raise SearchStopped(f"stopped before tracing micro-batch {b}")
-            try:
-                return step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=b, capped=capped)
-            except SearchStopped:
-                raise
-            except Exception as e:  # a stop that ended the tracing child, or raised on autograd's device thread
-                if stopping.asked():
-                    raise SearchStopped(f"stopped during the trace of micro-batch {b}") from e
-                raise
-
-    # traces off lines through three (trace_lines) where they fit: a handful of traces, not one for each batch asked
-    traces = StepTraces(traced)
-
-    def fits(b: int, share: float = 0.0) -> bool:
-        return fits_replayed(experiment, profile, vocab_size=vocab_size, micro_batch=b, budget_bytes=budget_bytes,
-                             capped=capped, traces=traces, margin=share)
-
-    def searched() -> tuple[int, int]:
-        best = largest_fitting(fits, start, limit, confirm=CONFIRM_BELOW)
-        if not margin or not best:
-            return best, best
-        return best, stepped_down(lambda b: fits(b, margin), best, max(1, int(best * (1 - 3 * margin))))  # from 3 margins below
-
-    # The batches that decided the answer, traced for real: where the lines were wrong there, search again (lines
-    # through larger batches, then, after a second failure, real traces only).
-    for _ in range(3):
-        best, answer = searched()
-        if traces.lines_hold(sorted({max(1, b) for b in (best, best + 1, answer, answer + 1) if b <= limit})):
-            break
-    return answer
-
-
-def stepped_down(fits: Callable[[int], bool], best: int, floor: int) -> int:
-    """The largest b <= best with fits(b): `best` itself, else a bisection from `floor` (halving below it if even
-    that does not fit). Fits are not monotone near the edge, so this can settle below a batch that fits (heldout-6's
-    gradcp_every2 before the tie rule: 59 where 64 fitted). Going down from `best` instead finds such batches, and
-    they are lucky ones: on the fat shape it gave act_offload_overlap 163 and sac_ops 89 where the H100 found 148
-    and 86 (each had needed an allocator retry a batch above), so the bisection stays
-    (bench/results/prediction-check/heldout-7/NOTE.md)."""
-    return best if fits(best) else bisected(fits, floor, best - 1)
-
-
-def fits_replayed(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, budget_bytes: int,
-                  capped: bool = False, traces: StepTraces | None = None, margin: float = 0.0) -> bool:
-    """Whether the step's fake trace at `micro_batch`, replayed under an allocator budget with the profile's
-    allocator.expandable_segments, fits: without running out of memory and without an allocator retry, since
-    find-batch does not count a probe that finished only after retries (batchfind.clean_fit). Counting a retried
-    replay as a fit put the deep held-out shape's bf16 and chunked_ce at 40 and 43 where find-batch found 39 and 41;
-    without, 39 and 42, and three of the sixteen H100 searches of bench/allocator_replay.py
-    move one to six percent lower (seed-so-posts chunked_ce 1788 for 1961).
-    `traces`: where the trace comes from (replayed_max_batch's, off lines); else step_trace. `margin`: trace_fits'."""
-    expandable = allocator.expandable(profile)
-    if float8_untraced(profile):  # no trace to tell the built model's reserve from the step's: the whole budget's share
-        peaks = float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-        return peaks[1] <= budget_bytes * (1 - margin)
-    trace = traces.at(micro_batch) if traces is not None else step_trace(
-        experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-    return trace_fits(trace, budget_bytes, expandable, margin)
 
 
 def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool, margin: float = 0.0) -> bool:
@@ -443,7 +354,7 @@ def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool, margin: 
 
 
 # float8_peaks: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
-# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (maxbatch.REPLAY_MARGIN) is for
+# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (axis.REPLAY_MARGIN) is for
 # what a replay misses in the reserve, and float8's tensors are not replayed.
 FLOAT8_TENSOR_MARGIN = 0.05
 
@@ -472,54 +383,6 @@ def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, m
     stock = replay(step_trace(experiment, around_graphs(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                               capped=capped), expandable=allocator.expandable(profile))
     return tensors, tensors + stock.peak_reserved - stock.peak_allocated
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The allocator model over one step's fake trace: what the allocator would reserve at the estimate's micro-batch,
-    and the largest micro-batch whose trace stays within the card's allocator budget."""
-
-    micro_batch: int
-    allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
-    reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
-    budget_bytes: int  # the card less what a run holds outside the allocator (card.context_bytes_here)
-    max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
-    expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
-    compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
-    margin: float = 0.0  # the share of the budget max_batch leaves free (replayed_max_batch)
-    float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
-    traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
-    limit: int = LIMIT  # the largest micro-batch the search asked: max_batch == limit means "at least"
-
-    @property
-    def limit_reached(self) -> bool:
-        return self.max_batch >= self.limit
-
-    @property
-    def fragmentation(self) -> float:
-        return 1 - self.allocated_bytes / self.reserved_bytes if self.reserved_bytes else 0.0
-
-
-def replay_for_card(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, memory_bytes: int,
-                    start: int = 16, margin: float = 0.0, capped: bool = False, limit: int = LIMIT) -> Replayed:
-    """`memlab estimate`'s allocator figures, its max batch as find-batch's prediction takes it (the
-    budget less what this GPU holds outside the allocator, `margin` left free), searched up to `limit`. A compiled
-    step replays what Inductor plans (compiled_trace); one compile_budget_model cannot trace is refused (a
-    MemlabError) rather than answered wrong. `capped`: the card is emulated under --gpu-memory's cap, as
-    find-batch's and the study's probes run."""
-
-    budget = memory_bytes - context_bytes_here()
-    expandable = allocator.expandable(profile)
-    try:
-        allocated, reserved = step_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
-        best = replayed_max_batch(experiment, profile, vocab_size=vocab_size, budget_bytes=budget, start=start,
-                                  limit=limit, margin=margin, capped=capped)
-    except MemlabError:
-        raise
-    except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
-        raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return Replayed(micro_batch, allocated, reserved, budget, best, expandable, torch_compile.compiles(profile), margin,
-                    float8_untraced(profile), traced_by(profile), limit)
 
 
 def traced_by(profile: Profile) -> str:
@@ -736,11 +599,10 @@ def _embedding_backward_blocks(func: Any, args: tuple) -> tuple[list, list] | No
     if n <= SORTLESS_INDICES and not scaled:
         return None
     wide = 8 if grad.dtype == torch.float64 else 4  # the partial sums accumulate in fp32 (fp64 for fp64)
-    segments = Sized(_segment_bytes, (vocabulary,), (n,))
+    segments = _segment_bytes(vocabulary, n)
     before = [(n * 8, True), (n * 8, True), (n * 8, False)]
     after = [(n * 8, True), (8, True), (n * 8, False), (segments, True), (segments, True), (8, True),
-             (Sized(_partial_bytes, (vocabulary, 8), (n,)), True),
-             (Sized(_partial_bytes, (vocabulary, grad.shape[-1] * wide), (n,)), True)]
+             (_partial_bytes(vocabulary, 8, n), True), (_partial_bytes(vocabulary, grad.shape[-1] * wide, n), True)]
     return before, after
 
 
@@ -754,10 +616,6 @@ def _partial_bytes(vocabulary: int, row_bytes: int, indices: int) -> int:
     return (indices // ROWS_PER_THREAD + min(indices, vocabulary)) * row_bytes
 
 
-def _sum_staging_bytes(dims: tuple[int, ...], double: bool, sms: Any, *shape: int) -> int:
-    return sum_staging_bytes(shape, list(dims), double, sms)
-
-
 def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int, str] | None:
     """(bytes, what) of the block a CUDA kernel for `func` allocates and frees before it returns, which its fake
     kernel does not make; None for an op without one."""
@@ -768,7 +626,7 @@ def _kernel_temporary(torch: Any, func: Any, args: tuple, sms: Any) -> tuple[int
     if func is torch.ops.aten.sum.dim_IntList and args[0].is_contiguous():
         # a sum split across thread blocks stages partial sums (Reduce.cuh; a Linear's bias gradient over every token)
         t = args[0]
-        nbytes = Sized(_sum_staging_bytes, (tuple(args[1] or ()), t.dtype == torch.float64, sms), tuple(t.shape))
+        nbytes = sum_staging_bytes(tuple(t.shape), list(args[1] or ()), t.dtype == torch.float64, sms)
         return (nbytes, "reduction staging buffer (CUDA)") if nbytes else None
     return None
 

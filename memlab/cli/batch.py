@@ -376,7 +376,7 @@ def _find_longest_sequence(profile: str, experiment: str, gpu_memory: str | None
     from memlab.cli.fit_measure import measured_longest_seq
     from memlab.core import gpu_memory as gpus
     from memlab.core.predict import card_for
-    from memlab.core.predict.fit import longest_sequence
+    from memlab.core.predict.maxbatch import longest_sequence
 
     err = _err_console()
     predicted = longest_sequence(exp, prof, card_for(gpu_memory), micro)
