@@ -1,5 +1,5 @@
-"""Trace again every entry of core/compile_budget_traces.py under this torch release and rewrite its two tables (after
-a change to memlab.core.predict.inductor: each entry must stay exactly what the module prints): TRACED, what
+"""Trace again every entry of core/predict/inductor_traces.json under this torch release and rewrite its two tables
+(after a change to memlab.core.predict.inductor: each entry must stay exactly what the module prints): TRACED, what
 `python -m memlab.core.predict.inductor KEY` prints, and EVENTS, what it prints with `--events`.
 
     python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached]
@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-TABLE = Path(__file__).resolve().parent.parent / "core" / "compile_budget_traces.py"
-# each table's name in the file, the child's flags for it, and how an entry is written (EVENTS holds None: as Python)
-TABLES = {"TRACED": ((), json.dumps), "EVENTS": (("--events",), repr)}
+TABLE = Path(__file__).resolve().parent.parent / "core" / "predict" / "inductor_traces.json"
+TABLES = {"TRACED": (), "EVENTS": ("--events",)}  # each table's name in the file, and the child's flags for it
 
 
 def traced(key: str, flags: tuple[str, ...]) -> str:
@@ -36,13 +35,13 @@ def traced(key: str, flags: tuple[str, ...]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def rewritten(text: str, name: str, table: dict, lines: dict[str, str]) -> str:
-    """`text` with the dict literal `name` replaced by `table`, each entry as retraced (`lines`: JSON) or as it was."""
-    write = TABLES[name][1]
-    start = text.index(f"{name}: dict[str, dict] = {{\n")
-    end = text.index("\n}\n", start) + len("\n}\n")
-    body = "".join(f"    {json.dumps(k)}:\n        {write(json.loads(lines[k]) if k in lines else v)},\n" for k, v in table.items())
-    return text[:start] + f"{name}: dict[str, dict] = {{\n" + body + "}\n" + text[end:]
+def written(tables: dict[str, dict]) -> str:
+    """The tables as the file holds them: one entry a line, so that a retrace's diff names the entries it changed."""
+    parts = []
+    for name, table in tables.items():
+        body = ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in table.items())
+        parts.append(f"{json.dumps(name)}: {{\n{body}\n}}")
+    return "{" + ", ".join(parts) + "}\n"
 
 
 def main() -> None:
@@ -50,25 +49,24 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--add-cached", action="store_true")
     args = ap.parse_args()
-    from memlab.core.predict import inductor_traces as compile_budget_traces
     from memlab.core.predict.inductor import _BUDGET_CACHE, _EVENTS_CACHE, _read_cache
 
     release = torch.__version__.split("+")[0]
-    text = TABLE.read_text()
-    for name, (flags, _) in TABLES.items():
-        table = getattr(compile_budget_traces, name)
+    tables = json.loads(TABLE.read_text())
+    for name, flags in TABLES.items():
+        table = tables[name]
         if args.add_cached:
             cached = _read_cache(_EVENTS_CACHE if flags else _BUDGET_CACHE)
             table.update({k: v for k, v in cached.items() if k not in table and json.loads(k)["torch"] == release})
         keys = [k for k in table if json.loads(k)["torch"] == release]
         with ThreadPoolExecutor(args.jobs) as pool:
             lines = dict(zip(keys, pool.map(lambda k, f=flags: traced(k, f), keys)))
-        text = rewritten(text, name, table, lines)
         changed = [k for k in keys if json.loads(lines[k]) != table[k]]
+        table.update({k: json.loads(line) for k, line in lines.items()})
         print(f"{name}: {len(keys)} retraced under torch {release}, {len(changed)} changed")
         for k in changed:
             print("  changed:", re.sub(r'"torch": "[^"]+", ', "", k))
-    TABLE.write_text(text)
+    TABLE.write_text(written(tables))
 
 
 if __name__ == "__main__":

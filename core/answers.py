@@ -59,12 +59,11 @@ def write(name: str, stdout: str) -> None:
 
 
 def source_fingerprint(root: Path) -> str:
-    """The .py files under `root`, hashed with their paths. predict/inductor_traces.py is left out: it is the tracer's
-    output (its keys name their torch release, and bench/retrace_budget_table.py rewrites it after a change)."""
+    """The .py files under `root`, hashed with their paths (the code: not data such as predict/inductor_traces.json,
+    the tracer's output, whose keys name their torch release)."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
-        if path.name != "inductor_traces.py":
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
 

@@ -712,7 +712,7 @@ def test_with_torchao_float8s_compiled_step_replays_its_own_graphs(monkeypatch):
     from memlab.core.predict import trace as allocation_trace, inductor as compile_budget_model
     from memlab.core.predict import analytic as est
     from memlab.core.predict.allocator import replay
-    from memlab.core.predict.inductor_traces import EVENTS
+    from memlab.core.predict.inductor import EVENTS
     from memlab.core.config import load_experiment, load_profile
 
     if torch_release() != "2.13.0":

@@ -18,7 +18,7 @@ from model_helpers import small
 
 from memlab.core.predict import inductor as M
 from memlab.core.predict import analytic as E
-from memlab.core.predict.inductor_traces import EVENTS, TRACED
+from memlab.core.predict.inductor import EVENTS, TRACED
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.models import family
 from memlab.core.predict.trace import step_peaks
@@ -88,7 +88,7 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
     core = tmp_path / "core"
     shutil.copytree(M.Path(M.__file__).parents[1], core, ignore=shutil.ignore_patterns("__pycache__"))
     before = M.tracer_fingerprint(core)
-    (core / "predict" / "inductor_traces.py").write_text((core / "predict" / "inductor_traces.py").read_text() + "\n# retraced\n")
+    (core / "predict" / "inductor_traces.json").write_text((core / "predict" / "inductor_traces.json").read_text() + "\n")
     assert M.tracer_fingerprint.__wrapped__(core) == before
     (core / "predict" / "inductor.py").write_text((core / "predict" / "inductor.py").read_text() + "\n# edited\n")
     assert M.tracer_fingerprint.__wrapped__(core) != before

@@ -41,7 +41,7 @@ returns, which live on as .grad (memlab.core.predict.trace.compiled_trace puts t
 
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
 device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
-budget, torch release and version of memlab.core's code (tracer_fingerprint), and compile_budget_traces.py holds
+budget, torch release and version of memlab.core's code (tracer_fingerprint), and inductor_traces.json holds
 those of the shapes this repository's checks use (the events are traced by a child of their own, `--events`, and
 kept in compile-events-*.json).
 """
@@ -70,10 +70,17 @@ from memlab.core.models import hf_attention
 from memlab.core.models.hf import HFCausalLM, transformers_config
 from memlab.core.errors import MemlabError
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
-from memlab.core.predict.inductor_traces import EVENTS, TRACED
 from memlab.core.runfolder import atomic_write_json
 from memlab.core.techniques.finetune import add_adapters, target_layers
 from memlab.core.techniques.float8 import converts
+
+# Traces made ahead for the shapes this repository's own checks estimate (the H100 runs of bench/results/, the seeds'
+# study, tests/), so that they do not trace for minutes on a fresh machine: TRACED, what `python -m
+# memlab.core.predict.inductor KEY` prints, and EVENTS, what `--events KEY` prints, each keyed by the torch release
+# (and torchao's, under float8) that traced it; another release's entries are not read. bench/retrace_budget_table.py
+# retraces them. Data, not code: the tracer's fingerprint (answers.source_fingerprint) hashes the code alone.
+_AHEAD = json.loads(Path(__file__).with_name("inductor_traces.json").read_text())
+TRACED, EVENTS = _AHEAD["TRACED"], _AHEAD["EVENTS"]
 
 # What the assumed card reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
 _CARD = DEVICES[ASSUMED_GPU]
@@ -174,7 +181,7 @@ def _known_or_traced(shape: GraphShape, kind: type, table: dict, cache_name: str
 
 
 def shape_of(key: str) -> GraphShape:
-    """The GraphShape a key of the cache or of compile_budget_traces names (_key, less the releases that traced it)."""
+    """The GraphShape a key of the cache or of the traces made ahead names (_key, less the releases that traced it)."""
     return GraphShape(**{k: v for k, v in json.loads(key).items() if k not in ("torch", "torchao")})
 
 
@@ -237,7 +244,7 @@ class TraceFailed(MemlabError):
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}'`: trace one shape and print its
-    BudgetTrace as JSON (what the estimator's child runs; also how compile_budget_traces.py's entries are made).
+    BudgetTrace as JSON (what the estimator's child runs; also how the entries of inductor_traces.json are made).
     With `--events` first: its StepEvents instead (the allocator replay's child). Several requests, each a shape
     with or without `--events` before it, are traced one after another in this process, a JSON line each (the
     canary test's two, without a second start-up of torch.compile)."""
@@ -284,7 +291,7 @@ class StepEvents:
 
 @functools.lru_cache(maxsize=16)
 def step_events(shape: GraphShape) -> StepEvents:
-    """The compiled step's events for `shape`: remembered (this process, compile_budget_traces.EVENTS, the cache
+    """The compiled step's events for `shape`: remembered (this process, EVENTS made ahead, the cache
     folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
     return _known_or_traced(shape, StepEvents, EVENTS, _EVENTS_CACHE, "--events")
 
@@ -788,7 +795,7 @@ def _walk(code: str, sizes: dict[str, Line], live: _Live, take_args: Callable[[l
     the first cuBLAS matmul runs). Returns the name each returned value is, in order. `eager_results`: also the
     buffers the wrapper makes with eager ops, such as a mix-order reduction's sums (`buf28 = workspace_1[...]
     .sum(dim=0)`: LayerNorm's weight and bias gradients on gpt2s): the events need every gradient, while the peaks
-    (and compile_budget_traces.py's table of them) were made without these few KiB."""
+    (and inductor_traces.json's EVENTS) were made without these few KiB."""
     for line in _call_body(code):
         if line.endswith("= args"):
             take_args([n.strip() for n in line[: -len("= args")].split(",") if n.strip()])
