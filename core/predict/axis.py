@@ -110,7 +110,7 @@ class Axis:
         guess = min(affine_guess(lambda x: self.peaks(x)[0], x0, 2 * x0, int(room * share)), limit)
         if guess > x0:
             guess = min(affine_guess(lambda x: self.peaks(x)[1], x0, guess, room), limit)
-        return largest_near(self.fits, guess, limit, confirm=1)
+        return largest_near(self.fits, guess, limit, confirm=True)
 
 
 def batches(experiment: Experiment, profile: Profile, vocab: int, card: Card, traces: Traces | None = None,

@@ -12,14 +12,14 @@ from typing import Callable
 LIMIT = 1 << 20  # no micro-batch or sequence length is asked beyond this
 
 
-def largest_near(fits: Callable[[int], bool], guess: int, limit: int, confirm: int = 0) -> int:
+def largest_near(fits: Callable[[int], bool], guess: int, limit: int, confirm: bool = False) -> int:
     """The largest size in 1..limit with fits (0: not even 1), from a guess: galloping up from it while sizes fit
     (steps 1, 2, 4, ...) or down from it while they do not, then bisecting the last step. A guess within a few of
     the answer costs a few asks, where doubling from a start and bisecting back costs a dozen (a trace of an 8B model
     takes seconds; a probe on the GPU, a minute). That assumes fits is monotone, and the allocator's is not quite
-    (gpt2s gradcp_every2 fits 35 and 37, not 36): with `confirm`, the answer's `confirm` smaller sizes must fit too,
-    else the search goes on below the one that did not, so the figure errs low, as a bound should. Each size is
-    asked once."""
+    (gpt2s gradcp_every2 fits 35 and 37, not 36): with `confirm`, the sizes 1, 2, 4, ... below the answer, down to
+    half of it, must fit too (_confirmed), else the search goes on below the one that did not, so the figure errs
+    low, as a bound should. Each size is asked once."""
     if not hasattr(fits, "asked"):
         fits = _asked_once(fits)
     g = max(1, min(guess, limit))
@@ -46,11 +46,16 @@ def affine_guess(peak: Callable[[int], int], x1: int, x2: int, room: int) -> int
     return max(1, int(x1 + (room - p1) / slope)) if slope > 0 else x2
 
 
-def _confirmed(search: Callable[..., int], fits: Callable[[int], bool], best: int, confirm: int) -> int:
-    """`best` where its `confirm` smaller sizes fit too; else `search` again below the first that does not (0: none)."""
-    for b in range(best - 1, max(best - confirm, 1) - 1, -1):
-        if not fits(b):
-            return search(fits, b - 1, b - 1, confirm) if b > 1 else 0
+def _confirmed(search: Callable[..., int], fits: Callable[[int], bool], best: int, confirm: bool) -> int:
+    """`best` where best - 1, best - 2, best - 4, ... down to half of it fit too; else `search` again below the first
+    that does not (0: none). The replay's fits come in islands where a step's large blocks land in freed segments
+    or not: heldout_fat's act_offload_overlap fits 154-156 and 160-164 but not 148-153 or 157-159, and the GPU
+    fitted 148 and nothing above; one size below the answer cannot tell an island from the mainland, a ladder can."""
+    step = 1
+    while confirm and best - step >= max(1, best // 2):
+        if not fits(best - step):
+            return search(fits, best - step - 1, best - step - 1, confirm) if best - step > 1 else 0
+        step *= 2
     return best
 
 
