@@ -144,7 +144,7 @@ def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, rep
     Without `replay`: the analytic figure, whose fixed fragmentation margin depends on the profile's allocation
     pattern (analytic.FRAGMENTATION_MARGIN: 5% plain, 13% recompute, 22% offload). With `replay` (where find-batch
     and the study search on a GPU: seconds to a minute of CPU) and a step the allocator replay can run, the smaller
-    of the replayed figure (stepped down to leave REPLAY_MARGIN of the budget free) and the analytic one with the
+    of the replayed figure (axis's search: REPLAY_MARGIN of what the step adds left free) and the analytic one with the
     plain margin only. The replay lays out the step's own blocks, so it models the fragmentation the larger margins
     stood in for (those held the deep shape's leanest 13% below the batch found); the analytic bound stays as a
     guard for what the replay misses in the tensors themselves (the deep shape's liger_ce: replayed 42, found 41,
