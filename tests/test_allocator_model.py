@@ -214,7 +214,7 @@ def test_a_fit_that_is_not_monotone_is_confirmed_below_so_the_answer_errs_low():
     """gpt2s gradcp_every2 under 12 GiB, replayed: 35 and 37 fit, 36 and 38 do not. Galloping from 30 (31, 33, 37
     fit) says 37; confirming the sizes below it says 35, find-batch's answer on the H100. heldout_fat's
     act_offload_overlap, replayed, fits up to 147, then 154-156 and 160-164 (the H100 fitted 148, nothing above):
-    one size below an island's top fits, the ladder (1, 2, 4, 8, 16 below) reaches the gap."""
+    one size below an island's top fits, the ladder (1, 2, 4, 8, 16 below: an eighth) reaches the gap."""
     from memlab.core.predict.search import largest_near
 
     fits = lambda b: b <= 35 or b == 37  # noqa: E731

@@ -18,8 +18,8 @@ def largest_near(fits: Callable[[int], bool], guess: int, limit: int, confirm: b
     the answer costs a few asks, where doubling from a start and bisecting back costs a dozen (a trace of an 8B model
     takes seconds; a probe on the GPU, a minute). That assumes fits is monotone, and the allocator's is not quite
     (gpt2s gradcp_every2 fits 35 and 37, not 36): with `confirm`, the sizes 1, 2, 4, ... below the answer, down to
-    half of it, must fit too (_confirmed), else the search goes on below the one that did not, so the figure errs
-    low, as a bound should. Each size is asked once."""
+    an eighth below it, must fit too (_confirmed), else the search goes on below the one that did not, so the figure
+    errs low, as a bound should. Each size is asked once."""
     if not hasattr(fits, "asked"):
         fits = _asked_once(fits)
     g = max(1, min(guess, limit))
@@ -47,12 +47,13 @@ def affine_guess(peak: Callable[[int], int], x1: int, x2: int, room: int) -> int
 
 
 def _confirmed(search: Callable[..., int], fits: Callable[[int], bool], best: int, confirm: bool) -> int:
-    """`best` where best - 1, best - 2, best - 4, ... down to half of it fit too; else `search` again below the first
-    that does not (0: none). The replay's fits come in islands where a step's large blocks land in freed segments
-    or not: heldout_fat's act_offload_overlap fits 154-156 and 160-164 but not 148-153 or 157-159, and the GPU
-    fitted 148 and nothing above; one size below the answer cannot tell an island from the mainland, a ladder can."""
+    """`best` where best - 1, best - 2, best - 4, ... down to an eighth below it (at least best - 1) fit too; else
+    `search` again below the first that does not (0: none). The replay's fits come in islands where a step's large
+    blocks land in freed segments or not: heldout_fat's act_offload_overlap fits 154-156 and 160-164 but not 148-153
+    or 157-159, and the GPU fitted 148 and nothing above; one size below the answer cannot tell an island from the
+    mainland, a ladder can. An eighth: the scale of the predictions' accuracy (within 10%), at log2(best / 8) asks."""
     step = 1
-    while confirm and best - step >= max(1, best // 2):
+    while confirm and best - step >= max(1, min(best - 1, best - best // 8)):  # at least the size below
         if not fits(best - step):
             return search(fits, best - step - 1, best - step - 1, confirm) if best - step > 1 else 0
         step *= 2

@@ -160,7 +160,7 @@ def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
     mode = "expandable_segments:True" if r.expandable_segments else "default settings"
     typer.echo(f"allocator replay (CUDA's caching allocator, {mode}, over this step's trace): {gib(r.reserved_bytes)} reserved at "
                f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {'at least ' if r.limit_reached else ''}{r.max_batch} without an allocator retry in "
-               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of it left free")
+               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of what the step adds to the built model's reserve left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
     checked = "hf" if family == "hf" else "float8" if r.float8 else "compiled" if r.compiled else r.expandable_segments
