@@ -3,10 +3,11 @@ sequence at a micro-batch, for `memlab estimate`, `memlab fit`, find-batch's fir
 
 "Fits" is the allocator replay's verdict (trace.trace_fits): the step's fake trace, replayed through CUDA's caching
 allocator, stays within the card's allocator budget with REPLAY_MARGIN of what the step adds to the built model's
-reserve left free, without an allocator retry; the answer's next smaller size must fit too. A search starts from a
-guess: the step's tensors are affine in the micro-batch and, with a fused attention kernel, in the sequence, so two
-traces put the tensors' peak against the budget times the share of the reserve the tensors held at the starting
-shape; traces then search from there (search.largest_near), each size traced once.
+reserve left free, without an allocator retry; the sizes 1, 2, 4, ... below the answer, down to an eighth below it,
+must fit too (search._confirmed: the replay's fits come in islands). A search starts from a guess: the step's
+tensors are affine in the micro-batch and, with a fused attention kernel, in the sequence, so two traces put the
+tensors' peak against the budget times the share of the reserve the tensors held at the starting shape; traces then
+search from there (search.largest_near), each size traced once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from memlab.core.predict.card import Card
 from memlab.core.predict.fake import FAKE_STEP_LOCK
 from memlab.core.predict.prediction import max_positions, with_seq_len
 from memlab.core.predict.search import LIMIT, affine_guess, largest_near
-from memlab.core.predict import trace
+from memlab.core.predict import trace  # step_trace through its module: benches and tests patch it there
 from memlab.core.predict.trace import SearchStopped, float8_untraced, step_peaks, trace_fits
 from memlab.core.techniques import allocator
 
