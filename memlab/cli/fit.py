@@ -213,7 +213,7 @@ def _g(nbytes: int) -> float | None:
 
 
 def header(exp: Experiment, card: Card, micro: int) -> str:
-    from memlab.core.predict.maxbatch import REPLAY_MARGIN
+    from memlab.core.predict.axis import REPLAY_MARGIN
 
     m = exp.model
     what = f"{exp.name}" + (f" ({m.source})" if getattr(m, "family", "gpt") == "hf" else "")
