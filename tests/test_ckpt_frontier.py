@@ -164,7 +164,7 @@ def _partitioned_only(monkeypatch) -> None:
     monkeypatch.setattr(torch_compile, "compiled", lambda model, profile: torch.compile(model, backend="aot_eager_decomp_partition"))
 
 
-def test_the_compiled_model_recomputes_under_a_budget_and_changes_nothing(monkeypatch):
+def test_the_compiled_model_under_a_budget_changes_nothing(monkeypatch):
     _partitioned_only(monkeypatch)
     ref, model = make_model(), make_model()
     p = load_profile("compile_budget")
