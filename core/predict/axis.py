@@ -126,5 +126,9 @@ def longest_seq(experiment: Experiment, profile: Profile, vocab: int, card: Card
     `micro`, searched from the experiment's length; `share` as for Axis.largest; `traces`: the batch axis's, so a
     shape both axes reach is traced once. 0: not even SEQ_GRANULE tokens fit."""
     lengths = Axis(lambda n: (with_seq_len(experiment, n * SEQ_GRANULE), micro), profile, vocab, card, traces)
-    limit = min(LIMIT, max_positions(experiment) or LIMIT) // SEQ_GRANULE
-    return SEQ_GRANULE * lengths.largest(max(1, experiment.model.seq_len // SEQ_GRANULE), limit, share)
+    return SEQ_GRANULE * lengths.largest(max(1, experiment.model.seq_len // SEQ_GRANULE), seq_units(experiment), share)
+
+
+def seq_units(experiment: Experiment, limit: int = LIMIT) -> int:
+    """The most SEQ_GRANULE units a sequence search asks: `limit` tokens, and no more than the model's positions."""
+    return min(limit, max_positions(experiment) or limit) // SEQ_GRANULE

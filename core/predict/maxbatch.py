@@ -11,9 +11,9 @@ from typing import Any, Callable
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
-from memlab.core.predict.axis import REPLAY_MARGIN, SEQ_GRANULE, batches, longest_seq
+from memlab.core.predict.axis import REPLAY_MARGIN, SEQ_GRANULE, batches, longest_seq, seq_units
 from memlab.core.predict.card import Card
-from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, max_positions, predict, with_seq_len
+from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import SearchStopped, float8_untraced, traced_by
 from memlab.core.techniques import allocator, torch_compile
@@ -187,13 +187,10 @@ def max_seq_len(experiment: Experiment, profile: Profile, card: Card, micro_batc
     """The longest sequence (a multiple of SEQ_GRANULE, up to `limit` and the model's positions) at which
     `fits(experiment at that length)` holds at `micro_batch`, searched from the experiment's length. 0: not even
     SEQ_GRANULE tokens fit."""
-    positions = max_positions(experiment)
-    limit = (min(limit, positions) if positions else limit) // SEQ_GRANULE
-
     def at(n: int) -> bool:
         return fits(with_seq_len(experiment, n * SEQ_GRANULE))
 
-    return SEQ_GRANULE * largest_near(at, max(1, experiment.model.seq_len // SEQ_GRANULE), limit)
+    return SEQ_GRANULE * largest_near(at, max(1, experiment.model.seq_len // SEQ_GRANULE), seq_units(experiment, limit))
 
 
 def longest_sequence(experiment: Experiment, profile: Profile, card: Card, micro_batch: int, method: str = "trace") -> int:

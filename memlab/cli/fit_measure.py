@@ -9,8 +9,7 @@ from typing import Any, Callable
 from memlab.core.batchfind import ChildProbe
 from memlab.core.config import Experiment
 from memlab.core.predict.fit import Fit
-from memlab.core.predict.maxbatch import SEQ_GRANULE
-from memlab.core.predict.prediction import max_positions
+from memlab.core.predict.axis import SEQ_GRANULE, seq_units
 from memlab.core.predict.search import LIMIT, largest_near
 
 PROBE_STEPS = 2  # the first step makes the optimizer state; the second is the steady step whose peak counts
@@ -41,8 +40,7 @@ def measured_longest_seq(profile: str, experiment_ref: str, overrides: list[str]
         return _probe(profile, experiment_ref, overrides + [f"model.seq_len={n * SEQ_GRANULE}"], n * SEQ_GRANULE, micro,
                       cap, say)
 
-    limit = min(LIMIT, max_positions(exp) or LIMIT) // SEQ_GRANULE
-    return SEQ_GRANULE * largest_near(fits, max(1, guess // SEQ_GRANULE), limit)
+    return SEQ_GRANULE * largest_near(fits, max(1, guess // SEQ_GRANULE), seq_units(exp))
 
 
 def _probe(profile: str, experiment_ref: str, overrides: list[str], seq_len: int, b: int, cap: int | None,
