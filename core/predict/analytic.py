@@ -451,7 +451,7 @@ def _untraceable(st: _Step) -> str | None:
         (p.attention.kernel not in ("sdpa", "flash") or p.attention.sdpa_backend == "math" or bool(st.mask), f"attention {p.attention.kernel}:{p.attention.sdpa_backend}" + (" with a mask" if st.mask else "")),
         (p.loss.chunked or p.loss.fused != "none", "a chunked or fused loss"),
         (p.kernels.fused, "fused kernels"),
-        (p.kernels.float8 and not torchao_installed(), "float8 kernels and no torchao installed here"),
+        (p.kernels.float8 and not torchao_installed(), "float8 kernels and no torchao installed here (pip install 'memlab[torchao]')"),
         (st.offload or st.ddp or st.fsdp or p.optimizer.in_backward, "offload, distributed or optimizer.in_backward"),
     ]
     return next((why for hit, why in reasons if hit), None)

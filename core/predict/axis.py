@@ -22,7 +22,7 @@ from memlab.core.predict.fake import FAKE_STEP_LOCK
 from memlab.core.predict.prediction import max_positions, with_seq_len
 from memlab.core.predict.search import LIMIT, affine_guess, largest_near
 from memlab.core.predict import trace  # step_trace through its module: benches and tests patch it there
-from memlab.core.predict.trace import SearchStopped, float8_untraced, step_peaks, trace_fits
+from memlab.core.predict.trace import SearchStopped, trace_fits
 from memlab.core.techniques import allocator
 
 # The share of what a step adds to the built model's reserve that a fit leaves free (trace.trace_fits). At the
@@ -46,7 +46,6 @@ class Axis:
                  margin: float = REPLAY_MARGIN) -> None:
         self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
         self.budget, self.margin = card.budget_bytes, margin
-        self.room = int(card.budget_bytes * (1 - margin))  # float8's untraced verdict (peaks against it)
         self.should_stop = should_stop
         self._traces = traces if traces is not None else {}
         self._replays: dict[int, Any] = {}  # this axis's replays of those traces, by size
@@ -79,9 +78,6 @@ class Axis:
 
     def peaks(self, size: int) -> tuple[int, int]:
         """(allocated, reserved) at the step's peak."""
-        if float8_untraced(self.profile):
-            exp, micro = self.shaped(size)
-            return step_peaks(exp, self.profile, vocab_size=self.vocab, micro_batch=micro, capped=self.card.capped)
         at = self.replayed(size)
         return at.peak_allocated, at.peak_reserved
 
@@ -90,14 +86,10 @@ class Axis:
         model's reserve (read at `size`: the build does not change with it). Guesses aimed at the card's margin
         instead landed short: Llama-3.1-8B's lora_gradcp, whose 15 GiB base is laid out exactly, guessed 2816 tokens
         for 3008, and the search spent three more traces (11 s each) climbing."""
-        if float8_untraced(self.profile):
-            return self.room
         built = self.replayed(size).steps_reserved
         return int((self.budget + self.margin * built) / (1 + self.margin))
 
     def fits(self, size: int) -> bool:
-        if float8_untraced(self.profile):
-            return self.peaks(size)[1] <= self.room
         return trace_fits(self.trace(size), self.budget, allocator.expandable(self.profile), self.margin)
 
     def largest(self, x0: int, limit: int, share: float | None = None) -> int:

@@ -15,7 +15,7 @@ from memlab.core.predict.axis import REPLAY_MARGIN, SEQ_GRANULE, batches, longes
 from memlab.core.predict.card import Card
 from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_near
-from memlab.core.predict.trace import SearchStopped, float8_untraced, traced_by
+from memlab.core.predict.trace import SearchStopped, traced_by
 from memlab.core.techniques import allocator, torch_compile
 from memlab.core.techniques.accumulation import single
 
@@ -44,7 +44,6 @@ class Replayed:
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
     margin: float = 0.0  # the share of what the step adds to the reserve max_batch leaves free (axis.REPLAY_MARGIN)
-    float8: bool = False  # float8's compiled step untraced (no torchao here): its tensors analytic, the waste replayed without float8 (float8_peaks)
     traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
     limit: int = LIMIT  # the largest micro-batch the search asked: max_batch == limit means "at least"
 
@@ -128,7 +127,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, card: Card, *, at:
         first = str(e).splitlines()[0] if str(e) else ""
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {first})") from None
     return Replayed(at, allocated, reserved, card.budget_bytes, best, allocator.expandable(profile),
-                    torch_compile.compiles(profile), REPLAY_MARGIN, float8_untraced(profile), traced_by(profile), limit)
+                    torch_compile.compiles(profile), REPLAY_MARGIN, traced_by(profile), limit)
 
 
 def guarded(experiment: Experiment, profile: Profile, card: Card, replayed: int) -> int:
@@ -172,7 +171,7 @@ def _replayed_max_batch(experiment: Any, profile: Any, vocab: int, card: Card, n
     """The allocator replay's max micro-batch, searched from half of `near` (the analytic figure), None where the
     step cannot be replayed (a compiled step the Inductor reader cannot trace, such as a chunked or fused loss
     under compile; kernels.fused replays as the stock compiled step, float8 as traced with torchao
-    (trace.float8_peaks where torchao is not installed), offload and the CUDA-only libraries through
+    (refused where torchao is not installed), offload and the CUDA-only libraries through
     memlab.core.predict.standins)."""
     try:
         return batches(experiment, profile, vocab, card, should_stop=should_stop).largest(max(1, near // 2), LIMIT) or None

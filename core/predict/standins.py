@@ -74,8 +74,7 @@ def compiled_standin(profile: Profile) -> Profile:
 
 def around_graphs(profile: Profile) -> Profile:
     """The eager step a compiled step's graphs are replayed in (allocation_trace.compiled_trace), as its techniques
-    declare (techniques.around_graphs_standin: float8's Linears left in bf16), and the step whose waste
-    allocation_trace.float8_peaks borrows where torchao is not installed to trace float8's own."""
+    declare (techniques.around_graphs_standin: float8's Linears left in bf16)."""
     return _with(profile, around_graphs_standin(profile))
 
 

@@ -353,43 +353,11 @@ def trace_fits(trace: list[Event], budget_bytes: int, expandable: bool, margin: 
     return model.retries == 0 and model.peak_reserved + margin * grown <= budget_bytes
 
 
-# float8_peaks: the share its analytic tensors are counted high by, the bound the estimator's peak holds to on every
-# held-out shape (tests/test_estimate_heldout.py: within 5%); the replay's own margin (axis.REPLAY_MARGIN) is for
-# what a replay misses in the reserve, and float8's tensors are not replayed.
-FLOAT8_TENSOR_MARGIN = 0.05
-
-
-def float8_untraced(profile: Profile) -> bool:
-    """float8's compiled step where torchao is not installed to trace it (estimate._untraceable): float8_peaks puts its
-    reserve together instead. With torchao here, compiled_trace traces it as any compiled step."""
-
-    return float8.swaps_linears(profile) and torch_compile.compiles(profile) and not est.torchao_installed()
-
-
-def float8_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-                 capped: bool = False) -> tuple[int, int]:
-    """(tensors, reserved): what the allocator holds and reserves at its peak for float8's compiled step where it
-    cannot be traced (no torchao installed here: float8_untraced): its tensors at their peak from the analytic estimate,
-    counted FLOAT8_TENSOR_MARGIN high, plus the share of the reserve no tensor holds (reserved less allocated) in the
-    replay of the same step without float8 at the same batch. The waste follows the step's large transient blocks
-    (logits and their gradients), which float8 leaves as they are. Set beside the H100 on the logits shape,
-    where the analytic figure alone had predicted 292 for find-batch's
-    217, the sum without the margin gave 13.50 and 22.76 GiB at 128 and 217, the H100's probes 13.51 and 22.76. The
-    margin came after the fat shape, where the analytic tensors were 3.6% under the GPU's peak (20.00 for 20.74 GiB
-    at 103) and the max batch came out 109 for 103-104 (bench/results/prediction-check/float8-heldout/)."""
-
-    tensors = est.estimate(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch).total_bytes
-    tensors = int(tensors * (1 + FLOAT8_TENSOR_MARGIN))
-    stock = replay(step_trace(experiment, around_graphs(profile), vocab_size=vocab_size, micro_batch=micro_batch,
-                              capped=capped), expandable=allocator.expandable(profile))
-    return tensors, tensors + stock.peak_reserved - stock.peak_allocated
-
-
 def traced_by(profile: Profile) -> str:
     """The releases whose code decided the trace: torch's (its fake kernels, and a compiled step's partitioner and
     Inductor buffer plan), and torchao's where its Float8Linear is in the graphs."""
     releases = f"torch {torch.__version__}"
-    if torch_compile.compiles(profile) and float8.swaps_linears(profile) and not float8_untraced(profile):
+    if torch_compile.compiles(profile) and float8.swaps_linears(profile):
         import torchao
 
         releases += f", torchao {torchao.__version__}"
@@ -397,9 +365,7 @@ def traced_by(profile: Profile) -> str:
 
 
 def step_peaks(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int, capped: bool) -> tuple[int, int]:
-    """(allocated, reserved) at the step's peak: replayed, or float8's put together (float8_peaks)."""
-    if float8_untraced(profile):
-        return float8_peaks(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
+    """(allocated, reserved) at the step's peak, replayed."""
     at = replay(step_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped),
                 expandable=allocator.expandable(profile))
     return at.peak_allocated, at.peak_reserved

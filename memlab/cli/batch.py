@@ -163,7 +163,7 @@ def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
                f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of what the step adds to the built model's reserve left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
-    checked = "hf" if family == "hf" else "float8" if r.float8 else "compiled" if r.compiled else r.expandable_segments
+    checked = "hf" if family == "hf" else "compiled" if r.compiled else r.expandable_segments
     typer.echo(f"  {REPLAY_CHECKED[checked]}")
 
 
@@ -183,10 +183,6 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
           "graphs -0.1% to +0.0% (bench/results/hf-h100/predicted.md); memlab fit's max batch exact in 8 GPU searches, its "
           "longest sequence -4.4% to 0.0% (bench/results/fit-8b-h200, fit-heldout-h200: Qwen2.5-1.5B held out, -3.0% and "
           "-2.8%); max batch under 24 GiB on an H200 none above, 8 of 10 exact (bench/results/hf-heldout-h200)",
-    "float8": "float8's compiled step is not traced without torchao installed here: its tensors from the analytic estimate, counted "
-              "5% high, plus what the replay of the same step without float8 reserves beyond its tensors; it errs low (max batch 203 "
-              "for find-batch's 217 on a logits-heavy shape, 99 for 106 on a 2048-wide one, 384 for 408 on the seeds' shape); "
-              "with torchao installed the step is traced",
 }
 
 
