@@ -194,7 +194,7 @@ def test_the_step_events_carry_the_saved_buffers_into_the_backward_and_keep_the_
     assert events.backward == (("matmul",), ("alloc", "bw1", M.Line(0, 256), "buf1"), ("alloc", "bw2", M.Line(0, 16), "buf2"),
                                ("free", "fw1"), ("alloc", "bw3", M.Line(0, 32), "buf3"), ("free", "bw3"),
                                ("alloc", "bw4", M.Line(0, 4), "buf4"), ("free", "fw4"))
-    assert events.loss == "fw3" and events.gradients == (None, None, ("bw1", (8, 8)), ("bw2", (2, 2)), ("bw4", (1,)))
+    assert events.output == "fw3" and events.gradients == (None, None, ("bw1", (8, 8)), ("bw2", (2, 2)), ("bw4", (1,)))
     assert M.StepEvents.from_json(json.loads(json.dumps(events.to_json()))) == events
 
 

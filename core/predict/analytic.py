@@ -440,16 +440,17 @@ def _saved_of(layout: str, s: _Shape, pr: _Precision, kind: str, dropout: int, b
     raise AssertionError(layout)
 
 
-def _untraceable(st: _Step) -> str | None:
+def _untraceable(st: _Step, blocks: str = "") -> str | None:
     """Why memlab.core.predict.inductor cannot trace this step compiled under checkpointing.budget (its model is
     memlab's plain GPT on one CUDA GPU: SDPA attention, or flash-attn's, which saves the same tensors; bf16 autocast,
-    full logits; float8's Linears where torchao is installed here), or None when it can."""
+    full logits; float8's Linears where torchao is installed here), or None when it can. With `blocks`, only the
+    blocks are compiled: the loss is no graph's."""
     p = st.profile
     reasons = [
         (st.device != "cuda", f"the {st.device} backend"),
         (p.precision.dtype != "bf16", f"precision {p.precision.dtype}"),
         (p.attention.kernel not in ("sdpa", "flash") or p.attention.sdpa_backend == "math" or bool(st.mask), f"attention {p.attention.kernel}:{p.attention.sdpa_backend}" + (" with a mask" if st.mask else "")),
-        (p.loss.chunked or p.loss.fused != "none", "a chunked or fused loss"),
+        ((p.loss.chunked or p.loss.fused != "none") and not blocks, "a chunked or fused loss"),
         (p.kernels.fused, "fused kernels"),
         (p.kernels.float8 and not torchao_installed(), "float8 kernels and no torchao installed here (pip install 'memlab[torchao]')"),
         (st.offload or st.ddp or st.fsdp or p.optimizer.in_backward, "offload, distributed or optimizer.in_backward"),
@@ -457,7 +458,7 @@ def _untraceable(st: _Step) -> str | None:
     return next((why for hit, why in reasons if hit), None)
 
 
-def _graph_shape(st: _Step, experiment: Experiment):
+def _graph_shape(st: _Step, experiment: Experiment, blocks: str = ""):
     """What memlab.core.predict.inductor traces for this compiled step: the partitioner decides at the
     experiment's own micro-batch (at least 2: torch.compile specializes a batch of 1)."""
 
@@ -470,7 +471,7 @@ def _graph_shape(st: _Step, experiment: Experiment):
     model = json.dumps(to_dict(experiment.model), sort_keys=True) if experiment.model.family != "gpt" else ""
     finetune = json.dumps(to_dict(p.finetune), sort_keys=True) if p.finetune.method == "lora" else ""
     return GraphShape(s.L, s.H, s.C, s.F, s.V, s.T, experiment.model.dropout, p.checkpointing.budget, configured, attention,
-                      p.kernels.float8, model, finetune)
+                      p.kernels.float8, model, finetune, blocks)
 
 
 def torchao_installed() -> bool:
@@ -480,14 +481,15 @@ def torchao_installed() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int):
+def compiled_graph_shape(experiment: Experiment, profile: Profile, vocab_size: int, blocks: str = ""):
     """The GraphShape of this compiled step on one CUDA GPU (memlab.core.predict.inductor), or a MemlabError
-    saying why it cannot be traced (_untraceable)."""
+    saying why it cannot be traced (_untraceable). `blocks`: of its blocks, compiled one by one in that
+    checkpointing mode (the engine's per-op checkpointing)."""
     st = _resolve_step(experiment, profile, vocab_size, None, 1, "cuda")
-    why = _untraceable(st)
+    why = _untraceable(st, blocks)
     if why:
-        raise MemlabError(f"the compiled step cannot be traced with {why}")
-    return _graph_shape(st, experiment)
+        raise MemlabError(f"the compiled {'blocks' if blocks else 'step'} cannot be traced with {why}")
+    return _graph_shape(st, experiment, blocks)
 
 
 def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, model: _ModelSaved, notes: list[str]) -> dict[str, dict[str, int]]:

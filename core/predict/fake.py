@@ -25,7 +25,7 @@ from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, 
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.standin import with_settings
-from memlab.core.techniques import accumulation, check_plan, check_techniques, fake_steps, finetune, torch_compile
+from memlab.core.techniques import accumulation, check_plan, check_techniques, checkpointing, fake_steps, finetune, torch_compile
 from memlab.core.techniques.precision import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
@@ -94,12 +94,23 @@ def reads_compiled_graphs(experiment: Experiment, profile: Profile) -> bool:
     """Whether the replay reads the compiled step's own graphs (memlab.core.predict.inductor compiles the model the
     engine builds: memlab's GPT, or the transformers model of an hf experiment). Where it cannot, the eager step is
     traced instead, an upper bound (Inductor frees and fuses what the eager step keeps; _compile_note says so in
-    the prediction's notes): an hf model fine-tuned other than by LoRA on a bf16 base (the reader adds peft's LoRA
-    adapters as the engine does: Llama-3.2-1B's compiled LoRA step predicted 10.38 GiB for the H100's 10.38, +60.8%
-    traced eager; DoRA and a 4-bit base are not built there) and one whose layers window or soft-cap their
-    attention (the CPU's kernel stands in for a plain causal one)."""
-    if not torch_compile.compiles(profile):
-        return False
+    the prediction's notes)."""
+    return torch_compile.compiles(profile) and _graphs_readable(experiment, profile)
+
+
+def reads_block_graphs(experiment: Experiment, profile: Profile) -> bool:
+    """Whether the replay reads the graphs of the blocks a GPU compiles one by one (checkpointing.compiled_blocks:
+    per-op checkpointing); where it cannot, the eager per-op policy is traced, which saves the same tensors through
+    eager temporaries (on the H200 Llama-3.2-1B at 1 x 2048 reserved 21.44 GiB, its eager trace 22.79)."""
+    return bool(checkpointing.compiled_blocks(profile)) and finetune.trains_whole_model(profile) and \
+        _graphs_readable(experiment, profile)
+
+
+def _graphs_readable(experiment: Experiment, profile: Profile) -> bool:
+    """memlab's GPT; an hf model unless it is fine-tuned other than by LoRA on a bf16 base (the reader adds peft's
+    LoRA adapters as the engine does: Llama-3.2-1B's compiled LoRA step predicted 10.38 GiB for the H100's 10.38,
+    +60.8% traced eager; DoRA and a 4-bit base are not built there) or its layers window or soft-cap their attention
+    (the CPU's kernel stands in for a plain causal one)."""
     if experiment.model.family == "gpt":
         return True
     return finetune.graphs_readable(profile) and not _windowed_layers(experiment)

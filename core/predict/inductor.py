@@ -64,13 +64,14 @@ import torch
 from memlab.core import stopping
 from memlab.core.answers import source_fingerprint
 from memlab.core.data.cache import cache_root
-from memlab.core.config import FinetuneConfig, ModelConfig
+from memlab.core.config import CheckpointingConfig, FinetuneConfig, ModelConfig
 from memlab.core.model import GPT, GPTConfig
 from memlab.core.models import hf_attention
 from memlab.core.models.hf import HFCausalLM, transformers_config
 from memlab.core.errors import MemlabError
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
 from memlab.core.runfolder import atomic_write_json
+from memlab.core.techniques.checkpointing import apply_checkpointing
 from memlab.core.techniques.finetune import add_adapters, target_layers
 from memlab.core.techniques.float8 import converts
 
@@ -112,6 +113,7 @@ class GraphShape:
     float8: bool = False  # the blocks' Linears are torchao's Float8Linear (kernels.float8; torchao must be installed)
     model: str = ""  # another family's model: its [model] section as JSON (the hf family: the transformers model it builds)
     finetune: str = ""  # LoRA on a bf16 base: the [finetune] section as JSON (peft's adapters in the traced model)
+    blocks: str = ""  # "ops": not the whole step but one block, checkpointed per op and compiled as the engine does (_block)
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def _key(shape: GraphShape) -> str:
         fields["torchao"] = torchao.__version__
     else:
         del fields["float8"]
-    for field in ("model", "finetune"):
+    for field in ("model", "finetune", "blocks"):
         if not fields[field]:  # the key a shape had before the field
             del fields[field]
     return json.dumps(fields, sort_keys=True)
@@ -264,20 +266,21 @@ class StepEvents:
     """One compiled training step's allocations and frees, each size a line in the batch, for the allocator model
     (memlab.core.predict.trace). `forward` and `backward`: ["alloc", key, Line, name] / ["free", key] /
     ["matmul"] (where the graph's first cuBLAS matmul runs: its thread's workspace is allocated there, once). The
-    backward frees the forward's saved buffers under the forward's keys. `loss`: the key of the buffer the forward
-    returns as the loss; `gradients`: per parameter input of the forward, in order, [key, shape] of its gradient as
-    the backward returns it (alive until the optimizer's zero_grad), None for an input without one (the tokens)."""
+    backward frees the forward's saved buffers under the forward's keys. `output`: the key of the buffer the forward
+    returns (the loss; a block's graphs: the block's output); `gradients`: per input of the forward, in order, [key,
+    shape] of its gradient as the backward returns it (alive until the optimizer's zero_grad; a size the batch
+    decides is -1), None for an input without one (the tokens)."""
 
     forward: tuple
     backward: tuple
-    loss: str
+    output: str
     gradients: tuple
 
     def to_json(self) -> dict:
         def plain(events: tuple) -> list:
             return [[asdict(x) if isinstance(x, Line) else x for x in ev] for ev in events]
 
-        return {"forward": plain(self.forward), "backward": plain(self.backward), "loss": self.loss,
+        return {"forward": plain(self.forward), "backward": plain(self.backward), "output": self.output,
                 "gradients": list(self.gradients)}
 
     @classmethod
@@ -286,7 +289,7 @@ class StepEvents:
             return tuple(tuple(Line(**x) if isinstance(x, dict) else x for x in ev) for ev in events)
 
         gradients = tuple(None if g is None else (g[0], tuple(g[1])) for g in d["gradients"])
-        return cls(lines(d["forward"]), lines(d["backward"]), d["loss"], gradients)
+        return cls(lines(d["forward"]), lines(d["backward"]), d["output"], gradients)
 
 
 @functools.lru_cache(maxsize=16)
@@ -299,8 +302,13 @@ def step_events(shape: GraphShape) -> StepEvents:
 def _step_events_traced(shape: GraphShape) -> StepEvents:
     forward, backward = _partitioned(shape)
     links = _saved_links(forward, backward)
-    gradient_shapes = [None if n is None else tuple(n.meta["val"].shape) for n in list(backward.graph.nodes)[-1].args[0]]
+    gradient_shapes = [None if n is None else _dims(n.meta["val"].shape) for n in list(backward.graph.nodes)[-1].args[0]]
     return _events_of(*_lowered(forward, backward), links, gradient_shapes)
+
+
+def _dims(shape: Any) -> tuple[int, ...]:
+    """A gradient's shape, -1 where the batch decides the size (a block's input: the parameters' are fixed)."""
+    return tuple(d if isinstance(d, int) else -1 for d in shape)
 
 
 def _saved_links(forward: Any, backward: Any) -> dict[int, str]:
@@ -415,7 +423,8 @@ def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
     """The forward and backward graphs torch.compile's Inductor gets from AOTAutograd's partitioner under the budget:
     the real torch.compile path (Dynamo, Inductor's pre-grad passes and decompositions, the partition function),
     stopped once the graphs are partitioned (nothing runs: the model's memory is allocated, never touched). The
-    partitioner sizes every value at `shape.batch`, the batch symbol's hint."""
+    partitioner sizes every value at `shape.batch`, the batch symbol's hint. With `shape.blocks`, the first block's
+    graphs (_block), the model's forward run eagerly up to it."""
     import torch._functorch.config as functorch_config
     import torch._inductor.compile_fx as compile_fx
 
@@ -429,19 +438,39 @@ def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
 
     model = _hf(shape) if shape.model else _gpt(shape)
     x, y = (torch.zeros(shape.batch, shape.seq_len, dtype=torch.long) for _ in range(2))
-    for tokens in (x, y):
-        torch._dynamo.mark_dynamic(tokens, 0)  # the batch stays a symbol: one trace for every micro-batch
+    if shape.blocks:
+        step = _block(model, shape.blocks)
+    else:
+        for tokens in (x, y):
+            torch._dynamo.mark_dynamic(tokens, 0)  # the batch stays a symbol: one trace for every micro-batch
+        step = torch.compile(model)
     with mock.patch.object(compile_fx, "min_cut_rematerialization_partition", partition), _autocast_as_on_cuda(), \
          functorch_config.patch(activation_memory_budget=shape.budget), torch.autocast("cpu", dtype=torch.bfloat16):
         try:
-            torch.compile(model)(x, y)
+            step(x, y)
         except Exception as e:  # noqa: BLE001 (Dynamo wraps the stop in its own error)
             if not graphs:
                 raise RuntimeError(f"torch.compile stopped before partitioning ({e.__class__.__name__}: {e})") from e
     loss = list(graphs[0].graph.nodes)[-1].args[0][0].meta["val"]
-    if loss.dim() != 0:  # a graph break: the first graph is a piece of the step, not the whole of it
+    if loss.dim() != 0 and not shape.blocks:  # a graph break: the first graph is a piece of the step, not the whole of it
         raise RuntimeError("torch.compile split this model's step into several graphs; the reader reads one")
     return graphs[0], graphs[1]
+
+
+def _block(model: Any, mode: str) -> Any:
+    """The model with its blocks checkpointed in `mode` and the first compiled, as the engine compiles each block
+    under per-op checkpointing (memlab.core.techniques.checkpointing): its forward runs eagerly until that block, whose
+    input's batch stays a symbol (every block's graph is the first's: they are one module class, their weights inputs)."""
+    apply_checkpointing(model, CheckpointingConfig(mode=mode), compile_blocks=False)
+    first = model.blocks[0]
+    compiled = torch.compile(first.forward)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        torch._dynamo.mark_dynamic(args[0] if args else kwargs["hidden_states"], 0)
+        return compiled(*args, **kwargs)
+
+    first.forward = forward
+    return model
 
 
 @contextlib.contextmanager

@@ -11,6 +11,9 @@ storages are created and freed, in order, and how large.
   the seed shape (4 x 256, T 256, V 50304) at micro-batch 64 measured 3.93 GiB reserved for `compile` and 3.63 for
   `compile_budget`; replayed, 3.94 and 3.60; find-batch under a 23.26 GiB allocator budget found 400 and 432,
   replayed 398 and 430 (the seeds' study). These figures were seen while writing this: not held out.
+- `blocks_trace`: a step whose blocks a GPU compiles one by one (checkpointing.compiled_blocks: per-op checkpointing):
+  fake_trace's two steps with each block's forward and backward replaced by the buffers of the block's graphs
+  (inductor.step_events of one block, checkpointed and compiled as the engine does); the rest eager.
 - `trace_fits`: the replay's verdict on one trace under an allocator budget, in the profile's allocator mode
   (allocator.expandable_segments): no out of memory and no allocator retry (memlab.core.predict.axis searches on it).
 """
@@ -36,9 +39,9 @@ from memlab.core.predict import standins as replay_standins
 from memlab.core.predict.allocator import CAPTURE, EMPTY_CACHE, PHASE, STEPS, OutOfMemory, replay
 from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.deepen import BLOCK, SHALLOW, Owners, deepened
-from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_compiled_graphs
+from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_block_graphs, reads_compiled_graphs
 from memlab.core.predict.standins import around_graphs, compiled_standin
-from memlab.core.techniques import allocator, cuda_graph, float8, repeats_per_block, torch_compile
+from memlab.core.techniques import allocator, checkpointing, cuda_graph, float8, repeats_per_block, torch_compile
 from memlab.core.techniques.cuda_graph import WARM_STEPS
 from memlab.core.techniques.precision import compute_dtype
 
@@ -76,8 +79,20 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     return _two_steps(experiment, around_graphs(profile), vocab_size, micro_batch, compiled=graphs, capped=capped)
 
 
+def blocks_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
+                 capped: bool = False) -> list[Event]:
+    """fake_trace's two steps (made deep as deep_trace makes them) with each block run as its compiled graphs: the
+    buffers Inductor's wrapper code allocates and frees for one block, checkpointed in the profile's mode
+    (checkpointing.compiled_blocks) and compiled as the engine compiles it on a GPU. A MemlabError where the block
+    cannot be traced (estimate._untraceable says why)."""
+    mode = checkpointing.compiled_blocks(profile)
+    graphs = inductor.step_events(est.compiled_graph_shape(experiment, profile, vocab_size, blocks=mode))
+    return deep_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, blocks=graphs) \
+        or _two_steps(experiment, profile, vocab_size, micro_batch, capped=capped, blocks=graphs)
+
+
 def deep_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
-               capped: bool = False) -> list[Event] | None:
+               capped: bool = False, blocks: Any = None) -> list[Event] | None:
     """fake_trace at the model's depth, made from a trace of deepen.SHALLOW blocks (memlab.core.predict.deepen: the
     first blocks and the last as traced, the middle one repeated); None where the model is too shallow to gain, a
     technique's step does not repeat block by block, or the traced blocks do not repeat as the making needs."""
@@ -85,13 +100,14 @@ def deep_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     if not DEEPEN or SECOND_STEP != "synthesized" or depth < 2 * SHALLOW or not repeats_per_block(profile, (SHALLOW, depth)):
         return None  # (a second step traced needs the step at its depth)
     shallow = dataclasses.replace(experiment, model=dataclasses.replace(experiment.model, n_layer=SHALLOW))
-    return _two_steps(shallow, profile, vocab_size, micro_batch, capped=capped, deepen_to=depth)
+    return _two_steps(shallow, profile, vocab_size, micro_batch, capped=capped, deepen_to=depth, blocks=blocks)
 
 
 def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_batch: int, *, gpu_kernels: bool = True,
-               compiled: Any = None, capped: bool = False, deepen_to: int = 0) -> list[Event] | None:
+               compiled: Any = None, capped: bool = False, deepen_to: int = 0, blocks: Any = None) -> list[Event] | None:
     """The events of building the model and training two steps on fake tensors (fake_trace); with `compiled` (a
-    compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace).
+    compiled step's StepEvents) the compiled graphs stand in for the model's forward and backward (compiled_trace);
+    with `blocks` (a block's StepEvents), for each block's (blocks_trace).
     With cuda_graph.enabled, the engine's launched steps, then a CAPTURE event and the step captured after it. With
     `capped`, first what the memory cap's measurement allocates (_memory_cap_measurement). With `deepen_to`, the first
     step made at that many blocks (deep_trace; None where it cannot be)."""
@@ -115,6 +131,8 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         events.append((STEPS, None, 0, "the steps begin: a run's meters reset the peaks"))
         if compiled is not None:
             step.train_model = _compiled_model(torch, step.model, compiled, tracer, events, micro_batch)
+        if blocks is not None:
+            _compiled_blocks(torch, step.model, blocks, tracer, events, micro_batch)
         params = _block_marks(step.model, events) if deepen_to else {}
         marked = (lambda name: events.append((PHASE, name, 0, ""))) if deepen_to else None  # deepen's run ends
         first = len(events)
@@ -245,14 +263,8 @@ def _construction_temporaries(events: list[Event], start: int, end: int) -> set[
     return dropped
 
 
-def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:
-    """model(x, y) as torch.compile runs it, on fake tensors: an autograd Function whose forward appends the
-    compiled forward's events at micro-batch b and returns the loss in the loss's buffer, and whose backward appends
-    the backward's and returns each parameter's gradient in its buffer (AccumulateGrad keeps it as .grad, as it
-    keeps a compiled backward's output). Each call's keys are its own (accumulation runs the graphs again)."""
-    params = [p for p in model.parameters() if p.requires_grad]  # a frozen base's get no gradient from the graphs
-    calls = iter(range(1 << 62))
-
+def _replayer(graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable[[tuple, int, str], None]:
+    """replay(graph, call, phase): one run of a compiled graph's events at micro-batch b, under keys of call's own."""
     def replay(graph: tuple, call: int, phase: str) -> None:
         for ev in graph:
             if ev[0] == "alloc":
@@ -262,21 +274,86 @@ def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: li
             else:  # the graph's first cuBLAS matmul: its thread's workspace (eager's forward and backward threads too)
                 tracer.workspace(phase)
 
+    return replay
+
+
+def _compiled_model(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> Callable:
+    """model(x, y) as torch.compile runs it, on fake tensors: an autograd Function whose forward appends the
+    compiled forward's events at micro-batch b and returns the loss in the loss's buffer, and whose backward appends
+    the backward's and returns each parameter's gradient in its buffer (AccumulateGrad keeps it as .grad, as it
+    keeps a compiled backward's output). Each call's keys are its own (accumulation runs the graphs again)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # a frozen base's get no gradient from the graphs
+    calls = iter(range(1 << 62))
+    replay = _replayer(graphs, tracer, events, b)
+
     class CompiledGraphs(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, call: int, *weights: Any) -> Any:
             ctx.call, ctx.like = call, [(w.shape, w.dtype, w.device) for w in weights]
             replay(graphs.forward, call, "forward")
-            return _adopted(tracer, lambda: torch.zeros((), device=weights[0].device), f"{call}:{graphs.loss}")
+            return _adopted(tracer, lambda: torch.zeros((), device=weights[0].device), f"{call}:{graphs.output}")
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> tuple:
             replay(graphs.backward, ctx.call, "backward")
-            keys = _gradient_keys(graphs.gradients, [shape for shape, _, _ in ctx.like])
-            return (None, *(_adopted(tracer, lambda s=s, d=d, dev=dev: torch.empty(s, dtype=d, device=dev), f"{ctx.call}:{key}")
-                            for key, (s, d, dev) in zip(keys, ctx.like)))
+            return (None, *_adopted_gradients(tracer, graphs.gradients, ctx.call, ctx.like))
 
     return lambda x, y: CompiledGraphs.apply(next(calls), *params)
+
+
+def _compiled_blocks(torch: Any, model: Any, graphs: Any, tracer: Any, events: list[Event], b: int) -> None:
+    """Each block of `model` as a GPU runs it compiled, on fake tensors: an autograd Function whose forward appends
+    the block graph's forward events at micro-batch b and returns the block's output in its buffer (the shape and
+    dtype of its input: the residual stream), keeping the tensors it was given (the graph saves its input, which the
+    recompute starts from, and a transformers layer's rotary tables), and whose backward appends the backward's and
+    returns the input's gradient and each parameter's in their buffers."""
+    batch_sized = [g for g in graphs.gradients if g is not None and -1 in g[1]]
+    if len(batch_sized) != 1:
+        raise ConfigError("the block's compiled graphs do not return one gradient for its input; predict it without "
+                          "checkpointing.mode = 'ops', or measure it with find-batch on a GPU")
+    weight_gradients = tuple(g for g in graphs.gradients if g is not None and -1 not in g[1])
+    calls = iter(range(1 << 62))
+    replay = _replayer(graphs, tracer, events, b)
+
+    class BlockGraphs(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, call: int, given: tuple, x: Any, *weights: Any) -> Any:
+            ctx.call, ctx.like, ctx.given = call, [(w.shape, w.dtype, w.device) for w in weights], (x, *given)
+            replay(graphs.forward, call, "forward")
+            return _adopted(tracer, lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device), f"{call}:{graphs.output}")
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple:
+            replay(graphs.backward, ctx.call, "backward")
+            x = ctx.given[0]
+            dx = _adopted(tracer, lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device), f"{ctx.call}:{batch_sized[0][0]}")
+            ctx.given = ()
+            return (None, None, dx, *_adopted_gradients(tracer, weight_gradients, ctx.call, ctx.like))
+
+    for block in model.blocks:
+        params = [p for p in block.parameters() if p.requires_grad]
+
+        def forward(*args: Any, params: list = params, **kwargs: Any) -> Any:
+            x, rest = (args[0], args[1:]) if args else (kwargs["hidden_states"], ())
+            given = tuple(t for t in _tensors((rest, kwargs)) if t is not x)
+            return BlockGraphs.apply(next(calls), given, x, *params)
+
+        block.forward = forward
+
+
+def _tensors(tree: Any) -> list:
+    """The tensors in nested tuples, lists and dicts (a block's arguments)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    return [t for item in tree for t in _tensors(item)] if isinstance(tree, (tuple, list)) else []
+
+
+def _adopted_gradients(tracer: Any, gradients: tuple, call: int, like: list) -> list:
+    keys = _gradient_keys(gradients, [shape for shape, _, _ in like])
+    return [_adopted(tracer, lambda s=s, d=d, dev=dev: torch.empty(s, dtype=d, device=dev), f"{call}:{key}")
+            for key, (s, d, dev) in zip(keys, like)]
 
 
 def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
@@ -296,8 +373,9 @@ def _gradient_keys(gradients: tuple, shapes: list) -> list[str]:
 
 def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, micro_batch: int,
                capped: bool = False) -> list[Event]:
-    """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, else
-    fake_trace's, made from a few blocks where the model is deep (deep_trace); `capped`: a run under --gpu-memory's
+    """The trace the allocator replays: the compiled step's (compiled_trace) where the profile compiles, the compiled
+    blocks' (blocks_trace) where a GPU compiles each block, else fake_trace's, made from a few blocks where the model
+    is deep (deep_trace); `capped`: a run under --gpu-memory's
     cap. Within `traces_kept()` the last few are kept: an estimate replays its own micro-batch's trace for the peaks
     and again in the max-batch search."""
     kept = _KEPT["traces"]
@@ -307,6 +385,8 @@ def step_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
     if reads_compiled_graphs(experiment, profile):
         trace = compiled_trace(experiment, compiled_standin(profile), vocab_size=vocab_size, micro_batch=micro_batch,
                                capped=capped)
+    elif reads_block_graphs(experiment, profile):
+        trace = blocks_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)
     else:
         trace = deep_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped) or \
             fake_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped)

@@ -154,9 +154,15 @@ def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     return all(d % max(1, every) == 0 for d in depths)
 
 
+def compiled_blocks(profile: Profile) -> str:
+    """The checkpointing mode whose blocks a CUDA GPU runs compiled one by one ("" where none): per-op checkpointing
+    without compile.enabled (apply_checkpointing's compile_blocks; the predictor reads such a block's graphs)."""
+    return "ops" if profile.checkpointing.mode == "ops" and not profile.compile.enabled else ""
+
+
 def apply(step: TrainStep) -> None:
     """Before compile, so compile sees (and can fuse around) the recompute boundaries. The budget is applied by
     torch_compile, around the module it compiles."""
     p = step.profile
-    compile_blocks = p.checkpointing.mode == "ops" and step.device.type == "cuda" and not p.compile.enabled and not step.on_device
+    compile_blocks = bool(compiled_blocks(p)) and step.device.type == "cuda" and not step.on_device
     step.applied["checkpointing"] = apply_checkpointing(step.model, p.checkpointing, compile_blocks)

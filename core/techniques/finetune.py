@@ -221,6 +221,12 @@ def graphs_readable(profile: Profile) -> bool:
     return f.method == "full" or (f.method == "lora" and f.base == "bf16")
 
 
+def trains_whole_model(profile: Profile) -> bool:
+    """Whether every block's input carries a gradient (the embeddings train too), so that one block's compiled graphs
+    are every block's: under adapters or freezing, the first trained block's input has none, and its graph differs."""
+    return profile.finetune.method == "full"
+
+
 def _freeze(model: nn.Module, last: int) -> str:
     for p in model.parameters():
         p.requires_grad_(False)
