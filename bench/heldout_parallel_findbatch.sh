@@ -6,7 +6,8 @@
 # start, so they do not race for the token cache. A case ending in @START-MAX searches from START (the prediction) up
 # to MAX (the batch above which the prediction would be more than 10% low): its first two probes then decide both
 # claims, and a search the timeout (SEARCH_TIMEOUT, default 500 s) cuts off still bounds the answer.
-# usage: source bench/gpu_setup.sh; bash bench/heldout_parallel_findbatch.sh OUT PARALLEL EXPERIMENT:PROFILE[:KEY=VALUE] ...
+# KEY=VALUE,KEY=VALUE: several --set items; GPU_MEMORY: the card (default 24GiB).
+# usage: source bench/gpu_setup.sh; bash bench/heldout_parallel_findbatch.sh OUT PARALLEL EXPERIMENT:PROFILE[:KEY=VALUE[,...]] ...
 set -u -o pipefail
 out=${1:?output folder}; parallel=${2:?searches at once}; shift 2
 mkdir -p "$out"
@@ -19,11 +20,11 @@ search() {  # EXPERIMENT:PROFILE[:KEY=VALUE][@START-MAX]
   [[ $1 == *@* ]] && range=(--start "${span%-*}" --max "${span#*-}")
   experiment=${case%%:*} rest=${case#*:}
   local profile=${rest%%:*}
-  [[ $rest == *:* ]] && set=(--set "${rest#*:}")
-  name=$(basename "$experiment" .toml)-${rest//[:=]/-}
+  if [[ $rest == *:* ]]; then local item; IFS=, read -ra items <<< "${rest#*:}"; for item in "${items[@]}"; do set+=(--set "$item"); done; fi
+  name=$(basename "$experiment" .toml)-${rest//[:=,]/-}
   name=${name//allocator.expandable_segments-true/expandable}
   echo "== $name start $(date -u +%T) ${range[*]}"
-  timeout "${SEARCH_TIMEOUT:-500}" memlab find-batch --profile "$profile" --experiment "$experiment" --gpu-memory 24GiB --steps 3 "${set[@]}" "${range[@]}" > "$out/find-batch-$name.log" 2>&1
+  timeout "${SEARCH_TIMEOUT:-500}" memlab find-batch --profile "$profile" --experiment "$experiment" --gpu-memory "${GPU_MEMORY:-24GiB}" --steps 3 "${set[@]}" "${range[@]}" > "$out/find-batch-$name.log" 2>&1
   echo "== $name rc $? end $(date -u +%T)"
 }
 export -f search; export out
