@@ -1,12 +1,12 @@
-"""Trace again every entry of core/predict/inductor_traces.json under this torch release and rewrite its two tables
-(after a change to memlab.core.predict.inductor: each entry must stay exactly what the module prints): TRACED, what
-`python -m memlab.core.predict.inductor KEY` prints, and EVENTS, what it prints with `--events`.
+"""Trace again every entry of core/predict/inductor_traces.json under this torch release and rewrite its table
+(after a change to memlab.core.predict.inductor: each entry must stay exactly what the module prints): EVENTS, what
+`python -m memlab.core.predict.inductor KEY` prints, a compiled step's (or block's) events.
 
-    python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached]
+    python3 bench/retrace_budget_table.py [--jobs 2] [--add-cached] [--add KEY ...]
 
---add-cached first adds the traces of this torch release found in memlab's cache folder (compile-budget-*.json and
-compile-events-*.json of this code, tracer_fingerprint: what the estimator's child printed for a shape the tables
-lacked, e.g. a new held-out run).
+--add-cached first adds the traces of this torch release found in memlab's cache folder (compile-events-*.json of
+this code, tracer_fingerprint: what the predictor's child printed for a shape the table lacked, e.g. a new held-out
+run); --add, the shapes named (keys as the table writes them, the torch release's field left out or not).
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ from pathlib import Path
 import torch
 
 TABLE = Path(__file__).resolve().parent.parent / "core" / "predict" / "inductor_traces.json"
-TABLES = {"TRACED": (), "EVENTS": ("--events",)}  # each table's name in the file, and the child's flags for it
 
 
-def traced(key: str, flags: tuple[str, ...]) -> str:
+def traced(key: str) -> str:
     from memlab.core.predict.inductor import shape_of
 
     shape = dataclasses.asdict(shape_of(key))
-    done = subprocess.run([sys.executable, "-m", "memlab.core.predict.inductor", *flags, json.dumps(shape)],
+    done = subprocess.run([sys.executable, "-m", "memlab.core.predict.inductor", json.dumps(shape)],
                           capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]
 
@@ -48,24 +47,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--add-cached", action="store_true")
+    ap.add_argument("--add", nargs="*", default=[])
     args = ap.parse_args()
-    from memlab.core.predict.inductor import _BUDGET_CACHE, _EVENTS_CACHE, _read_cache
+    from memlab.core.predict.inductor import _key, _read_cache, shape_of
 
     release = torch.__version__.split("+")[0]
     tables = json.loads(TABLE.read_text())
-    for name, flags in TABLES.items():
-        table = tables[name]
-        if args.add_cached:
-            cached = _read_cache(_EVENTS_CACHE if flags else _BUDGET_CACHE)
-            table.update({k: v for k, v in cached.items() if k not in table and json.loads(k)["torch"] == release})
-        keys = [k for k in table if json.loads(k)["torch"] == release]
-        with ThreadPoolExecutor(args.jobs) as pool:
-            lines = dict(zip(keys, pool.map(lambda k, f=flags: traced(k, f), keys)))
-        changed = [k for k in keys if json.loads(lines[k]) != table[k]]
-        table.update({k: json.loads(line) for k, line in lines.items()})
-        print(f"{name}: {len(keys)} retraced under torch {release}, {len(changed)} changed")
-        for k in changed:
-            print("  changed:", re.sub(r'"torch": "[^"]+", ', "", k))
+    table = tables["EVENTS"]
+    if args.add_cached:
+        table.update({k: v for k, v in _read_cache().items() if k not in table and json.loads(k)["torch"] == release})
+    table.update({_key(shape_of(k)): None for k in args.add})
+    keys = [k for k in table if json.loads(k)["torch"] == release]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        lines = dict(zip(keys, pool.map(traced, keys)))
+    changed = [k for k in keys if json.loads(lines[k]) != table[k]]
+    table.update({k: json.loads(line) for k, line in lines.items()})
+    print(f"EVENTS: {len(keys)} retraced under torch {release}, {len(changed)} changed or added")
+    for k in changed:
+        print("  changed:", re.sub(r'"torch": "[^"]+", ', "", k))
     TABLE.write_text(written(tables))
 
 

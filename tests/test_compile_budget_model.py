@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
 import textwrap
 
 import pytest
@@ -18,41 +17,22 @@ from model_helpers import small
 
 from memlab.core.predict import inductor as M
 from memlab.core.predict import analytic as E
-from memlab.core.predict.inductor import EVENTS, TRACED
+from memlab.core.predict.inductor import EVENTS
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.models import family
 from memlab.core.predict.trace import step_peaks
 
-WRAPPER = textwrap.dedent("""
-    def call(self, args):
-        primals_1, addmm_2, view_3, tangents_1 = args
-        args.clear()
-        s0 = primals_1
-        assert_size_stride(addmm_2, (s0, 8), (8, 1), 'input')
-        buf0 = empty_strided_cuda((s0, 8), (8, 1), torch.float32)
-        # Topologically Sorted Source Nodes: [foo]
-        buf1 = torch.ops.aten.foo.default(buf0)
-        buf2 = buf1[0]
-        del buf1
-        buf3 = buf0; del buf0  # reuse
-        buf4 = reinterpret_tensor(buf3, (8*s0, ), (1, ), 0)
-        del addmm_2
-        del view_3
-        buf5 = empty_strided_cuda((4096, ), (1, ), torch.bfloat16)
-        return (buf2, buf5, None, )
-""")
 
-
-def test_the_replay_follows_allocations_reuses_views_and_frees_for_every_batch():
-    # addmm_2 and view_3: one storage saved twice (as q and k of one qkv are), 100 bytes a sample, counted once and
-    # freed at its last del; buf0 is 32 bytes a sample; the extern kernel's first item 300 bytes (Inductor's layout)
-    inputs = {"addmm_2": (7, M.Line(100, 0)), "view_3": (7, M.Line(100, 0))}
-    moments = M._replay(WRAPPER, {"buf2": M.Line(0, 300)}, inputs)
-    trace = M.BudgetTrace(M.Line(100, 0), moments, moments)
-    # small batches peak at the end (buf5's 8 KiB beside buf3 and buf2: both returned), large ones at buf2
-    assert trace.at(10) == M.BudgetPeaks(saved=1000, forward=32 * 10 + 8192 + 300, backward=8812, backward_grads=8492)
-    assert trace.at(100) == M.BudgetPeaks(saved=10000, forward=13500, backward=100 * 100 + 32 * 100 + 300, backward_grads=300)
-    assert len(moments) == 2  # the upper envelope only
+def test_the_budget_peaks_are_the_events_walked_at_each_batch():
+    """The forward's peak, what it keeps (all it has not freed but its output), the backward's peak from those saved
+    buffers on and the gradients then: a small batch peaks at the fixed buffers, a large one at the per-sample ones."""
+    forward = (("alloc", "fw1", M.Line(100, 0), "saved"), ("alloc", "fw2", M.Line(32, 0), "temporary"),
+               ("alloc", "fw3", M.Line(0, 8192), "workspace"), ("free", "fw2"), ("free", "fw3"), ("alloc", "fw4", M.Line(0, 4), "loss"))
+    backward = (("alloc", "bw1", M.Line(0, 300), "bias gradient"), ("alloc", "bw2", M.Line(50, 0), "temporary"),
+                ("free", "fw1"), ("free", "bw2"), ("alloc", "bw3", M.Line(0, 8192), "weight gradient"))
+    events = M.StepEvents(forward, backward, "fw4", (None, ("bw1", (75,)), ("bw3", (2048,))))
+    assert M.peaks_of(events, 10) == M.BudgetPeaks(saved=1000, forward=1320 + 8192, backward=8492, backward_grads=8492)
+    assert M.peaks_of(events, 100) == M.BudgetPeaks(saved=10000, forward=13200 + 8192, backward=15300, backward_grads=300)
 
 
 def test_a_step_it_cannot_trace_keeps_the_interpolation_and_says_why():
@@ -74,11 +54,11 @@ def test_a_traceable_step_has_a_traced_forward_and_backward():
 
 
 def test_every_seed_entry_names_a_shape_and_the_torch_that_traced_it():
-    for key, trace in TRACED.items():
+    for key, trace in EVENTS.items():
         fields = json.loads(key)
         shape = M.shape_of(key)
         assert M._key(shape).replace(torch.__version__.split("+")[0], fields["torch"]) == key
-        peaks = M.BudgetTrace.from_json(trace).at(shape.batch)
+        peaks = M.peaks_of(M.StepEvents.from_json(trace), shape.batch)
         assert 0 <= peaks.saved <= peaks.forward and peaks.backward_grads <= peaks.backward
 
 
@@ -94,9 +74,9 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
     assert M.tracer_fingerprint.__wrapped__(core) != before
 
     monkeypatch.setenv("MEMLAB_CACHE", str(tmp_path / "cache"))
-    key, trace = next(iter(TRACED.items()))
-    M._write_cache(key, M.BudgetTrace.from_json(trace))
-    assert M._read_cache() == {key: trace} and M._cache_file().name == f"compile-budget-{M.tracer_fingerprint()}.json"
+    key, trace = next(iter(EVENTS.items()))
+    M._write_cache(key, M.StepEvents.from_json(trace))
+    assert M._read_cache() == {key: trace} and M._cache_file().name == f"compile-events-{M.tracer_fingerprint()}.json"
     monkeypatch.setattr(M, "tracer_fingerprint", lambda: "another-code")
     assert M._read_cache() == {}
 
@@ -104,8 +84,8 @@ def test_the_cache_folder_is_read_only_by_the_code_that_wrote_it(tmp_path, monke
 @pytest.mark.slow
 def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     """The canary, and the whole path (torch.compile stopped at the partition, Inductor's wrapper code for CUDA, the
-    replay) in one child process: the smallest budget trace and the smallest step's events traced ahead, traced
-    again, and a one-layer transformers Llama's compiled step, full and LoRA. This torch's real wrapper code is read line by line, so a
+    walk) in one child process: the smallest step's events traced ahead, traced again, and a one-layer transformers
+    Llama's compiled step, full and LoRA. This torch's real wrapper code is read line by line, so a
     release that changes its format fails loudly (WrapperFormatChanged names the line); under the release the tables
     were traced with, both equal them to the byte. The Llama's graphs return one gradient per parameter, its tied
     head's included, and replayed in its step they keep less than its eager step."""
@@ -114,10 +94,8 @@ def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     vocab, _ = E.vocab_for(llama)
     llama_shape = E.compiled_graph_shape(llama, compiled, vocab)
     lora_shape = E.compiled_graph_shape(llama, load_profile("lora_fast"), vocab)
-    budget_key, events_key = next(iter(TRACED)), next(iter(EVENTS))
-    budget, events, hf_events, lora_events = M.children_output([
-        [budget_key], ["--events", events_key], ["--events", json.dumps(asdict(llama_shape))],
-        ["--events", json.dumps(asdict(lora_shape))]])
+    events_key = next(iter(EVENTS))
+    events, hf_events, lora_events = M.children_output([M.shape_of(events_key), llama_shape, lora_shape])
     events, hf_events = M.StepEvents.from_json(events), M.StepEvents.from_json(hf_events)
     assert any(ev[0] == "alloc" for ev in events.forward) and any(ev[0] == "alloc" for ev in events.backward)
 
@@ -130,9 +108,8 @@ def test_the_inductor_reader_reads_this_torchs_wrapper_code(monkeypatch):
     peak = {name: step_peaks(llama, load_profile(name), vocab_size=vocab, micro_batch=8, capped=False)[0] for name in ("compile", "bf16")}
     assert peak["compile"] < peak["bf16"]
 
-    if json.loads(budget_key)["torch"] != torch.__version__.split("+")[0]:
-        pytest.skip(f"the tables were traced under torch {json.loads(budget_key)['torch']}, this is {torch.__version__}")
-    assert M.BudgetTrace.from_json(budget) == M.BudgetTrace.from_json(TRACED[budget_key])
+    if json.loads(events_key)["torch"] != torch.__version__.split("+")[0]:
+        pytest.skip(f"the table was traced under torch {json.loads(events_key)['torch']}, this is {torch.__version__}")
     assert events == M.StepEvents.from_json(EVENTS[events_key])
 
 

@@ -36,7 +36,7 @@ from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.offload import MIN_BYTES
 from memlab.core.predict.calibration import CALIBRATION
 from memlab.core.units import gib, parse_size
-from memlab.core.predict.inductor import GraphShape, budget_trace
+from memlab.core.predict.inductor import GraphShape, budget_peaks
 from memlab.core.predict.search import LIMIT, largest_near
 
 # ---------------------------------------------------------------------------------------------- measured constants
@@ -507,7 +507,7 @@ def _traced_budget_moments(st: _Step, experiment: Experiment, static: _Static, m
     shape = _graph_shape(st, experiment)
     configured = shape.batch
     try:
-        peaks = budget_trace(shape).at(s.b)
+        peaks = budget_peaks(shape, s.b)
     except Exception as e:  # noqa: BLE001 (an estimate without the trace is still one: the interpolation, said so)
         notes.append(f"checkpointing.budget: the compiled step could not be traced ({e}); the figures interpolate")
         return {}

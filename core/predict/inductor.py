@@ -18,9 +18,8 @@ thing, with no GPU and no memory:
    the partition saves the logits (budget 0.75 on a large vocabulary), their gradient is written into their buffer,
    not beside it (without this the seed shape and bigvocab at 0.75 were predicted 47% and 40% over the H100).
 
-The batch stays a symbol: every buffer is a line in it (bytes per sample and fixed bytes), and so is the memory alive
-at every step of the wrapper; a peak is the upper envelope of those lines, kept whole, so one trace answers every
-micro-batch (the find-batch search asks for many). The partitioner decides at `GraphShape.batch` (its size hint):
+The batch stays a symbol: every buffer is a line in it (bytes per sample and fixed bytes), so one trace answers
+every micro-batch (the find-batch search asks for many; `peaks_of` walks the events at one). The partitioner decides at `GraphShape.batch` (its size hint):
 elsewhere its choices are taken as the same, which holds as long as the weights' bf16 copies stay small beside
 the activations.
 
@@ -33,17 +32,17 @@ Under kernels.float8 the model is converted as memlab.core.techniques.float8 con
 Float8Linear: its casts to float8, their scales and the scaled matmuls are in both graphs, and Inductor plans their
 buffers like any other (torchao must be installed where the trace runs; the key names its release).
 
-The same walk gives the allocator model its events (`step_events`, at any budget, 1 included: the default
-partition): each buffer's allocation and free in both graphs, the forward's saved buffers carried into the backward
+The walk gives the step's events (`step_events`, at any budget, 1 included: the default partition), which the
+allocator model replays and the analytic estimate's budget figures sum (`budget_peaks`): each buffer's allocation
+and free in both graphs, the forward's saved buffers carried into the backward
 (AOTAutograd's order: the forward returns [loss, saved tensors..., saved symints...], the backward takes [saved
 symints..., saved tensors..., tangents...]) and freed at the backward's last `del` of them, and the gradients it
 returns, which live on as .grad (memlab.core.predict.trace.compiled_trace puts the two graphs in the eager step).
 
 A trace takes 20 to 40 s at GPT-2-small size, in a child process (torch.compile's caches and the stand-ins for the
-device stay there); its lines are kept in memory and in the cache folder (memlab.core.data.cache), per shape,
-budget, torch release and version of memlab.core's code (tracer_fingerprint), and inductor_traces.json holds
-those of the shapes this repository's checks use (the events are traced by a child of their own, `--events`, and
-kept in compile-events-*.json).
+device stay there); its events are kept in memory and in the cache folder (memlab.core.data.cache,
+compile-events-*.json), per shape, budget, torch release and version of memlab.core's code (tracer_fingerprint),
+and inductor_traces.json holds those of the shapes this repository's checks use.
 """
 
 from __future__ import annotations
@@ -76,12 +75,12 @@ from memlab.core.techniques.finetune import add_adapters, target_layers
 from memlab.core.techniques.float8 import converts
 
 # Traces made ahead for the shapes this repository's own checks estimate (the H100 runs of bench/results/, the seeds'
-# study, tests/), so that they do not trace for minutes on a fresh machine: TRACED, what `python -m
-# memlab.core.predict.inductor KEY` prints, and EVENTS, what `--events KEY` prints, each keyed by the torch release
-# (and torchao's, under float8) that traced it; another release's entries are not read. bench/retrace_budget_table.py
+# study, tests/), so that they do not trace for minutes on a fresh machine: EVENTS, what `python -m
+# memlab.core.predict.inductor KEY` prints, keyed by the torch release (and torchao's, under float8) that traced it;
+# another release's entries are not read. bench/retrace_budget_table.py
 # retraces them. Data, not code: the tracer's fingerprint (answers.source_fingerprint) hashes the code alone.
 _AHEAD = json.loads(Path(__file__).with_name("inductor_traces.json").read_text())
-TRACED, EVENTS = _AHEAD["TRACED"], _AHEAD["EVENTS"]
+EVENTS = _AHEAD["EVENTS"]
 
 # What the assumed card reports (torch.cuda.get_device_properties): Inductor reads it to split reductions and size kernels.
 _CARD = DEVICES[ASSUMED_GPU]
@@ -137,48 +136,47 @@ class Line:
         return self.per_sample * b + self.fixed
 
 
-@dataclass(frozen=True)
-class BudgetTrace:
-    """What one trace found, for every micro-batch: the saved bytes, and each graph's candidate peaks (the upper
-    envelope of the memory alive, each line with the bytes of the graph's outputs alive then)."""
-
-    saved: Line
-    forward: tuple[tuple[Line, Line], ...]
-    backward: tuple[tuple[Line, Line], ...]
-
-    def at(self, b: int) -> BudgetPeaks:
-        fw = max(self.forward, key=lambda p: p[0].at(b))
-        bw = max(self.backward, key=lambda p: p[0].at(b))
-        return BudgetPeaks(self.saved.at(b), fw[0].at(b), bw[0].at(b), bw[1].at(b))
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> BudgetTrace:
-        def peaks(rows: list) -> tuple[tuple[Line, Line], ...]:
-            return tuple((Line(**total), Line(**outputs)) for total, outputs in rows)
-
-        return cls(Line(**d["saved"]), peaks(d["forward"]), peaks(d["backward"]))
+def budget_peaks(shape: GraphShape, b: int) -> BudgetPeaks:
+    """The compiled step's saved bytes and peaks at micro-batch b, walked from its events (step_events)."""
+    return peaks_of(step_events(shape), b)
 
 
-@functools.lru_cache(maxsize=64)
-def budget_trace(shape: GraphShape) -> BudgetTrace:
-    """The compiled step's saved bytes and peaks at every micro-batch (`.at(b)`), from the trace of `shape`: remembered
-    (this process, the table of traces made ahead, the cache folder), else traced in a child process (slow; then kept
-    in the cache folder)."""
-    return _known_or_traced(shape, BudgetTrace, TRACED, _BUDGET_CACHE)
+def peaks_of(events: StepEvents, b: int) -> BudgetPeaks:
+    """Walk both graphs' events at micro-batch b: the forward's peak; what it keeps for backward (all it has not freed
+    at its end but its output); the backward's peak, from those saved buffers on, and how much of it is gradients."""
+    live: dict[str, int] = {}
+    total = [0, 0]  # bytes alive, and of them the keys asked about
+
+    def peak(graph: tuple, keys: set[str]) -> tuple[int, int]:
+        top = tuple(total)
+        for ev in graph:
+            if ev[0] == "alloc":
+                live[ev[1]] = ev[2].at(b)
+                total[0] += live[ev[1]]
+                total[1] += live[ev[1]] if ev[1] in keys else 0
+                top = max(top, tuple(total), key=lambda t: t[0])
+            elif ev[0] == "free" and ev[1] in live:
+                gone = live.pop(ev[1])
+                total[0] -= gone
+                total[1] -= gone if ev[1] in keys else 0
+        return top
+
+    forward, _ = peak(events.forward, set())
+    total[0] -= live.pop(events.output, 0)
+    saved = total[0]
+    backward, gradients = peak(events.backward, {g[0] for g in events.gradients if g is not None})
+    return BudgetPeaks(saved, forward, backward, gradients)
 
 
-def _known_or_traced(shape: GraphShape, kind: type, table: dict, cache_name: str, *flags: str):
-    """`kind` (BudgetTrace or StepEvents) for `shape`: from the table made ahead or the cache folder, else traced in a
-    child (`flags`: its request's) and kept in the cache folder."""
+def _known_or_traced(shape: GraphShape) -> StepEvents:
+    """The step's events for `shape`: from the table made ahead or the cache folder, else traced in a child and kept
+    in the cache folder."""
     key = _key(shape)
-    known = table.get(key) or _read_cache(cache_name).get(key)
+    known = EVENTS.get(key) or _read_cache().get(key)
     if known:
-        return kind.from_json(known)
-    made = kind.from_json(_child_output(shape, *flags))
-    _write_cache(key, made, cache_name)
+        return StepEvents.from_json(known)
+    made = StepEvents.from_json(_child_output(shape))
+    _write_cache(key, made)
     return made
 
 
@@ -203,20 +201,20 @@ def _key(shape: GraphShape) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
-def _child_output(shape: GraphShape, *flags: str) -> dict:
+def _child_output(shape: GraphShape) -> dict:
     """Traced in a fresh interpreter: torch.compile's caches and the stand-ins for the CUDA device stay there."""
-    return children_output([[*flags, json.dumps(asdict(shape))]])[0]
+    return children_output([shape])[0]
 
 
-def children_output(requests: list[list[str]]) -> list[dict]:
-    """Each request (`[shape JSON]` or `["--events", shape JSON]`) traced in one fresh interpreter, in order."""
-    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *(a for r in requests for a in r)]
+def children_output(shapes: list[GraphShape]) -> list[dict]:
+    """Each shape's StepEvents (as JSON) traced in one fresh interpreter, in order."""
+    cmd = [sys.executable, "-m", "memlab.core.predict.inductor", *(json.dumps(asdict(shape)) for shape in shapes)]
     returncode, out, err = _run_child(cmd)
     lines = out.strip().splitlines()
-    if returncode != 0 or len(lines) < len(requests):
+    if returncode != 0 or len(lines) < len(shapes):
         tail = (err.strip().splitlines() or ["no output"])[-1]
         raise TraceFailed(f"tracing the compiled step failed: {tail}")
-    return [json.loads(line) for line in lines[-len(requests):]]
+    return [json.loads(line) for line in lines[-len(shapes):]]
 
 
 def _run_child(cmd: list[str], poll_s: float = 0.5) -> tuple[int, str, str]:
@@ -245,20 +243,11 @@ class TraceFailed(MemlabError):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}'`: trace one shape and print its
-    BudgetTrace as JSON (what the estimator's child runs; also how the entries of inductor_traces.json are made).
-    With `--events` first: its StepEvents instead (the allocator replay's child). Several requests, each a shape
-    with or without `--events` before it, are traced one after another in this process, a JSON line each (the
-    canary test's two, without a second start-up of torch.compile)."""
-    args = argv or sys.argv[1:]
-    while args:
-        events = args[0] == "--events"
-        shape = shape_of(args[1 if events else 0])
-        args = args[2 if events else 1:]
-        print(json.dumps((_step_events_traced(shape) if events else _traced(shape)).to_json()), flush=True)
-
-
-# ---------------------------------------------------------------------------------------------- the step's events
+    """`python -m memlab.core.predict.inductor '{"n_layer": 12, ...}' ...`: trace each shape and print its StepEvents
+    as a JSON line (what the predictor's child runs; also how the entries of inductor_traces.json are made), one after
+    another in this process (the canary test's several, without a second start-up of torch.compile)."""
+    for arg in argv or sys.argv[1:]:
+        print(json.dumps(_step_events_traced(shape_of(arg)).to_json()), flush=True)
 
 
 @dataclass(frozen=True)
@@ -296,7 +285,7 @@ class StepEvents:
 def step_events(shape: GraphShape) -> StepEvents:
     """The compiled step's events for `shape`: remembered (this process, EVENTS made ahead, the cache
     folder), else traced in a child process (slow; then kept in the cache folder). One trace serves every micro-batch."""
-    return _known_or_traced(shape, StepEvents, EVENTS, _EVENTS_CACHE, "--events")
+    return _known_or_traced(shape)
 
 
 def _step_events_traced(shape: GraphShape) -> StepEvents:
@@ -333,7 +322,7 @@ def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[s
     values) and the rest are freed when it ends; the backward takes the saved ones under the forward's keys, frees
     each at its last name's `del`, and what it has not freed at its end but its gradients goes then."""
     fw = _Live("fw")
-    returned = _walk(*forward, fw, lambda names: None, eager_results=True)
+    returned = _walk(*forward, fw, lambda names: None)
     kept = {fw.owner[returned[0]]} | {fw.owner[returned[i]] for i in links if returned[i] in fw.owner}
     for key in [k for k in fw.bytes if k not in kept]:
         fw.free(key)
@@ -353,7 +342,7 @@ def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[s
                 bw_first[key] = name
 
     bw_first: dict[str, str] = {}
-    outputs = _walk(*backward, bw, take_args, eager_results=True)
+    outputs = _walk(*backward, bw, take_args)
     if any(shape is not None and name not in bw.owner for name, shape in zip(outputs, gradient_shapes)):
         raise RuntimeError("a gradient the backward returns is no buffer its wrapper code was seen to make")
     gradients = [None if shape is None else (bw.owner[name], shape) for name, shape in zip(outputs, gradient_shapes)]
@@ -367,10 +356,10 @@ def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[s
 # ---------------------------------------------------------------------------------------------- the cache folder
 
 
-_BUDGET_CACHE, _EVENTS_CACHE = "compile-budget", "compile-events"
+_EVENTS_CACHE = "compile-events"
 
 
-def _cache_file(name: str = _BUDGET_CACHE):
+def _cache_file(name: str = _EVENTS_CACHE):
     """One file per table and per version of the code that traced it (tracer_fingerprint): a folder kept across an
     upgrade, or across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
 
@@ -384,14 +373,14 @@ def tracer_fingerprint(root: Path = Path(__file__).resolve().parents[1]) -> str:
     return source_fingerprint(root)
 
 
-def _read_cache(name: str = _BUDGET_CACHE) -> dict[str, dict]:
+def _read_cache(name: str = _EVENTS_CACHE) -> dict[str, dict]:
     try:
         return json.loads(_cache_file(name).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_CACHE) -> None:
+def _write_cache(key: str, trace: StepEvents, name: str = _EVENTS_CACHE) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
 
     path = _cache_file(name)
@@ -403,13 +392,6 @@ def _write_cache(key: str, trace: BudgetTrace | StepEvents, name: str = _BUDGET_
 
 
 # ---------------------------------------------------------------------------------------------- trace and partition
-
-
-def _traced(shape: GraphShape) -> BudgetTrace:
-    forward, backward = _partitioned(shape)
-    saved, inputs = _saved_bytes(forward), _input_storages(backward)  # before lowering moves every value to CUDA
-    fw_code, bw_code = _lowered(forward, backward)
-    return BudgetTrace(saved, _replay(*fw_code, {}), _replay(*bw_code, inputs))
 
 
 def _lowered(forward: Any, backward: Any) -> tuple[tuple[str, dict[str, Line]], tuple[str, dict[str, Line]]]:
@@ -581,17 +563,6 @@ def _attention_in_partitioner(attention: str):
         yield
 
 
-def _saved_bytes(forward: Any) -> Line:
-    """The forward's outputs after the loss (what it saves), each storage once (q, k and v share qkv's)."""
-    outputs = list(forward.graph.nodes)[-1].args[0][1:]
-    storages = {}
-    for node in outputs:
-        value = node.meta.get("val") if node is not None and node.op != "placeholder" else None
-        if isinstance(value, torch.Tensor):
-            storages[value.untyped_storage()._cdata] = _line(value.untyped_storage().nbytes())
-    return _sum(set(storages), storages)
-
-
 def _donated(forward: Any, backward: Any) -> set[str]:
     """The saved values AOTAutograd donates to the backward (torch._functorch.config.donated_buffer, on by default):
     those sharing no storage with the forward's inputs, its loss or the backward's outputs. Inductor may write a
@@ -612,17 +583,6 @@ def _donated(forward: Any, backward: Any) -> set[str]:
     kept = storages([n for n in forward.graph.nodes if n.op == "placeholder"]) | storages(fw_out[:1]) | storages(bw_out)
     return {n.name for n in fw_out[1:] if n is not None and n.op != "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
             and n.meta["val"].untyped_storage()._cdata not in kept}
-
-
-def _input_storages(backward: Any) -> dict[str, tuple[int, Line]]:
-    """The backward's inputs that hold activations (not the parameters, the tokens or the loss's gradient): a key
-    naming each one's storage (views of one buffer saved apart share it) and its bytes."""
-    out = {}
-    for node in backward.graph.nodes:
-        value = node.meta.get("val")
-        if node.op == "placeholder" and not node.name.startswith(("primals_", "tangents_")) and isinstance(value, torch.Tensor):
-            out[node.name] = (value.untyped_storage()._cdata, _line(value.untyped_storage().nbytes()))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- Inductor, for CUDA
@@ -743,32 +703,29 @@ _CALL = re.compile(r"^(\w+) = [\w.]+\(")
 
 
 class _Live:
-    """Allocations alive, by the names that hold them (a reuse renames; a view adds a name). Every time an
-    allocation is made, the bytes alive then (a line in the batch) and which allocations they are; and the events,
-    in order, for the allocator model (`prefix` keeps one graph's keys apart from the other's)."""
+    """Allocations alive, by the names that hold them (a reuse renames; a view adds a name), and the events, in
+    order, for the allocator model (`prefix` keeps one graph's keys apart from the other's)."""
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.owner: dict[str, Any] = {}
         self.bytes: dict[Any, Line] = {}
         self.names: dict[Any, set[str]] = {}
-        self.total = Line(0, 0)
-        self.moments: list[tuple[Line, frozenset]] = []
         self.made: dict[Any, Line] = {}  # every allocation's bytes, freed or not
+        self.count = 0  # allocations made here (a key each)
         self.events: list[list] = []  # ["alloc", key, Line, name] / ["free", key] / ["matmul"] (the first cuBLAS call)
 
     def new(self, name: str, nbytes: Line) -> None:
         self.drop(name)  # a name assigned again lets go of what it held
-        key = f"{self.prefix}{len(self.moments) + 1}" if self.prefix else len(self.moments) + 1
+        self.count += 1
+        key = f"{self.prefix}{self.count}"
         self.adopt(name, key, nbytes)
-        self.moments.append((self.total, frozenset(self.bytes)))
         if nbytes != Line(0, 0):  # a kernel's tuple, a size read off an input: no memory (the allocator skips 0 bytes)
             self.events.append(["alloc", key, nbytes, name])
 
     def adopt(self, name: str, key: Any, nbytes: Line) -> None:
         """`name` holds allocation `key` of `nbytes`, made elsewhere (the backward's saved inputs: the forward's)."""
         self.owner[name], self.bytes[key], self.names[key], self.made[key] = key, nbytes, {name}, nbytes
-        self.total = Line(self.total.per_sample + nbytes.per_sample, self.total.fixed + nbytes.fixed)
 
     def alias(self, name: str, of: str) -> None:
         if of in self.owner:
@@ -785,7 +742,6 @@ class _Live:
 
     def free(self, key: Any) -> None:
         gone = self.bytes.pop(key)
-        self.total = Line(self.total.per_sample - gone.per_sample, self.total.fixed - gone.fixed)
         for name in self.names.pop(key):
             if self.owner.get(name) == key:
                 del self.owner[name]
@@ -793,38 +749,15 @@ class _Live:
             self.events.append(["free", key])
 
 
-def _replay(code: str, sizes: dict[str, Line], inputs: dict[str, tuple[int, Line]]) -> tuple[tuple[Line, Line], ...]:
-    """Walk the wrapper's call(): the activation inputs alive from the start until their `del`, each buffer from
-    its allocation to its last `del` (a reuse hands a buffer on without a new one). The candidate peaks: the upper
-    envelope, over micro-batches of 1 and more, of the bytes alive after each allocation, each with the bytes then
-    held by what the graph returns (the backward's: parameter gradients)."""
-    live, by_storage = _Live(), {}
-
-    def take_args(names: list[str]) -> None:
-        for name in names:
-            key, nbytes = inputs.get(name, (None, Line(0, 0)))
-            if key in by_storage:
-                live.alias(name, by_storage[key])
-            else:
-                live.new(name, nbytes)
-                by_storage.setdefault(key, name)
-
-    returned = _walk(code, sizes, live, take_args)
-    outputs = {live.owner[n] for n in returned if n in live.owner}
-    return _envelope([(total, _sum(live_keys & outputs, live.made)) for total, live_keys in live.moments])
-
-
 _EAGER = re.compile(r"^(buf\w+) = ")
 _MATMUL = re.compile(r"^(?:\w+ = )?extern_kernels\.(?:mm|addmm|bmm|baddbmm)\(")
 
 
-def _walk(code: str, sizes: dict[str, Line], live: _Live, take_args: Callable[[list[str]], None],
-          eager_results: bool = False) -> list[str | None]:
-    """Follow the wrapper's call() into `live`: allocations, reuses, views, dels, extern kernels' results (and where
-    the first cuBLAS matmul runs). Returns the name each returned value is, in order. `eager_results`: also the
-    buffers the wrapper makes with eager ops, such as a mix-order reduction's sums (`buf28 = workspace_1[...]
-    .sum(dim=0)`: LayerNorm's weight and bias gradients on gpt2s): the events need every gradient, while the peaks
-    (and inductor_traces.json's EVENTS) were made without these few KiB."""
+def _walk(code: str, sizes: dict[str, Line], live: _Live, take_args: Callable[[list[str]], None]) -> list[str | None]:
+    """Follow the wrapper's call() into `live`: allocations, reuses, views, dels, extern kernels' results, the
+    buffers it makes with eager ops, such as a mix-order reduction's sums (`buf28 = workspace_1[...].sum(dim=0)`:
+    LayerNorm's weight and bias gradients on gpt2s; the events need every gradient), and where the first cuBLAS
+    matmul runs. Returns the name each returned value is, in order."""
     for line in _call_body(code):
         if line.endswith("= args"):
             take_args([n.strip() for n in line[: -len("= args")].split(",") if n.strip()])
@@ -843,7 +776,7 @@ def _walk(code: str, sizes: dict[str, Line], live: _Live, take_args: Callable[[l
             live.alias(m[1], m[2])
         elif (m := _ITEM.match(line)) or (m := _CALL.match(line)):
             live.new(m[1], sizes.get(m[1], Line(0, 0)))  # an extern kernel's result (or one item of its tuple)
-        elif eager_results and (m := _EAGER.match(line)):
+        elif m := _EAGER.match(line):
             live.new(m[1], sizes.get(m[1], Line(0, 0)))
         if _MATMUL.match(line) and ["matmul"] not in live.events:
             live.events.append(["matmul"])
@@ -863,27 +796,6 @@ def _returned_names(line: str) -> list[str | None]:
             start = i + 1
     names = [re.match(r"(?:reinterpret_tensor\()?(\w+)", item) for item in items if item]
     return [None if m is None or m[1] == "None" else m[1] for m in names]
-
-
-def _sum(keys: set[int], sizes: dict[int, Line]) -> Line:
-    return Line(sum(sizes[k].per_sample for k in keys), sum(sizes[k].fixed for k in keys))
-
-
-def _envelope(moments: list[tuple[Line, Line]]) -> tuple[tuple[Line, Line], ...]:
-    """The moments that are the largest at some micro-batch b >= 1: walk the upper envelope of their lines from b = 1,
-    each time to the line of larger slope that overtakes the current one first."""
-    if not moments:
-        return ((Line(0, 0), Line(0, 0)),)
-    current = max(moments, key=lambda m: (m[0].at(1), m[0].per_sample))
-    kept, b = [current], 1.0
-    while True:
-        steeper = [m for m in moments if m[0].per_sample > current[0].per_sample]
-        crossings = [((current[0].fixed - m[0].fixed) / (m[0].per_sample - current[0].per_sample), m) for m in steeper]
-        crossings = [(x, m) for x, m in crossings if x >= b]
-        if not crossings:
-            return tuple(kept)
-        b, current = min(crossings, key=lambda c: (c[0], -c[1][0].per_sample))
-        kept.append(current)
 
 
 class WrapperFormatChanged(MemlabError):

@@ -178,11 +178,11 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
                 "Float8Linear in the graphs: on the H100 none of six searches above find-batch's, the five that finished within 5.1% as traced "
                 "under the run's torch (a trace by another torch release can differ: -23% "
                 "on the seq-8192 shape traced by torch 2.13)",
-    "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's lora, lora_gradcp, qlora, qlora_gradcp, dora, "
-          "bf16, chunked_ce and gradcp_bf16 within 0.1%, sac_ops and Qwen2.5-1.5B's within +1.6%, compiled steps from their own "
-          "graphs -0.1% to +0.0% (bench/results/hf-h100/predicted.md); memlab fit's max batch exact in 8 GPU searches, its "
-          "longest sequence -4.4% to 0.0% (bench/results/fit-8b-h200, fit-heldout-h200: Qwen2.5-1.5B held out, -3.0% and "
-          "-2.8%); max batch under 24 GiB on an H200 none above, 8 of 10 exact (bench/results/hf-heldout-h200)",
+    "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's and Qwen2.5-1.5B's steps (full, LoRA, QLoRA, DoRA, "
+          "checkpointed, per-op checkpointed as compiled blocks, compiled) within 0.1% (bench/results/hf-h100/predicted.md); "
+          "memlab fit's max batch exact in 8 GPU searches, its longest sequence -4.4% to 0.0% (bench/results/fit-8b-h200, "
+          "fit-heldout-h200: Qwen2.5-1.5B held out, -3.0% and -2.8%); max batch under 24 GiB on an H200 none above, 9 of 10 "
+          "exact (bench/results/hf-heldout-h200)",
 }
 
 
