@@ -499,6 +499,7 @@ def test_per_op_checkpointing_replays_each_block_as_its_compiled_graphs(monkeypa
     from memlab.core.predict import trace as allocation_trace, inductor as compile_budget_model
     from memlab.core.predict import analytic as est
     from memlab.core.predict.allocator import replay
+    from memlab.core.predict import maxbatch
     from memlab.core.predict.fake import reads_block_graphs
     from memlab.core.config import load_experiment, load_profile
 
@@ -519,6 +520,8 @@ def test_per_op_checkpointing_replays_each_block_as_its_compiled_graphs(monkeypa
     lora.checkpointing.mode = "ops"
     assert reads_block_graphs(experiment, sac) and not reads_block_graphs(experiment, lora)
     assert not reads_block_graphs(experiment, load_profile("compile"))
+    # the analytic formula counts the eager policy's tensors: it bounds the replay's max batch elsewhere, not here
+    assert not maxbatch.guards(experiment, sac) and maxbatch.guards(experiment, load_profile("gradcp_bf16"))
 
 
 def torch_release() -> str:

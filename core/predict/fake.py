@@ -76,6 +76,9 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
             notes.append(declared.note)
     if torch_compile.compiles(profile):  # which graphs the predictor replays for a compiled step is its own method
         notes.append(_compile_note(experiment, profile))
+    elif reads_block_graphs(experiment, profile):
+        notes.append("checkpointing ops: the breakdown is the eager per-op policy's; the peaks replay each block's "
+                     "compiled graphs, as a GPU runs them")
     kernel_for(experiment, p, device)  # the stand-in itself must build here
     return p
 

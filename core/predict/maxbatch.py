@@ -13,6 +13,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.predict import analytic, cache
 from memlab.core.predict.axis import REPLAY_MARGIN, SEQ_GRANULE, batches, longest_seq, seq_units
 from memlab.core.predict.card import Card
+from memlab.core.predict.fake import reads_block_graphs
 from memlab.core.predict.prediction import ANALYTIC_FAMILIES, family_of, predict, with_seq_len
 from memlab.core.predict.search import LIMIT, largest_near
 from memlab.core.predict.trace import SearchStopped, traced_by
@@ -46,6 +47,7 @@ class Replayed:
     margin: float = 0.0  # the share of what the step adds to the reserve max_batch leaves free (axis.REPLAY_MARGIN)
     traced_by: str = ""  # the releases that traced the step here (traced_by): another torch's Inductor may plan other buffers
     limit: int = LIMIT  # the largest micro-batch the search asked: max_batch == limit means "at least"
+    blocks: bool = False  # each block replayed as its compiled graphs (per-op checkpointing, as a GPU runs it)
 
     @property
     def limit_reached(self) -> bool:
@@ -127,18 +129,24 @@ def replay_for_card(experiment: Experiment, profile: Profile, card: Card, *, at:
         first = str(e).splitlines()[0] if str(e) else ""
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {first})") from None
     return Replayed(at, allocated, reserved, card.budget_bytes, best, allocator.expandable(profile),
-                    torch_compile.compiles(profile), REPLAY_MARGIN, traced_by(profile), limit)
+                    torch_compile.compiles(profile), REPLAY_MARGIN, traced_by(profile), limit,
+                    reads_block_graphs(experiment, profile))
 
 
 def guarded(experiment: Experiment, profile: Profile, card: Card, replayed: int) -> int:
     """The prediction from the replay's max batch (REPLAY_MARGIN left free): no more than the analytic figure with
-    the plain fragmentation margin (predicted_max_batch says why), where the formula describes the step a GPU runs.
-    It does not for blocks a GPU compiles one by one (checkpointing.compiled_blocks): it counts the eager per-op
-    policy's tensors, which their graphs do not keep; on the H200 that guard held sac_ops 3-18% under find-batch on
-    seven GPT shapes, the replay alone 2-4% (bench/results/prediction-check/sac-compiled)."""
-    if checkpointing.compiled_blocks(profile):
+    the plain fragmentation margin (predicted_max_batch says why), where the formula guards (guards)."""
+    if not guards(experiment, profile):
         return replayed
     return min(analytic_bound(experiment, profile, card, pattern="plain"), replayed)
+
+
+def guards(experiment: Experiment, profile: Profile) -> bool:
+    """Whether the analytic formula describes the step a GPU runs, and so bounds the replay's max batch: memlab's GPT,
+    but not its blocks compiled one by one (checkpointing.compiled_blocks), where the formula counts the eager per-op
+    policy's tensors, which their graphs do not keep: on the H200 that guard held sac_ops 3-18% under find-batch on
+    seven GPT shapes, the replay alone 2-4% (bench/results/prediction-check/sac-compiled)."""
+    return family_of(experiment) in ANALYTIC_FAMILIES and not checkpointing.compiled_blocks(profile)
 
 
 def predicted_max_batch(experiment: Any, profile: Any, memory_bytes: int, *, replay: bool = False,
