@@ -19,8 +19,8 @@ thing, with no GPU and no memory:
    not beside it (without this the seed shape and bigvocab at 0.75 were predicted 47% and 40% over the H100).
 
 The batch stays a symbol: every buffer is a line in it (bytes per sample and fixed bytes), so one trace answers
-every micro-batch (the find-batch search asks for many; `peaks_of` walks the events at one). The partitioner decides at `GraphShape.batch` (its size hint):
-elsewhere its choices are taken as the same, which holds as long as the weights' bf16 copies stay small beside
+every micro-batch (the find-batch search asks for many; `peaks_of` walks the events at one). The partitioner decides
+at `GraphShape.batch` (its size hint): elsewhere its choices are taken as the same, which holds as long as the weights' bf16 copies stay small beside
 the activations.
 
 On the CPU the attention is the CPU's fused kernel (output and log-sum-exp, as a GPU's). Its place in the partitioner
@@ -359,11 +359,10 @@ def _events_of(forward: tuple[str, dict[str, Line]], backward: tuple[str, dict[s
 _EVENTS_CACHE = "compile-events"
 
 
-def _cache_file(name: str = _EVENTS_CACHE):
-    """One file per table and per version of the code that traced it (tracer_fingerprint): a folder kept across an
-    upgrade, or across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
-
-    return cache_root() / f"{name}-{tracer_fingerprint()}.json"
+def _cache_file():
+    """One file per version of the code that traced it (tracer_fingerprint): a folder kept across an upgrade, or
+    across an edit to the tracer, holds traces the code now running would not print, and never reads them."""
+    return cache_root() / f"{_EVENTS_CACHE}-{tracer_fingerprint()}.json"
 
 
 @functools.lru_cache(maxsize=4)
@@ -373,20 +372,20 @@ def tracer_fingerprint(root: Path = Path(__file__).resolve().parents[1]) -> str:
     return source_fingerprint(root)
 
 
-def _read_cache(name: str = _EVENTS_CACHE) -> dict[str, dict]:
+def _read_cache() -> dict[str, dict]:
     try:
-        return json.loads(_cache_file(name).read_text())
+        return json.loads(_cache_file().read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, trace: StepEvents, name: str = _EVENTS_CACHE) -> None:
+def _write_cache(key: str, trace: StepEvents) -> None:
     """Best effort (a read-only cache folder only costs the next process the trace again); atomic by rename."""
 
-    path = _cache_file(name)
+    path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, _read_cache(name) | {key: trace.to_json()})
+        atomic_write_json(path, _read_cache() | {key: trace.to_json()})
     except OSError:
         pass
 
