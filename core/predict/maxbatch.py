@@ -145,7 +145,7 @@ def guards(experiment: Experiment, profile: Profile) -> bool:
     """Whether the analytic formula describes the step a GPU runs, and so bounds the replay's max batch: memlab's GPT,
     but not its blocks compiled one by one (checkpointing.compiled_blocks), where the formula counts the eager per-op
     policy's tensors, which their graphs do not keep: on the H200 that guard held sac_ops 3-18% under find-batch on
-    seven GPT shapes, the replay alone 2-4% (bench/results/prediction-check/sac-compiled)."""
+    seven GPT shapes, the replay alone 1.6-4.0% (bench/results/prediction-check/sac-compiled)."""
     return family_of(experiment) in ANALYTIC_FAMILIES and not checkpointing.compiled_blocks(profile)
 
 

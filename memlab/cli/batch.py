@@ -180,8 +180,8 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
                 "Float8Linear in the graphs: on the H100 none of six searches above find-batch's, the five that finished within 5.1% as traced "
                 "under the run's torch (a trace by another torch release can differ: -23% "
                 "on the seq-8192 shape traced by torch 2.13)",
-    "blocks": "per-op checkpointing as a GPU runs it, each block's compiled graphs: held out on the H200, max batch none above "
-              "find-batch's in 12 searches and within 7%; at the largest batch that fit, allocated peaks within 0.05% and reserves "
+    "blocks": "per-op checkpointing as a GPU runs it, each block's compiled graphs: on the H200, max batch none above "
+              "find-batch's in 13 searches, all within 7% (5 held out from every rule); at the largest batch that fit, allocated peaks within 0.05% and reserves "
               "-0.3% to +1.9% on ten GPT shapes (bench/results/prediction-check/sac-compiled)",
     "hf": "a transformers model, checked on the H100: peaks of Llama-3.2-1B's and Qwen2.5-1.5B's steps (full, LoRA, QLoRA, DoRA, "
           "checkpointed, per-op checkpointed as compiled blocks, compiled) within 0.1% (bench/results/hf-h100/predicted.md); "
