@@ -84,8 +84,6 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
 
 
 def _compile_note(experiment: Experiment, profile: Profile) -> str:
-    if experiment.model.family == "gpt":
-        return "compile measured uncompiled (the fused loss of a compiled step keeps less; see the analytic figure)"
     if reads_compiled_graphs(experiment, profile):
         return "compile: the breakdown is the eager step's; the peaks replay the compiled graphs (Inductor's own buffers)"
     return ("compile: the eager step is traced, an upper bound (the compiled-graph reader builds neither DoRA, a 4-bit "
