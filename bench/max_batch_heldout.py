@@ -20,6 +20,10 @@ from findbatch_logs import Search, searches_under
 CHECKS = Path(__file__).parent / "results" / "prediction-check"
 EXPERIMENTS = Path(__file__).parent / "experiments"
 CARD = 24 * 2**30
+# Profiles whose searches here measured a step the engine no longer runs: since d7e98d6 (2026-11-28) it compiles each
+# block under per-op checkpointing on a GPU, and these sets searched the eager policy. Listed, left out of the counts;
+# measured again in results/prediction-check/sac-compiled/ (NOTE.md).
+SUPERSEDED = {"sac_ops": "superseded: sac-compiled/"}
 
 
 def predicted_now(search: Search) -> tuple[int | None, float]:
@@ -60,13 +64,17 @@ def main() -> None:
              "|:--|:--|:--|--:|--:|--:|--:|"]
     for (name, s), (p, t) in zip(cases, now):
         mode = " (expandable)" if s.expandable else ""
+        now_cell = SUPERSEDED.get(s.profile) or off(p, s.found)
         lines.append(f"| {name} | {s.experiment} | {s.profile}{mode} | {s.found} | {off(s.predicted, s.found)} | "
-                     f"{off(p, s.found)} | {f'{t:.0f} s' if p else ''} |")
+                     f"{now_cell} | {f'{t:.0f} s' if p else ''} |")
+    counted = [(name, s, p) for (name, s), (p, _) in zip(cases, now) if s.profile not in SUPERSEDED]
     newest = cases[-1][0]
-    lines += ["", counts([(s.predicted, s.found) for n, s in cases if n == newest], f"{newest}, predicted first (held out)"),
-              counts([(s.predicted, s.found) for _, s in cases], "every set, each predicted first by its day's code")]
+    lines += ["", counts([(s.predicted, s.found) for n, s, _ in counted if n == newest], f"{newest}, predicted first (held out)"),
+              counts([(s.predicted, s.found) for _, s, _ in counted], "every set, each predicted first by its day's code")]
     if args.now:
-        lines.append(counts([(p, s.found) for (_, s), (p, _) in zip(cases, now)], "every set, predicted by this tree"))
+        lines.append(counts([(p, s.found) for _, s, p in counted], "every set, predicted by this tree"))
+    lines.append(f"left out of the counts: {sum(s.profile in SUPERSEDED for _, s in cases)} searches of {', '.join(SUPERSEDED)} "
+                 "(the engine runs that step otherwise now: SUPERSEDED)")
     text = "\n".join(lines)
     print(text)
     if args.out:
