@@ -23,6 +23,34 @@ from memlab.core.models import family
 from memlab.core.predict.trace import step_peaks
 
 
+WRAPPER = textwrap.dedent("""
+    def call(self, args):
+        primals_1, addmm_2, view_3, tangents_1 = args
+        args.clear()
+        s0 = primals_1
+        buf0 = empty_strided_cuda((s0, 8), (8, 1), torch.float32)
+        buf1 = torch.ops.aten.foo.default(buf0)
+        buf2 = buf1[0]
+        del buf1
+        buf3 = buf0; del buf0  # reuse
+        buf4 = reinterpret_tensor(buf3, (8*s0, ), (1, ), 0)
+        del addmm_2
+        buf5 = empty_strided_cuda((4096, ), (1, ), torch.bfloat16)
+        return (buf2, buf5, None, )
+""")
+
+
+def test_the_walk_follows_allocations_an_extern_kernels_items_reuses_and_views():
+    """buf0, 32 bytes a sample, lives on as buf3 (a reuse) and buf4 (a view); the extern kernel's tuple holds no
+    memory of its own, its first item 300 bytes (Inductor's layout for it); buf5 8 KiB; the returned names in order."""
+    live = M._Live("fw")
+    returned = M._walk(WRAPPER, {"buf2": M.Line(0, 300)}, live, lambda names: None)
+    assert live.events == [["alloc", "fw1", M.Line(32, 0), "buf0"], ["alloc", "fw3", M.Line(0, 300), "buf2"],
+                           ["alloc", "fw4", M.Line(0, 8192), "buf5"]]
+    assert returned == ["buf2", "buf5", None] and live.owner["buf4"] == live.owner["buf3"] == "fw1"
+    assert set(live.bytes) == {"fw1", "fw3", "fw4"}  # the tuple went at its del
+
+
 def test_the_budget_peaks_are_the_events_walked_at_each_batch():
     """The forward's peak, what it keeps (all it has not freed but its output), the backward's peak from those saved
     buffers on and the gradients then: a small batch peaks at the fixed buffers, a large one at the per-sample ones."""
