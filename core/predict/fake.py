@@ -85,8 +85,8 @@ def fake_runnable(experiment: Experiment, profile: Profile, device: Any, notes: 
 
 def _compile_note(experiment: Experiment, profile: Profile) -> str:
     if reads_compiled_graphs(experiment, profile):
-        return "compile: the breakdown is the eager step's; the peaks replay the compiled graphs (Inductor's own buffers)"
-    return ("compile: the eager step is traced, an upper bound (the compiled-graph reader builds neither DoRA, a 4-bit "
+        return "compile read from its graphs: the breakdown is the eager step's, the peaks the compiled graphs' (Inductor's own buffers)"
+    return ("compile traced as the eager step, an upper bound (the compiled-graph reader builds neither DoRA, a 4-bit "
             "base nor a layer's own window; on the H100 Llama-3.2-1B's compiled LoRA step peaked 10.38 GiB, its eager "
             "trace 16.69)")
 
