@@ -73,7 +73,7 @@ def compiled_standin(profile: Profile) -> Profile:
 
 
 def around_graphs(profile: Profile) -> Profile:
-    """The eager step a compiled step's graphs are replayed in (allocation_trace.compiled_trace), as its techniques
+    """The eager step a compiled step's graphs are replayed in (trace.compiled_trace), as its techniques
     declare (techniques.around_graphs_standin: float8's Linears left in bf16)."""
     return _with(profile, around_graphs_standin(profile))
 

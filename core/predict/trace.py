@@ -1,7 +1,7 @@
 """One training step's allocation trace, for the allocator model (memlab.core.predict.allocator): which tensor
 storages are created and freed, in order, and how large.
 
-- `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; memsnapshot.fake_step, the machinery
+- `fake_trace`: the step on fake tensors (FakeTensorMode: shapes, no storage; fake.fake_step, the machinery
   of `memlab estimate --method fake`) on this machine's device. SDPA is traced as a fused GPU kernel allocates (its
   output and an fp32 log-sum-exp), not as the CPU's math path (which saves T x T); compile is left off, as the fake
   estimate does.
@@ -59,9 +59,9 @@ def fake_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, mic
                gpu_kernels: bool = True, capped: bool = False) -> list[Event]:
     """Every tensor storage created and freed, in order, while the model is built and trains two steps (the first
     creates the optimizer state, as the engine's warm-up does), on fake tensors on this machine: what the allocator
-    of a real run sees up to then. The step is memsnapshot.fake_step's, whose SDPA saves what a fused GPU kernel
+    of a real run sees up to then. The step is fake.fake_step's, whose SDPA saves what a fused GPU kernel
     saves and whose dropout keeps a bool mask as CUDA's does (`gpu_kernels` False: this device's own). Raises what
-    memsnapshot.fake_runnable raises for a profile that cannot run on fake tensors here."""
+    fake.fake_runnable raises for a profile that cannot run on fake tensors here."""
     return _two_steps(experiment, profile, vocab_size, micro_batch, gpu_kernels=gpu_kernels, capped=capped)
 
 
@@ -71,7 +71,7 @@ def compiled_trace(experiment: Experiment, profile: Profile, *, vocab_size: int,
     (memlab.core.predict.inductor.step_events: Inductor's wrapper code for CUDA, walked): the parameters, the
     token batches, the loss's division and gradient, the optimizer's state and step and zero_grad are the eager
     step's, on fake tensors as fake_trace records them. One symbolic trace (cached) serves every micro-batch. Raises
-    a MemlabError for a compiled step compile_budget_model cannot trace (estimate._untraceable says why)."""
+    a MemlabError for a compiled step the inductor reader cannot trace (analytic._untraceable says why)."""
 
     graphs = inductor.step_events(est.compiled_graph_shape(experiment, profile, vocab_size))
     # float8's casts and scaled matmuls are in the graphs; the eager step around them (which cannot build torchao's
@@ -84,7 +84,7 @@ def blocks_trace(experiment: Experiment, profile: Profile, *, vocab_size: int, m
     """fake_trace's two steps (made deep as deep_trace makes them) with each block run as its compiled graphs: the
     buffers Inductor's wrapper code allocates and frees for one block, checkpointed in the profile's mode
     (checkpointing.compiled_blocks) and compiled as the engine compiles it on a GPU. A MemlabError where the block
-    cannot be traced (estimate._untraceable says why)."""
+    cannot be traced (analytic._untraceable says why)."""
     mode = checkpointing.compiled_blocks(profile)
     graphs = inductor.step_events(est.compiled_graph_shape(experiment, profile, vocab_size, blocks=mode))
     return deep_trace(experiment, profile, vocab_size=vocab_size, micro_batch=micro_batch, capped=capped, blocks=graphs) \
