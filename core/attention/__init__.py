@@ -18,12 +18,14 @@ refuses mid-step. `kernel.name` is what actually ran (e.g. `sdpa:cudnn`), record
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
 from memlab.core.config import AttentionConfig
+from memlab.core.dtypes import compute_dtype
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.standin import FakeStep
 
@@ -119,10 +121,6 @@ def effective_window(window: int, seq_len: int) -> int:
 
 def kernel_for(experiment: Experiment, profile: Profile, device: torch.device) -> AttentionKernel:
     """The kernel a run of `profile` on `experiment` uses on `device` (the window clipped to the context)."""
-    import dataclasses
-
-    from memlab.core.techniques.precision import compute_dtype
-
     cfg = dataclasses.replace(profile.attention, window=effective_window(profile.attention.window, experiment.model.seq_len))
     kernel = build_attention(cfg, device, compute_dtype(profile), experiment.model.dropout)
     if profile.attention.window and not cfg.window:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from memlab.core.attention import kernel_for
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import ConfigError, MemlabError
 from memlab.core.loss import loss_from_hidden
@@ -169,8 +170,6 @@ def layer_windows(model: HFCausalLM) -> list[int]:
 def assign_kernels(model: HFCausalLM, experiment: Experiment, profile: Profile, kernel: Any, device: torch.device) -> None:
     """The profile's kernel on every layer; a layer with a window of its own narrower than the profile's gets that
     kernel built for its window (the same kernel family; refused before any work where it cannot window)."""
-    from memlab.core.attention import kernel_for
-
     built = {0: kernel}
     for block, window in zip(model.blocks, layer_windows(model)):
         if window and window < experiment.model.seq_len and (not profile.attention.window or window < profile.attention.window):

@@ -26,7 +26,7 @@ from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.standin import with_settings
 from memlab.core.techniques import accumulation, check_plan, check_techniques, checkpointing, fake_steps, finetune, torch_compile
-from memlab.core.techniques.precision import compute_dtype
+from memlab.core.dtypes import compute_dtype
 
 # A fake step patches module attributes (F.dropout, F.scaled_dot_product_attention; the allocator replay's trace also
 # GPT.__init__ and torch.utils.swap_tensors): one at a time per process. A study's lanes predict in threads; without

@@ -43,7 +43,7 @@ from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, r
 from memlab.core.predict.standins import around_graphs, compiled_standin
 from memlab.core.techniques import allocator, checkpointing, cuda_graph, float8, repeats_per_block, torch_compile
 from memlab.core.techniques.cuda_graph import WARM_STEPS
-from memlab.core.techniques.precision import compute_dtype
+from memlab.core.dtypes import compute_dtype
 
 Event = tuple  # (action "alloc" | "free", id, bytes, where: what allocated it, for --dump; "" for a free)
 # a search's stop (memlab.core.stopping), asked by a trace in progress every STOP_EVERY ops: one trace of a

@@ -13,7 +13,7 @@ import torch
 from memlab.core import linear_ce
 from memlab.core.errors import ConfigError
 from memlab.core.standin import StandIn
-from memlab.core.techniques.precision import compute_dtype
+from memlab.core.dtypes import compute_dtype
 from memlab.core.requirements import refuse_without_cuda
 
 if TYPE_CHECKING:

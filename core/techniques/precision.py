@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from memlab.core.dtypes import AUTOCAST, param_dtype
 from memlab.core.errors import ConfigError
 from memlab.core.requirements import refuse_without_cuda
 from memlab.core.standin import FakeStep
@@ -17,20 +18,6 @@ from memlab.core.standin import FakeStep
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PARAM_DTYPE = {"bf16_pure": torch.bfloat16}  # precisions whose parameters are not fp32
-
-
-def compute_dtype(profile: Profile) -> torch.dtype:
-    """The dtype matmuls and attention see: the autocast dtype or the parameters', else fp32 (tf32 keeps fp32)."""
-    dtype = profile.precision.dtype
-    return AUTOCAST.get(dtype) or PARAM_DTYPE.get(dtype, torch.float32)
-
-
-def param_dtype(profile: Profile) -> torch.dtype:
-    return PARAM_DTYPE.get(profile.precision.dtype, torch.float32)
-
 
 def check(experiment: Experiment, profile: Profile, device: torch.device, world: int) -> None:
     refuse_without_cuda("precision", profile, device)
