@@ -277,7 +277,7 @@ def preflight(section: str, label: str, profile: str, experiment: str, overrides
         import torch
 
         from memlab.core.errors import MemlabError
-        from memlab.core.optim import build_optimizer
+        from memlab.core.techniques.optimizer import build_optimizer
 
         try:  # device "cuda" is only compared by type here: nothing touches the GPU
             build_optimizer(torch.nn.Linear(2, 2), p.optimizer, e.train, torch.device("cuda"))

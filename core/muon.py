@@ -15,6 +15,7 @@ from torch import nn
 
 from memlab.core.config import TrainConfig
 from memlab.core.errors import ConfigError
+from memlab.core.optim import decay_groups
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -80,8 +81,6 @@ class MuonWithAdamW:
 
 def build_muon(model: nn.Module, train: TrainConfig) -> MuonWithAdamW:
     """torch.optim.Muon's presence is checked at the door (memlab.core.techniques.optimizer)."""
-    from memlab.core.optim import decay_groups
-
     matrices, rest = split_params(model)
     muon = torch.optim.Muon(matrices, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
     groups = decay_groups(rest, train.weight_decay)  # the embedding decays; biases and gains do not

@@ -1,4 +1,5 @@
-"""Optimizers and the learning-rate schedule (linear warm-up, then cosine to lr * min_lr_ratio)."""
+"""Parameter groups and the learning-rate schedule (linear warm-up, then cosine to lr * min_lr_ratio). The optimizers
+themselves are built at the optimizer technique's door (memlab.core.techniques.optimizer.build_optimizer)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import math
 
 import torch
 
-from memlab.core.config import OptimizerConfig, TrainConfig
-from memlab.core.errors import ConfigError
+from memlab.core.config import TrainConfig
 
 ADAFACTOR_LR = 1e-2  # torch.optim.Adafactor's default: a relative step (times the weights' RMS), not AdamW's lr
 
@@ -21,39 +21,6 @@ def decay_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device,
-                    params: list[torch.Tensor] | None = None) -> torch.optim.Optimizer:
-    """`params`: the tensors AdamW holds when they are not the model's trainable parameters (FSDP's local shards)."""
-    groups = decay_groups(params, train.weight_decay) if params is not None else param_groups(model, train.weight_decay)
-    betas = (train.beta1, train.beta2)
-    if cfg.offload:
-        from memlab.core.techniques.optim_offload import build_offloaded
-
-        return build_offloaded(model, cfg, train, device)
-    if cfg.in_backward:  # adamw only (memlab.core.techniques.optimizer checked it)
-        from memlab.core.techniques.optim_in_backward import build_in_backward
-
-        return build_in_backward(groups, cfg, train)
-    if cfg.name == "adamw":
-        kind = {"fused": True} if cfg.fused else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, **kind)
-    if cfg.name == "adafactor":
-        if not hasattr(torch.optim, "Adafactor"):
-            raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__})")
-        return torch.optim.Adafactor(adafactor_groups(groups, train), lr=ADAFACTOR_LR)
-    if cfg.name == "muon":
-        from memlab.core.muon import build_muon
-
-        return build_muon(model, train)  # type: ignore[return-value]  (a pair stepped as one)
-    from memlab.core.optim_library import PACKAGES, build_library_optimizer
-
-    if cfg.name in PACKAGES:  # its device and package: checked at the door (memlab.core.techniques.optimizer)
-        return build_library_optimizer(model, groups, cfg, train)
-    from memlab.core.techniques.optimizer import NAMES
-
-    raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: {', '.join(NAMES)}")
 
 
 def adafactor_groups(groups: list[dict], train: TrainConfig) -> list[dict]:

@@ -18,6 +18,8 @@ from torch import nn
 
 from memlab.core.config import OptimizerConfig, TrainConfig
 from memlab.core.errors import ConfigError, MissingExtra
+from memlab.core.muon import split_params
+from memlab.core.optim import decay_groups
 
 # optimizer.name -> (import name, distribution, extra): declared in memlab.core.requirements, which has no torch
 from memlab.core.requirements import OPTIMIZER_PACKAGES as PACKAGES
@@ -72,9 +74,6 @@ def _build_galore(model: nn.Module, cfg: OptimizerConfig, train: TrainConfig) ->
     """The hidden matrices (as Muon's: inside the blocks, not the embedding or head) get the projection; the rest
     is plain AdamW inside the same optimizer."""
     from galore_torch import GaLoreAdamW
-
-    from memlab.core.muon import split_params
-    from memlab.core.optim import decay_groups
 
     matrices, rest = split_params(model, "optimizer.name = galore found no 2-D hidden weight to project; use adamw")
     groups = [

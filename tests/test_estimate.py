@@ -57,7 +57,7 @@ def _real_state_bytes(opt_name: str) -> tuple[int, int]:
     from memlab.core.model import GPT, GPTConfig
     from memlab.core.attention import build_attention
     from memlab.core.config import AttentionConfig
-    from memlab.core.optim import build_optimizer
+    from memlab.core.techniques.optimizer import build_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(2, 2, 32, 128, 96, 16), build_attention(AttentionConfig(), torch.device("cpu"), torch.float32))

@@ -18,9 +18,9 @@ from memlab.core.config import Experiment, OptimizerConfig, TrainConfig, load_ex
 from memlab.core.errors import ConfigError
 from memlab.core.predict.analytic import optimizer_state_bytes, param_shapes
 from memlab.core.muon import MuonWithAdamW, build_muon, split_params
-from memlab.core.optim import build_optimizer, set_lr
+from memlab.core.optim import set_lr
 from memlab.core.techniques import check_techniques
-from memlab.core.techniques.optimizer import describe
+from memlab.core.techniques.optimizer import build_optimizer, describe
 
 CPU = torch.device("cpu")
 TINY = ["--experiment", "tiny", "--device", "cpu", "--steps", "2"]
@@ -226,7 +226,7 @@ def test_galore_state_is_rank_r():
 
 
 def test_bf16_pure_makes_bf16_parameters(tiny):
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
 
     p = load_profile("bf16_sr")
     p.optimizer.name = "adamw"  # the precision alone (bf16_sr's library may be absent here)
@@ -274,7 +274,7 @@ def test_adafactor_follows_the_schedule_at_its_own_relative_step_size():
     import torch
 
     from memlab.core.config import load_experiment, load_profile
-    from memlab.core.optim import ADAFACTOR_LR, build_optimizer, set_lr
+    from memlab.core.optim import ADAFACTOR_LR, set_lr
 
     e = load_experiment("tiny")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
@@ -316,7 +316,7 @@ def test_every_library_optimizer_is_built_by_its_library_class(name, monkeypatch
 def test_fused_adamw_takes_the_clip_factor_as_its_grad_scale_and_steps_as_clip_grad_norm_does(tiny, monkeypatch):
     """With fused AdamW the step folds clipping into the optimizer's kernel (no pass of its own over the gradients):
     the same parameters and grad norm as clip_grad_norm_ then foreach AdamW, from the same gradients."""
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
 
     tiny.train.clip = 0.05  # small enough that this step clips
     steps = {}

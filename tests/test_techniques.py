@@ -13,7 +13,8 @@ from memlab.core.engine import train
 from memlab.core.errors import ConfigError, DeviceError, MemlabError
 from memlab.core.events import ListSink
 from memlab.core.model import GPT, GPTConfig
-from memlab.core.optim import build_optimizer, lr_at, set_lr
+from memlab.core.optim import lr_at, set_lr
+from memlab.core.techniques.optimizer import build_optimizer
 from memlab.core.step import TrainStep
 from memlab.core.techniques import check_plan
 from memlab.core.techniques import torch_compile

@@ -18,6 +18,7 @@ import torch
 
 from memlab.core.config import OptimizerConfig, TrainConfig
 from memlab.core.errors import ConfigError
+from memlab.core.optim import ADAFACTOR_LR, adafactor_groups, param_groups
 
 # Hyper-parameters the CPU optimizer takes from the outer groups before each step (set_lr changes "lr" there).
 _SYNCED = ("lr", "weight_decay", "betas", "eps")
@@ -87,8 +88,6 @@ class CPUOffloadOptimizer(torch.optim.Optimizer):
 
 
 def build_offloaded(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    from memlab.core.optim import ADAFACTOR_LR, adafactor_groups, param_groups
-
     groups = param_groups(model, train.weight_decay)
     betas = (train.beta1, train.beta2)
     if cfg.name == "adamw":

@@ -1,7 +1,8 @@
 """optimizer.name / fused / offload / in_backward: AdamW (foreach or fused), Adafactor, torchao's 8-bit and 4-bit
 AdamW, bf16 AdamW with stochastic rounding, Muon (+ AdamW), bitsandbytes' paged 8-bit AdamW, GaLore; state on the
-CPU; the step inside backward. Construction lives in memlab.core.optim (optim_library for the libraries'
-optimizers, muon, optim_offload, optim_in_backward); this is the door: check, then apply."""
+CPU; the step inside backward. This is the door: check, build_optimizer, apply; the parts it builds from live beside
+it (memlab.core.optim's groups and schedule, optim_library for the libraries' optimizers, muon, optim_offload,
+optim_in_backward)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import torch
 from memlab.core.errors import ConfigError
 from memlab.core import shard_step
 from memlab.core.standin import StandIn
-from memlab.core.optim import build_optimizer
-from memlab.core.optim_library import PACKAGES, library_version, require_package
+from memlab.core.muon import build_muon
+from memlab.core.optim import ADAFACTOR_LR, adafactor_groups, decay_groups, param_groups
+from memlab.core.optim_library import PACKAGES, build_library_optimizer, library_version, require_package
 from memlab.core.requirements import refuse_without_cuda
+from memlab.core.techniques.optim_in_backward import LABEL, build_in_backward
+from memlab.core.techniques.optim_offload import build_offloaded
 
 if TYPE_CHECKING:
-    from memlab.core.config import Experiment, Profile
+    from memlab.core.config import Experiment, OptimizerConfig, Profile, TrainConfig
     from memlab.core.step import TrainStep
 
 NAMES = ("adamw", "adafactor", "adamw8bit", "adamw4bit", "bf16_sr", "muon", "paged_adamw8bit", "galore")
@@ -73,8 +77,6 @@ def describe(profile: Profile) -> str:
     cfg = profile.optimizer
     text = cfg.name + (":fused" if cfg.fused else "")
     if cfg.in_backward:  # adamw only, never offloaded (check_in_backward)
-        from memlab.core.techniques.optim_in_backward import LABEL
-
         return f"{text}:{LABEL}"
     text += ":offload" if cfg.offload else ""
     if cfg.name in PACKAGES or cfg.name == "muon":
@@ -98,6 +100,29 @@ def memory_standin(profile: Profile) -> StandIn | None:
 def memory_libraries(profile: Profile) -> tuple[str, ...]:
     """The libraries whose release decides this technique's memory (the predictor's stand-in was read from one)."""
     return (PACKAGES[profile.optimizer.name][1],) if profile.optimizer.name in PACKAGES else ()
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig, train: TrainConfig, device: torch.device,
+                    params: list[torch.Tensor] | None = None) -> torch.optim.Optimizer:
+    """`params`: the tensors AdamW holds when they are not the model's trainable parameters (FSDP's local shards)."""
+    groups = decay_groups(params, train.weight_decay) if params is not None else param_groups(model, train.weight_decay)
+    betas = (train.beta1, train.beta2)
+    if cfg.offload:
+        return build_offloaded(model, cfg, train, device)
+    if cfg.in_backward:  # adamw only (check_in_backward checked it)
+        return build_in_backward(groups, cfg, train)
+    if cfg.name == "adamw":
+        kind = {"fused": True} if cfg.fused else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=train.lr, betas=betas, **kind)
+    if cfg.name == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise ConfigError(f"optimizer.name = adafactor needs torch >= 2.5 (this is {torch.__version__})")
+        return torch.optim.Adafactor(adafactor_groups(groups, train), lr=ADAFACTOR_LR)
+    if cfg.name == "muon":
+        return build_muon(model, train)  # type: ignore[return-value]  (a pair stepped as one)
+    if cfg.name in PACKAGES:  # its device and package: checked at the door (check)
+        return build_library_optimizer(model, groups, cfg, train)
+    raise ConfigError(f"unknown optimizer.name {cfg.name!r}; valid: {', '.join(NAMES)}")
 
 
 def apply(step: TrainStep) -> None:
