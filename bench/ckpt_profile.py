@@ -2,7 +2,7 @@
 
   python3 bench/ckpt_profile.py --experiment gpt2s --profiles bf16,gradcp_bf16,selective,sac_ops --steps 8 --out DIR
 
-For each profile: the step built as the engine builds it (memlab.core.step.build_step), `--steps` steps timed by
+For each profile: the step built as the engine builds it (memlab.core.techniques.build_step), `--steps` steps timed by
 CUDA events and by the wall clock, then two steps under torch.profiler: the total device time of the kernels, the
 host's busy time, and the ten ops with the most host time. DIR/ckpt_profile.md gets one section per profile.
 """
@@ -18,7 +18,7 @@ import torch
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.data import load_tokens
 from memlab.core.engine import padded_vocab
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 from memlab.core.techniques import check_techniques
 
 

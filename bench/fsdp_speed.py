@@ -27,7 +27,7 @@ from memlab.core import distributed
 from memlab.core.config import apply_overrides, load_experiment, load_profile
 from memlab.core.engine import prepare
 from memlab.core.meters import PhaseMeter
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 
 # The first pass: gpt2s at the GPU default batch per GPU (16 x 1024) and Llama-3.2-1B (2 x 2048), each knob alone
 DEFAULT_CASES = Path(__file__).parent / "fsdp_cases" / "knobs.txt"

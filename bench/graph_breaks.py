@@ -11,7 +11,7 @@ import sys
 import torch
 
 from memlab.core.config import apply_overrides, load_experiment, load_profile
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 
 
 def main() -> None:

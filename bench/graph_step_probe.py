@@ -5,7 +5,7 @@ One process, one GPU, gpt2s. At each batch, three cases in interleaved rounds, e
 around the same work (the batch built on the host from the token array, pinned, copied; the step; one synchronize
 at the end of the timed steps):
   ref      the plain compiled loop of bench/fastest.py (RefGPT, bf16 autocast, SDPA, fused AdamW, torch.compile)
-  step     memlab's TrainStep (memlab.core.step.build_step) for --profile, launched from Python
+  step     memlab's TrainStep (memlab.core.techniques.build_step) for --profile, launched from Python
   graph    the same TrainStep captured once as a CUDA graph and replayed (its batch copied into static inputs)
 Also: the graph's losses against the launched step's from the same weights and batches, and the peak allocated
 bytes of one launched step against the peak during the capture (what a graphed step holds).
@@ -73,7 +73,7 @@ class Reference:
 
 
 def memlab_step(exp, profile, vocab: int, batch: int):
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
 
     exp.train.batch_size = batch
     torch.manual_seed(exp.train.seed)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from memlab.core import step as train_step
+from memlab.core.techniques import build_step
 from memlab.core.config import load_experiment, load_profile
 from memlab.core.predict.analytic import vocab_for
 from memlab.core.techniques import check_techniques
@@ -37,7 +37,7 @@ def main() -> None:
     torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    step = train_step.build_step(e, p, device, vocab_for(e)[0])
+    step = build_step(e, p, device, vocab_for(e)[0])
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     stats = torch.cuda.memory_stats()

@@ -15,7 +15,7 @@ import torch
 
 def saved_by_profile(profile_name: str, experiment_name: str, layers: int, batch: int) -> Counter:
     from memlab.core.config import apply_overrides, load_experiment, load_profile
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
     from memlab.core.techniques import check_techniques
 
     exp, prof = load_experiment(experiment_name), load_profile(profile_name)

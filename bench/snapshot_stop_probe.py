@@ -16,7 +16,7 @@ import torch
 import torch.utils.checkpoint as ckpt
 
 from memlab.cli.options import resolve
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 
 
 def recorded(experiment: str, profile: str, b: int, context: str | None, stacks: str, early_stop: bool,

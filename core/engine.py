@@ -32,8 +32,8 @@ from memlab.core.meters import (NvmlSampler, PhaseMeter, StepRecord, WallClock, 
                                 nvml_index, reset_host_peak)
 from memlab.core.optim import lr_at, set_lr
 from memlab.core.runfolder import DiskFull, is_disk_full
-from memlab.core.step import TrainStep, build_step
-from memlab.core.techniques import check_techniques
+from memlab.core.step import TrainStep
+from memlab.core.techniques import build_step, check_techniques
 from memlab.core.techniques.accumulation import micro_batch
 
 # fp16 with a GradScaler skips steps whose gradients overflow; this many in a row means the run has diverged.

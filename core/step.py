@@ -1,6 +1,7 @@
 """One training step, built once: the model, what forward runs (compiled / DDP / FSDP wrapper), the optimizer, the
 GradScaler, autocast, activation offload, accumulation and clipping. The engine, the fake-tensor estimator
-(memlab.core.predict.fake) and the tests all build it with `build_step` and run it with `TrainStep.run`.
+(memlab.core.predict.fake) and the tests all build it with `memlab.core.techniques.build_step` and run it with
+`TrainStep.run`.
 
 Techniques fill it in through their one door (memlab.core.techniques), in the order that file explains.
 """
@@ -152,16 +153,3 @@ def _folds_clipping(optimizer: Any) -> bool:
     as it reads it, so clip_grad_norm_'s factor can ride in as 1 / grad_scale."""
     inner = getattr(optimizer, "inner", optimizer)
     return isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and all(g["fused"] for g in inner.param_groups)
-
-
-def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,
-               on_device: bool = False) -> TrainStep:
-    """The step for `profile` on `experiment`, every technique applied. Call check_techniques first (the engine's
-    prepare does): apply assumes the checks passed."""
-    from memlab.core.techniques import apply_techniques
-    from memlab.core.techniques.accumulation import micro_batch
-
-    world = dist.world_size if dist is not None else 1
-    step = TrainStep(experiment, profile, device, vocab_size, dist=dist, micro_batch=micro_batch(experiment, profile, world), on_device=on_device)
-    apply_techniques(step)
-    return step

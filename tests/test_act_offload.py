@@ -157,7 +157,7 @@ def test_a_second_backward_through_the_same_graph_is_refused_in_one_line():
 
 def test_the_step_runs_with_the_hooks_and_matches_the_plain_bf16_step(monkeypatch, tiny):
     """The technique's wiring (apply, TrainStep's offload context) on the CPU, plain copies for the CUDA stream."""
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
 
     monkeypatch.setattr(act_offload, "CudaCopies", lambda device: HostCopies())
     monkeypatch.setattr(act_offload, "OverlapOffload", lambda copier: OverlapOffload(copier, min_bytes=SMALL))

@@ -15,7 +15,7 @@ import torch
 
 from memlab.core.config import Profile, load_experiment, load_profile
 from memlab.core.errors import ConfigError, DeviceError
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 from memlab.core.techniques import check_plan, check_techniques
 from memlab.core.techniques import cuda_graph as cg
 

@@ -48,9 +48,9 @@ def _fused_dropout(input, p=0.5, training=True, inplace=False):
 @pytest.fixture
 def cuda_kernels(monkeypatch):
     """The training step with CUDA's dropout and softmax backward (see the module's docstring)."""
-    import memlab.core.step as step_module
+    import memlab.core.techniques as techniques
 
-    build = step_module.build_step
+    build = techniques.build_step
 
     def build_step(*args, **kwargs):
         step = build(*args, **kwargs)
@@ -63,7 +63,7 @@ def cuda_kernels(monkeypatch):
         step.run = run_emulated
         return step
 
-    monkeypatch.setattr(step_module, "build_step", build_step)
+    monkeypatch.setattr(techniques, "build_step", build_step)
     monkeypatch.setattr(F, "dropout", _fused_dropout)
 
 

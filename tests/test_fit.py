@@ -246,7 +246,7 @@ def test_fits_trainable_count_on_the_skeleton_is_what_the_engine_trains(name):
     import torch
 
     from memlab.core.models import family
-    from memlab.core.step import build_step
+    from memlab.core.techniques import build_step
     from memlab.core.techniques import finetune
 
     e, p = load_experiment("llama-tiny"), load_profile(name)

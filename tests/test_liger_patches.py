@@ -10,7 +10,7 @@ from memlab.core.engine import train
 from memlab.core.errors import ConfigError, DeviceError
 from memlab.core.events import ListSink
 from memlab.core.predict.prediction import predict
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 from memlab.core.techniques import check_plan, liger_patches
 
 pytest.importorskip("transformers")

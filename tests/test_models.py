@@ -16,7 +16,7 @@ from memlab.core.errors import MemlabError
 from memlab.core.events import ListSink
 from memlab.core.models import family, hf
 from memlab.core.models.presets import PRESETS
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 from memlab.core.techniques import check_techniques
 
 pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ from memlab.core.errors import ConfigError
 from memlab.core.predict.analytic import estimate
 from memlab.core.events import ListSink
 from memlab.core.optim import lr_at, set_lr
-from memlab.core.step import build_step
+from memlab.core.techniques import build_step
 from memlab.core.techniques import check_plan, check_techniques
 from memlab.core.techniques.optim_in_backward import InBackwardOptimizer
 

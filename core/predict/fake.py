@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 import torch
-from memlab.core import step as train_step
+from memlab.core import techniques
 from memlab.core.attention import fake_tensors_note, keeps_scores, kernel_for
 from memlab.core.config import Experiment, Profile
 from memlab.core.errors import DeviceError, MemlabError
@@ -203,7 +203,7 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
         stack.enter_context(swappable_fake_parameters())  # peft's adapters and bf16_pure convert fake parameters
         for mode in (FakeTensorMode(), _scalars(torch), *kernels, *watchers):
             stack.enter_context(mode)
-        step = train_step.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
+        step = techniques.build_step(experiment, p, device, vocab_size, on_device=True)  # a module lookup: tests swap it
         step.scaler = None  # fake tensors: GradScaler's inf check reads a value that does not exist
         yield step, batch
 

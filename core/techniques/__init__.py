@@ -1,6 +1,7 @@
 """Techniques, one module each, each with two functions: `check(experiment, profile, device, world)` refuses what
 cannot run here with a one-line error naming the fix and the valid choices, and `apply(step)` applies the
-technique to the training step under construction (memlab.core.step.TrainStep). This file is the one door.
+technique to the training step under construction (memlab.core.step.TrainStep). This file is the one door, and
+`build_step` the one way a step is built.
 
 `check_techniques` runs every check, before a run folder or any event exists, so no refusal ever happens inside a
 step. `apply_techniques` applies them in this order, and why:
@@ -29,7 +30,7 @@ process, before the checks (which ask the device what it can do).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,10 +55,10 @@ from memlab.core.techniques import (
     torch_compile,
 )
 from memlab.core.standin import FakeStep, StandIn
+from memlab.core.step import TrainStep
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
-    from memlab.core.step import TrainStep
 
 BEFORE_MODEL = (memory_cap, precision, attention)
 ON_MODEL = (liger_patches, finetune, loss, fused_kernels, float8, checkpointing, torch_compile, distributed, optimizer, act_offload, cuda_graph)
@@ -140,6 +141,17 @@ def apply_techniques(step: TrainStep) -> None:
     step.build_model()
     for technique in ON_MODEL:
         technique.apply(step)
+
+
+def build_step(experiment: Experiment, profile: Profile, device: torch.device, vocab_size: int, dist: Any = None,
+               on_device: bool = False) -> TrainStep:
+    """The step for `profile` on `experiment`, every technique applied. Call check_techniques first (the engine's
+    prepare does): apply assumes the checks passed."""
+    world = dist.world_size if dist is not None else 1
+    micro = accumulation.micro_batch(experiment, profile, world)
+    step = TrainStep(experiment, profile, device, vocab_size, dist=dist, micro_batch=micro, on_device=on_device)
+    apply_techniques(step)
+    return step
 
 
 def apply_to_process(profile: Profile) -> None:

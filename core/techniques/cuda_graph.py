@@ -21,6 +21,7 @@ import torch
 from memlab.core.errors import ConfigError
 from memlab.core.requirements import refuse_without_cuda
 from memlab.core.standin import FakeStep
+from memlab.core.step import StepResult
 
 from memlab.core.models.family import require_family
 
@@ -28,7 +29,7 @@ FAMILIES = ("gpt",)  # what capturing a whole step is checked on
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
-    from memlab.core.step import StepResult, TrainStep
+    from memlab.core.step import TrainStep
 
 WARM_STEPS = 2
 
@@ -165,8 +166,6 @@ class StepGraph:
 
     def _outputs(self) -> StepResult:
         """Copies of the graph's outputs: the next replay overwrites them, and the engine reads a step late."""
-        from memlab.core.step import StepResult
-
         r = self.result
         assert r is not None
         grad_norm = r.grad_norm.clone() if isinstance(r.grad_norm, torch.Tensor) else r.grad_norm
