@@ -13,27 +13,19 @@ import hashlib
 import itertools
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from memlab.core.config import DataConfig
 from memlab.core.data import hub
+from memlab.core.data.corpus import Corpus, Documents
+from memlab.core.data.stdlib import StdlibCorpus
 from memlab.core.errors import DataError
 
 BUILDERS = {".txt": "text", ".md": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 SUPPORTED = " ".join(BUILDERS)
 SOURCE_HELP = f"use stdlib, a file or folder of {SUPPORTED} files, or hf:NAME[:CONFIG]"
-
-
-@dataclass
-class Documents:
-    passes: Callable[[], Iterator[str]]  # each call: a fresh pass over the texts, max_docs applied
-    total: int | None  # number of documents when known (for progress)
-    reiterable: bool  # False: a second pass would fetch everything again (a Hub stream): spool it instead
-    describe: Callable[[int], str]  # documents actually tokenized -> e.g. "posts.jsonl (1200 documents)"
-    available: int | None = None  # documents in the source before max_docs, when known
 
 
 def count_documents(n: int, available: int | None, max_docs: int) -> str:
@@ -46,21 +38,10 @@ def count_documents(n: int, available: int | None, max_docs: int) -> str:
     return f"{n:,} document{'s' if n != 1 else ''}"
 
 
-class Corpus:
-    name: str  # short, for "trained on ..." and the cache entry's folder name
-    description: str
-    key: dict
-
-    def open(self, scratch: Path) -> Documents:
-        raise NotImplementedError
-
-
 def open_source(cfg: DataConfig) -> Corpus:
     """DataConfig.source -> a Corpus; a missing path or an unknown form is a DataError naming the valid ones."""
     src = cfg.source.strip()
     if src == "stdlib":
-        from memlab.core.data.stdlib import StdlibCorpus
-
         if cfg.streaming or cfg.split != "train":
             knob = "--streaming (data.streaming)" if cfg.streaming else f"--split {cfg.split!r} (data.split)"
             raise DataError(f"{knob} does not apply to the built-in stdlib corpus (one split, read from disk); "

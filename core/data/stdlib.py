@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from memlab.core.data.sources import Corpus, Documents
+from memlab.core.data.corpus import Corpus, Documents
 from memlab.core.errors import DataError
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}

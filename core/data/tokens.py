@@ -20,7 +20,8 @@ import numpy as np
 
 from memlab.core.config import DataConfig
 from memlab.core.data import cache
-from memlab.core.data.sources import Corpus, Documents, open_source
+from memlab.core.data.corpus import Corpus, Documents
+from memlab.core.data.sources import open_source
 from memlab.core.data.tokenizer import (
     EOS,
     TokenizerSpec,
