@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
+from memlab.core.errors import ConfigError
 from memlab.core.standin import FakeStep
+from memlab.core.techniques.checkpointing import budgeted
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -23,8 +26,6 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
     """The profile's own validation names the valid modes; the CUDA-graph ones are refused here, on every device."""
     c = profile.compile
     if c.enabled and c.mode in CUDA_GRAPH_MODES:
-        from memlab.core.errors import ConfigError
-
         raise ConfigError(
             f"compile.mode = {c.mode!r} records CUDA graphs, whose memory pool is outside memlab's per-phase peak "
             "resets (memory would be measured wrong); use compile.mode = 'default' or 'max-autotune-no-cudagraphs', and "
@@ -73,7 +74,5 @@ def apply(step: TrainStep) -> None:
         step.train_model = compiled(step.train_model, step.profile)
         budget = step.profile.checkpointing.budget
         if budget < 1:
-            from memlab.core.techniques.checkpointing import budgeted
-
             step.train_model = budgeted(step.train_model, budget)
     step.applied["compile"] = (c.mode + (" +tune_kernels" if c.tune_kernels else "")) if c.enabled else "off"
