@@ -64,8 +64,9 @@ def _source_of(module: str) -> str:
 # Resolved on first use, not at import: locating a module imports its parent package (memlab.core.techniques: torch).
 @functools.cache
 def _optim_files() -> tuple[str, ...]:
-    """Frames of the optimizer's code: its state and temporaries."""
-    return ("torch/optim/", "torchao/optim", _source_of("memlab.core.optim"), _source_of("memlab.core.techniques.optim_offload"))
+    """Frames of the optimizer's code: its state and temporaries (built at the optimizer technique's door)."""
+    return ("torch/optim/", "torchao/optim", _source_of("memlab.core.optim"), _source_of("memlab.core.techniques.optimizer"),
+            _source_of("memlab.core.techniques.optim_offload"))
 
 
 @functools.cache
