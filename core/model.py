@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memlab.core.attention import AttentionKernel
+from memlab.core.attention.kernel import AttentionKernel
 from memlab.core.fused.forward import fused_head_loss, fused_hidden
 from memlab.core.loss import loss_from_hidden
 

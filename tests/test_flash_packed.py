@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy
 
-from memlab.core.attention import build_attention, window_mask
+from memlab.core.attention import build_attention
+from memlab.core.attention.kernel import window_mask
 from memlab.core.attention import flash as flash_mod
 from memlab.core.attention import flash_packed as fp
 from memlab.core.attention.flash import FlashAttention, FlashImpl

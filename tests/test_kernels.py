@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memlab.core.attention import build_attention, kernel_names, window_mask
+from memlab.core.attention import build_attention, kernel_names
+from memlab.core.attention.kernel import window_mask
 from memlab.core.attention import flash as flash_mod
 from memlab.core.attention.flash import FlashAttention, FlashImpl
 from memlab.core.attention.flex import FlexAttention, mask_mod_for

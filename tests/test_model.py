@@ -8,7 +8,8 @@ import torch
 
 from model_helpers import CFG, CPU, assert_same_loss_and_grads, batch, grads, kernel, make_model
 
-from memlab.core.attention import build_attention, window_mask
+from memlab.core.attention import build_attention
+from memlab.core.attention.kernel import window_mask
 from memlab.core.config import AttentionConfig, CheckpointingConfig
 from memlab.core.flops import flops_per_token, mfu, peak_flops, window_fraction
 from memlab.core.loss import loss_from_hidden

@@ -19,11 +19,12 @@ refuses mid-step. `kernel.name` is what actually ran (e.g. `sdpa:cudnn`), record
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
+from memlab.core.attention import eager, flash, flex, sdpa  # noqa: F401  (each registers itself in REGISTRY)
+from memlab.core.attention.kernel import REGISTRY, AttentionKernel, Fallback, Supports
 from memlab.core.config import AttentionConfig
 from memlab.core.dtypes import compute_dtype
 from memlab.core.errors import ConfigError, MemlabError
@@ -33,55 +34,15 @@ if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
     from memlab.core.step import TrainStep
 
-ALL_DTYPES = frozenset({"fp32", "bf16", "fp16"})
-
-
-@dataclass(frozen=True)
-class Supports:
-    """What one kernel can do; read by check(), the estimator and the fake-tensor method."""
-
-    window: bool  # honours a sliding window (cheaper with one), not by a dense fallback
-    dropout: bool  # applies attention dropout itself
-    dtypes: frozenset[str]  # input dtypes it takes: fp32 | bf16 | fp16
-    devices: frozenset[str]  # cuda | cpu
-    cpu_backward: bool  # trains on the CPU backend (FlexAttention's backward is CUDA-only)
-    materializes_scores: bool  # keeps a (B, nh, T, T) score matrix: memory grows with T^2
-    fake_tensors: bool  # runs under FakeTensorMode (memlab estimate --method fake)
-
-
-class AttentionKernel(Protocol):
-    name: str
-    window: int
-    supports: Supports
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    name: str
-    build: Callable[[AttentionConfig, torch.device, torch.dtype, float], AttentionKernel]
-    describe: str
-    declares: Callable[[AttentionConfig], Supports]  # what the family's own kernel supports on CUDA, unbuilt
-
-
-_REGISTRY: dict[str, KernelSpec] = {}
-
-
-def register(spec: KernelSpec) -> None:
-    _REGISTRY[spec.name] = spec
-
 
 def kernel_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted(REGISTRY)
 
 
 def declared(cfg: AttentionConfig) -> Supports:
     """The declaration of the kernel `cfg` names, without building it (no GPU needed): for the estimator, which
     plans for a GPU that may not be here."""
-    _load_builtin()
-    return _REGISTRY[cfg.kernel].declares(cfg)
+    return REGISTRY[cfg.kernel].declares(cfg)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -90,10 +51,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def build_attention(cfg: AttentionConfig, device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> AttentionKernel:
     """The kernel that will run for `cfg` on `device` with inputs of `dtype` and attention dropout `dropout`."""
-    _load_builtin()
-    spec = _REGISTRY.get(cfg.kernel)
+    spec = REGISTRY.get(cfg.kernel)
     if spec is None:
-        raise ConfigError(f"unknown attention.kernel {cfg.kernel!r}; valid: {', '.join(sorted(_REGISTRY))}")
+        raise ConfigError(f"unknown attention.kernel {cfg.kernel!r}; valid: {', '.join(sorted(REGISTRY))}")
     kernel = spec.build(cfg, device, dtype, dropout)
     _require_supported(kernel, cfg, device, dtype, dropout)
     return kernel
@@ -127,35 +87,6 @@ def kernel_for(experiment: Experiment, profile: Profile, device: torch.device) -
         reason = f"window {profile.attention.window} >= seq_len {experiment.model.seq_len}: full causal attention"
         kernel = Fallback(kernel.inner, f"{kernel.reason}; {reason}") if isinstance(kernel, Fallback) else Fallback(kernel, reason)
     return kernel
-
-
-def window_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
-    """Boolean (T, T) mask, True where query i may attend key j: j <= i and, with a window, i - j < window."""
-    i = torch.arange(T, device=device).unsqueeze(1)
-    j = torch.arange(T, device=device).unsqueeze(0)
-    mask = j <= i
-    if window:
-        mask = mask & (i - j < window)
-    return mask
-
-
-class Fallback:
-    """A kernel that stands in for the one asked for; its name says what ran and why, e.g.
-    `sdpa:flash (flash-attn not installed)`. The inner name is read live: SDPA's `auto` names its backend on the
-    first call."""
-
-    def __init__(self, inner: AttentionKernel, reason: str):
-        self.inner = inner
-        self.reason = reason
-        self.window = inner.window
-        self.supports = inner.supports
-
-    @property
-    def name(self) -> str:
-        return f"{self.inner.name} ({self.reason})"
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0):
-        return self.inner(q, k, v, dropout_p=dropout_p)
 
 
 # ---------------------------------------------------------------------------------------------- the technique door
@@ -221,16 +152,3 @@ def fake_tensors_note(profile: Profile) -> str:
         return ("fp32 eager attention: the H100 held a third fp32 T x T gradient in backward that fake tensors do "
                 "not allocate; expect a real peak above this one")
     return ""
-
-
-_BUILTIN_LOADED = False
-
-
-def _load_builtin() -> None:
-    # A flag, not "is the registry empty": importing one kernel module first (flash imports sdpa) registers some.
-    global _BUILTIN_LOADED
-    if _BUILTIN_LOADED:
-        return
-    from memlab.core.attention import eager, flash, flex, sdpa  # noqa: F401  (each registers itself)
-
-    _BUILTIN_LOADED = True

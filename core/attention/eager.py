@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from memlab.core.attention import ALL_DTYPES, KernelSpec, Supports, register, window_mask
+from memlab.core.attention.kernel import ALL_DTYPES, KernelSpec, Supports, register, window_mask
 from memlab.core.config import AttentionConfig
 
 # Windows by masking the full score matrix: honoured, but no memory or compute saved.

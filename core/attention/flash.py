@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from memlab.core.attention import AttentionKernel, Fallback, KernelSpec, Supports, register
+from memlab.core.attention.kernel import AttentionKernel, Fallback, KernelSpec, Supports, register
 from memlab.core.attention.flash_packed import attend_packed, fa4_window
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig

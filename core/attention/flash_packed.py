@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from memlab.core.attention import window_mask
+from memlab.core.attention.kernel import window_mask
 
 
 def split_heads(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:

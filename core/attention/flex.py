@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from memlab.core.attention import ALL_DTYPES, AttentionKernel, Fallback, KernelSpec, Supports, register
+from memlab.core.attention.kernel import ALL_DTYPES, AttentionKernel, Fallback, KernelSpec, Supports, register
 from memlab.core.attention.sdpa import SDPAAttention
 from memlab.core.config import AttentionConfig
 

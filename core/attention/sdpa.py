@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from memlab.core.attention import ALL_DTYPES, KernelSpec, Supports, register, window_mask
+from memlab.core.attention.kernel import ALL_DTYPES, KernelSpec, Supports, register, window_mask
 from memlab.core.config import AttentionConfig
 from memlab.core.errors import ConfigError, DeviceError
 from memlab.core.requirements import sdpa_backend_needs_cuda

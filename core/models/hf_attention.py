@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from memlab.core.attention import window_mask
+from memlab.core.attention.kernel import window_mask
 
 NAME = "memlab"
 KERNEL_ATTR = "memlab_kernel"  # set by the adapter on each attention layer: the kernel that serves it
