@@ -22,6 +22,7 @@ from memlab.core.errors import DeviceError, MemlabError
 from memlab.core.models import family
 from memlab.core.models import hf as hf_family
 from memlab.core.predict.analytic import COMPONENTS, WORKSPACE_BYTES, Estimate, param_count
+from memlab.core.predict.cuda_autocast import cuda_policy
 from memlab.core.predict.cuda_temporaries import sdpa_backward_workspace_bytes
 from memlab.core.predict.standins import StandIns, install, split, swappable_fake_parameters
 from memlab.core.standin import with_settings
@@ -188,7 +189,8 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     """The engine's step (memlab.core.step) built on fake tensors, inside `watchers` (dispatch modes entered before
     the model is built, innermost): yields the step and a maker of one step's micro-batches at micro-batch b.
     `.item()` answers any number; SDPA and dropout save what the GPU's fused kernels save, not what the CPU's paths
-    save (unless `gpu_kernels` is False: this device's own). `attention_backward` names the GPU backend whose
+    save, and autocast keeps CUDA's fp32 ops in fp32 (memlab.core.predict.cuda_autocast; unless `gpu_kernels` is
+    False: this device's own). `attention_backward` names the GPU backend whose
     backward workspace the fused SDPA allocates and frees (memlab.core.predict.cuda_temporaries; "" for none)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -200,6 +202,8 @@ def fake_step(experiment: Experiment, p: Profile, device: Any, vocab_size: int, 
     with FAKE_STEP_LOCK, contextlib.ExitStack() as stack:
         # the GPU's fused SDPA and dropout in place of the CPU's, which keep more (see _fused_sdpa and _fused_dropout)
         kernels = (_fused_sdpa(torch, p, attention_backward), _fused_dropout(torch)) if gpu_kernels else ()
+        if gpu_kernels and device.type != "cuda":  # the ops CUDA's autocast runs in fp32, in fp32 here too
+            stack.enter_context(cuda_policy())
         stack.enter_context(swappable_fake_parameters())  # peft's adapters and bf16_pure convert fake parameters
         for mode in (FakeTensorMode(), _scalars(torch), *kernels, *watchers):
             stack.enter_context(mode)
