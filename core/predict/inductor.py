@@ -68,6 +68,7 @@ from memlab.core.model import GPT, GPTConfig
 from memlab.core.models import hf_attention
 from memlab.core.models.hf import HFCausalLM, transformers_config
 from memlab.core.errors import MemlabError
+from memlab.core.predict.cuda_autocast import cuda_policy
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES, INDUCTOR_WRAPPER_TORCH, torch_release
 from memlab.core.runfolder import atomic_write_json
 from memlab.core.techniques.checkpointing import apply_checkpointing
@@ -426,7 +427,8 @@ def _partitioned(shape: GraphShape) -> tuple[Any, Any]:
             torch._dynamo.mark_dynamic(tokens, 0)  # the batch stays a symbol: one trace for every micro-batch
         step = torch.compile(model)
     with mock.patch.object(compile_fx, "min_cut_rematerialization_partition", partition), _autocast_as_on_cuda(), \
-         functorch_config.patch(activation_memory_budget=shape.budget), torch.autocast("cpu", dtype=torch.bfloat16):
+         _padding_as_on_cuda(), functorch_config.patch(activation_memory_budget=shape.budget), \
+         torch.autocast("cpu", dtype=torch.bfloat16):
         try:
             step(x, y)
         except Exception as e:  # noqa: BLE001 (Dynamo wraps the stop in its own error)
@@ -460,14 +462,29 @@ def _autocast_as_on_cuda():
     input to `torch.get_autocast_gpu_dtype()` where `torch.is_autocast_enabled()` (CUDA's) holds, as it does on the
     GPU; without this it saw no autocast and cast the fp32 LayerNorm outputs to float8 directly (two bf16 casts a
     block fewer than the GPU's graph). It did not close the seq-8192 shape's gap, which is the torch release's
-    (docs/estimator.md)."""
+    (docs/estimator.md). The ops CUDA's autocast runs in fp32 run in fp32 here too (cuda_autocast: transformers'
+    GPT-2 builds its GELU from pow and tanh, which the CPU's autocast left in bf16)."""
     asked = torch.is_autocast_enabled
 
     def enabled(device_type: str | None = None) -> bool:
         return asked("cpu") if device_type in (None, "cuda") else asked(device_type)
 
     with mock.patch.object(torch, "is_autocast_enabled", enabled), \
-         mock.patch.object(torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype("cpu")):
+         mock.patch.object(torch, "get_autocast_gpu_dtype", lambda: torch.get_autocast_dtype("cpu")), cuda_policy():
+        yield
+
+
+@contextlib.contextmanager
+def _padding_as_on_cuda():
+    """Inductor's shape padding, as on a GPU: a matmul with a dimension that is not a multiple of the alignment (GPT-2's
+    50,257-token head) is padded where the GPU's benchmark finds it faster, and its backward then holds one more
+    logits-sized buffer (transformers' GPT-2 compiled at micro-batch 34 on an H200: 19.83 GiB with padding, 16.64
+    without; bench/results/heldout-arch-h200). The CPU never pads (no CUDA tensors, no benchmark): here every matmul
+    Inductor can pad is padded, the larger of the two outcomes (a max batch errs low where the GPU would not pad)."""
+    from torch._inductor.fx_passes import pad_mm
+
+    with mock.patch.object(pad_mm, "check_device", lambda a, b: True), mock.patch.object(pad_mm, "has_triton", lambda: True), \
+         mock.patch.object(pad_mm, "_should_pad", lambda *args, **kwargs: True):
         yield
 
 
