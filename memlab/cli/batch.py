@@ -187,7 +187,8 @@ REPLAY_CHECKED = {  # what each mode of the allocator model was checked against,
           "checkpointed, per-op checkpointed as compiled blocks, compiled) within 0.1% (bench/results/hf-h100/predicted.md); "
           "memlab fit's max batch exact in 8 GPU searches, its longest sequence -4.4% to 0.0% (bench/results/fit-8b-h200, "
           "fit-heldout-h200: Qwen2.5-1.5B held out, -3.0% and -2.8%); max batch under 24 GiB on an H200 none above, 9 of 10 "
-          "exact (bench/results/hf-heldout-h200)",
+          "exact (bench/results/hf-heldout-h200); held out on GPT-2 and Gemma-2's layers, 3 of 10 above until CUDA's autocast "
+          "lists and Inductor's padding were modelled, none above since (bench/results/heldout-arch-h200)",
 }
 
 
