@@ -50,6 +50,17 @@ def test_shape_keys_override_the_preset_the_rest_come_from_it():
     assert (e.model.n_layer, e.model.d_model, e.model.vocab_size) == (2, 896, 151936)
 
 
+def test_a_model_without_grouped_query_attention_takes_another_head_count_whole():
+    """GPT-2 has a key/value head per head: --set model.n_head=2 alone is a two-head GPT-2 (it was refused, its
+    key/value heads still the preset's 12), while Llama keeps its own 8 key/value heads."""
+    e = load_experiment("llama-tiny")
+    apply_overrides(e, load_profile("bf16"), ['model.source="gpt2"', "model.n_layer=1", "model.n_head=2", "model.d_model=64"])
+    assert (e.model.n_head, e.model.n_kv_head) == (2, 2) and hf.skeleton(e).hf.config.n_head == 2
+    e = load_experiment("llama-1b")
+    apply_overrides(e, load_profile("bf16"), ["model.n_head=16"])
+    assert (e.model.n_head, e.model.n_kv_head) == (16, 8)
+
+
 def test_gpt_experiments_keep_their_fingerprints():
     """Adding [model] family/source/n_kv_head leaves every stored gpt run comparable with new ones."""
     e = load_experiment("tiny")

@@ -106,6 +106,8 @@ def resolve(experiment: Any, explicit: set[str]) -> None:
     for key, value in shape_of(config).items():
         if f"model.{key}" not in explicit:
             setattr(m, key, value)
+    if _get(config, "n_kv_head") is None and "model.n_kv_head" not in explicit:
+        m.n_kv_head = m.n_head  # no grouped-query attention: a key/value head per head, however many --set asks for
     tokenizer = Path(m.source).expanduser() / "tokenizer.json"
     if source_kind(m.source) == "checkpoint" and tokenizer.is_file() and "data.tokenizer" not in explicit:
         experiment.data.tokenizer = str(tokenizer)
@@ -121,6 +123,8 @@ def hf_config(model: Any) -> dict[str, Any]:
         if value == base[key]:
             continue
         names = [n for n in KEY_NAMES[key] if n in config] or ([KEY_NAMES[key][0]] if key != "n_kv_head" else [])
+        if not names and value == model.n_head:  # no grouped-query attention: its key/value heads are its heads
+            continue
         if not names:
             raise ConfigError(f"model.n_kv_head = {value}: {config['model_type']} has no grouped-query attention (its key/value heads are its n_head, {base['n_head']})")
         config[names[0]] = value
