@@ -52,11 +52,12 @@ def _fp32_result(op: Any, name: str) -> Callable[..., Any]:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            if _reduced(args[0]) and position is not None and len(args) > position:
-                if args[position] is None:
-                    args = (*args[:position], torch.float32, *args[position + 1:])
-            elif _reduced(args[0]) and kwargs.get("dtype") is None:
-                kwargs["dtype"] = torch.float32
+            if _reduced(args[0]):
+                if position is not None and len(args) > position:  # softmax's dtype comes positionally
+                    if args[position] is None:
+                        args = (*args[:position], torch.float32, *args[position + 1:])
+                elif kwargs.get("dtype") is None:
+                    kwargs["dtype"] = torch.float32
             return op(*args, **kwargs)
     return kernel
 
