@@ -6,6 +6,7 @@ seconds is left out (a compiled step whose Inductor trace is not among those mad
 
     python bench/trace_heldout.py --out bench/results/trace-heldout-cpu/rows.jsonl   # appends a row per run
     python bench/trace_heldout.py --table bench/results/trace-heldout-cpu/rows.jsonl
+    python bench/trace_heldout.py --out /tmp/rows.jsonl --only ddp_bf16 window          # some profiles only
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _alarm(*_: object) -> None:
     raise TimedOut
 
 
-def predict_all(out: Path, timeout: int) -> None:
+def predict_all(out: Path, timeout: int, only: set[str]) -> None:
     sys.path.insert(0, str(TESTS))
     import polars as pl
     import test_estimate_heldout as heldout
@@ -41,6 +42,8 @@ def predict_all(out: Path, timeout: int) -> None:
     with out.open("a") as rows:
         for shape, run_dir in heldout._runs():
             info = json.loads((run_dir / "run.json").read_text())
+            if only and info["profile"]["name"] not in only:
+                continue
             row = pl.read_parquet(run_dir / "summary.parquet").row(0, named=True)
             experiment, profile = experiment_from_dict(info["experiment"]), profile_from_dict(info["profile"])
             vocab, _ = vocab_for(experiment)
@@ -81,9 +84,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="append a row per held-out run here")
     ap.add_argument("--table", type=Path, help="print the markdown table of these rows")
     ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--only", nargs="*", default=[], help="these profiles only")
     args = ap.parse_args()
     if args.out:
-        predict_all(args.out, args.timeout)
+        predict_all(args.out, args.timeout, set(args.only))
     if args.table:
         print(table(args.table))
 

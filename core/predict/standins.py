@@ -13,6 +13,8 @@ host memory or in CUDA unified memory is not on the allocator's books, so it is 
     loss       liger                          liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py
                cce                            cut-cross-entropy 25.1.1 cce.py, cce_lse_forward.py, indexed_dot.py,
                                               cce_backward.py, utils.py
+    grads      distributed.mode = ddp         torch 2.13 nn/parallel/distributed.py (_DDP bucket assignment: 1 MiB
+                                              first, then 25 MiB), reducer.cpp (gradient_as_bucket_view)
     base       finetune.base = nf4            bitsandbytes 0.50.2 nn/modules.py (Linear4bit, Params4bit with
                                               compress_statistics), autograd/_functions.py (MatMul4Bit: saves no
                                               input, dequantizes the weight to bf16 in forward and backward);
@@ -53,6 +55,7 @@ class StandIns:
     loss: str | None = None  # loss.fused: "liger" or "cce"
     offload: str | None = None  # checkpointing.offload: "sync" (save_on_cpu) or "overlap"
     base: str | None = None  # finetune.base: "nf4" (a 4-bit base under the adapters)
+    grads: str | None = None  # where the gradients live: "ddp_buckets" (distributed.mode = ddp)
 
 
 def split(profile: Profile) -> tuple[Profile, StandIns]:
@@ -63,7 +66,7 @@ def split(profile: Profile) -> tuple[Profile, StandIns]:
     for standin in memory_standins(profile):
         with_settings(p, standin.settings)
         installs[standin.kind] = standin.installs
-    return p, StandIns(installs.get("optimizer"), installs.get("loss"), installs.get("offload"), installs.get("base"))
+    return p, StandIns(*(installs.get(kind) for kind in ("optimizer", "loss", "offload", "base", "grads")))
 
 
 def compiled_standin(profile: Profile) -> Profile:
@@ -102,7 +105,47 @@ def install(step: Any, standins: StandIns, compute_dtype: torch.dtype) -> bool:
         step.offload = overlap.forward
     if standins.base == "nf4":
         quantized_base(step.model)
+    if standins.grads == "ddp_buckets":
+        ddp_buckets(step.model)
     return standins.base is not None
+
+
+# ---------------------------------------------------------------------------------------------- DDP's buckets
+
+DDP_BUCKET_CAPS = (1 << 20, 25 << 20)  # the first bucket's cap, then every other's (DDP's bucket_cap_mb default)
+
+
+def ddp_buckets(model: torch.nn.Module) -> None:
+    """DDP (gradient_as_bucket_view, as memlab.core.distributed wraps) allocates its gradient buckets when it wraps
+    the model: the trained parameters in reverse order, a bucket closed once it holds its cap, one flat tensor each,
+    alive all run. Each gradient autograd makes is copied into its bucket and replaced by a view of it, so the
+    gradients cost the buckets and one parameter's gradient at a time. The fake step has no process group to wrap."""
+    trained = [p for p in model.parameters() if p.requires_grad][::-1]
+    for dtype in dict.fromkeys(p.dtype for p in trained):  # a bucket holds one dtype
+        taken, size, cap = [], 0, DDP_BUCKET_CAPS[0]
+        for p in (p for p in trained if p.dtype == dtype):
+            taken.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                _bucket(taken)
+                taken, size, cap = [], 0, DDP_BUCKET_CAPS[1]
+        if taken:
+            _bucket(taken)
+
+
+def _bucket(params: list[torch.Tensor]) -> None:
+    flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    for p in params:
+        view = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+        p.register_post_accumulate_grad_hook(lambda p, view=view: _into_bucket(p, view))
+
+
+def _into_bucket(p: torch.Tensor, view: torch.Tensor) -> None:
+    if p.grad is not view:
+        view.copy_(p.grad)
+        p.grad = view
 
 
 @contextlib.contextmanager

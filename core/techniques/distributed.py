@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.core import distributed
+from memlab.core.standin import StandIn
 
 if TYPE_CHECKING:
     from memlab.core.config import Experiment, Profile
@@ -20,6 +21,18 @@ def check(experiment: Experiment, profile: Profile, device: torch.device, world:
 def shards_weights(profile: Profile) -> bool:
     """Whether each rank holds only its share of the weights (FSDP); DDP's ranks each hold all of them."""
     return profile.distributed.mode == "fsdp"
+
+
+def memory_standin(profile: Profile) -> StandIn | None:
+    """DDP's gradient buckets, which its wrapper allocates: the predictor's fake step has no process group to wrap
+    in, so the predictor allocates them (memlab.core.predict.standins.ddp_buckets). One rank's memory is DDP's at
+    any world size; FSDP2's sharding is not stood in for (the trace refuses several ranks)."""
+    return StandIn("grads", "ddp_buckets") if profile.distributed.mode == "ddp" else None
+
+
+def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
+    """DDP's buckets are laid out over the whole model at once, not block by block."""
+    return profile.distributed.mode != "ddp"
 
 
 def apply(step: TrainStep) -> None:
