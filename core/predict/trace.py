@@ -41,7 +41,8 @@ from memlab.core.predict.cuda_temporaries import Sms, sum_staging_bytes
 from memlab.core.predict.deepen import BLOCK, SHALLOW, Owners, deepened
 from memlab.core.predict.fake import FAKE_STEP_LOCK, fake_runnable, fake_step, reads_block_graphs, reads_compiled_graphs
 from memlab.core.predict.standins import around_graphs, compiled_standin
-from memlab.core.techniques import allocator, checkpointing, cuda_graph, float8, repeats_per_block, torch_compile
+from memlab.core.techniques import (allocator, checkpointing, cuda_graph, float8, repeats_per_block, steps_to_steady,
+                                    torch_compile)
 from memlab.core.techniques.cuda_graph import WARM_STEPS
 from memlab.core.dtypes import compute_dtype
 
@@ -113,6 +114,7 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
     step made at that many blocks (deep_trace; None where it cannot be)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     graphed = cuda_graph.captures(profile)
+    steps = steps_to_steady(profile)  # the steps a run takes before each allocates as the one before
     attention_backward = attention.backward_kernel(profile)  # the attention's declaration, before the stand-ins rename the kernel
     profile, standins = replay_standins.split(profile)  # CUDA-only libraries and host copies: stand-ins, below
     profile = fake_runnable(experiment, profile, device, [])  # compile off: for a compiled step the graphs stand in
@@ -140,11 +142,11 @@ def _two_steps(experiment: Experiment, profile: Profile, vocab_size: int, micro_
         if deepen_to:
             owners = Owners(params, tracer.sources, steps_at)
             return _made_deeper(events, construction, owners, deepen_to)
-        again = _next_step(events, first) if SECOND_STEP == "synthesized" and not graphed else None
+        again = _next_step(events, first) if SECOND_STEP == "synthesized" and not graphed and steps == 2 else None
         if again is not None:
             events += again
         else:
-            for _ in range((WARM_STEPS if graphed else 2) - 1):
+            for _ in range(max(steps, WARM_STEPS if graphed else 0) - 1):
                 step.run(batch(), on_phase=marked)
         if graphed:  # cuda_graph.enabled: after the launched steps, one captured into the graph's own pool
             events.append((CAPTURE, None, 0))

@@ -108,6 +108,12 @@ def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     return all(t.repeats_per_block(profile, depths) for t in TECHNIQUES if hasattr(t, "repeats_per_block"))
 
 
+def steps_to_steady(profile: Profile) -> int:
+    """The steps after which each step allocates as the one before, as the techniques declare: two (the first makes
+    the optimizer's state), or more (DDP rebuilds its buckets at the second): the steps the predictor's trace runs."""
+    return max([2, *(t.steps_to_steady(profile) for t in TECHNIQUES if hasattr(t, "steps_to_steady"))])
+
+
 def graphs_standin(profile: Profile) -> dict[str, object]:
     """The settings under which the predictor traces a compiled step's graphs, as the techniques declare them (a
     technique whose kernels the graph reader cannot build names the stock one that allocates the same)."""

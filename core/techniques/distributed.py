@@ -35,6 +35,11 @@ def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     return profile.distributed.mode != "ddp"
 
 
+def steps_to_steady(profile: Profile) -> int:
+    """DDP builds its buckets again at the second step: the third is the first that allocates as every later one."""
+    return 3 if profile.distributed.mode == "ddp" else 2
+
+
 def apply(step: TrainStep) -> None:
     """Last of the model wrappers: DDP wraps the compiled module; FSDP2 shards the module inside it."""
     if step.dist is None:
