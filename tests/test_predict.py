@@ -155,6 +155,20 @@ def test_a_family_without_a_formula_is_refused_the_analytic_method_and_a_techniq
         predict(e, int8, 1, card_for(None))
 
 
+def test_fsdp_is_refused_by_the_trace_and_the_gpt_family_falls_back_to_its_formula(tiny, monkeypatch):
+    e, _ = tiny
+    fsdp = load_profile("fsdp_bf16")
+    kept = predict(e, fsdp, 2, card_for(None), use_cache=False)  # memlab's GPT: the formula's figure, named so
+    assert kept.method == "analytic" and kept.reserved_bytes is None
+    assert kept.allocated_bytes == predict(e, fsdp, 2, card_for(None), method="analytic").allocated_bytes
+    assert any("no stand-in for FSDP2's all-gathers" in note for note in kept.notes)
+    found = max_batch(e, fsdp, card_for("1.5GiB"), replay=True)
+    assert found.replayed is None and found.max_batch == found.analytic_bound and "FSDP2" in found.not_replayed
+    monkeypatch.setattr(prediction, "family_of", lambda experiment: "hf")  # a family without the formula: refused
+    with pytest.raises(ConfigError, match="fsdp_bf16: the trace has no stand-in for FSDP2's all-gathers"):
+        predict(e, fsdp, 2, card_for(None), use_cache=False)
+
+
 def test_a_family_without_the_formula_plans_with_the_replay_alone(tiny, monkeypatch):
     e, p = tiny
     for module in (prediction, maxbatch):

@@ -165,10 +165,12 @@ def _traced(experiment: Experiment, profile: Profile, micro: int, card: Card) ->
     try:
         allocated, reserved = trace.step_peaks(experiment, profile, vocab_size=vocab, micro_batch=micro, capped=card.capped)
     except MemlabError as e:
-        est.notes.append(f"allocator replay: {e}")
+        if str(e) not in " ".join(est.notes):  # the breakdown's note says it already
+            est.notes.append(f"allocator replay: {e}")
         return _made(experiment, profile, est, card, allocated=est.total_bytes, reserved=None)
     # what the allocator holds beyond the tensors MemTracker saw (workspaces, block rounding) is the workspace's
     est.components["workspace"] += max(0, allocated - est.total_bytes)
+    est.method = "fake"  # the peaks are the replay's, whatever made the breakdown
     return _made(experiment, profile, est, card, allocated=allocated, reserved=reserved)
 
 
@@ -176,12 +178,11 @@ def _breakdown_without_tracker(experiment: Experiment, profile: Profile, micro: 
     """Where MemTracker cannot run a technique here (a CUDA-only library, offload with host and device one) but the
     replay has its stand-in: the gpt family's breakdown from the formula; another family is refused with `why`."""
     if family_of(experiment) not in ANALYTIC_FAMILIES:
-        raise ConfigError(f"{why.split('; use')[0]}; its kernel needs a fake-tensor stand-in declared next to the technique "
+        raise ConfigError(f"{why.split('; use')[0]}; it needs a fake-tensor stand-in declared next to the technique "
                           "(memlab.core.techniques), or predict without that technique")
     vocab, _ = analytic.vocab_for(experiment)
     est = analytic.estimate(experiment, profile, vocab_size=vocab, micro_batch=micro)
-    est.notes.append(f"breakdown: the analytic formula's ({why.split(': ', 1)[1]}); the peaks: the allocator replay's")
-    est.method = "fake"
+    est.notes.append(f"breakdown: the analytic formula's ({why.split(': ', 1)[1]})")
     return est
 
 

@@ -107,6 +107,7 @@ def _estimate(exp: Experiment, prof: Profile, nproc: int | None, gpu_memory: str
     card = P.card_for(gpu_memory)
     with traces_kept():  # the peaks' trace serves the max-batch search too
         result = P.predict(exp, prof, card=card, method="trace" if traced else "analytic", world_size=world)
+        traced = traced and result.method == "trace"  # the gpt family's formula where the trace refuses (FSDP2)
         analytic = P.predict(exp, prof, card=card, method="analytic") if traced and family_of(exp) == "gpt" else None
         # the allocator replay's max batch is the one never above what fits
         found = P.max_batch(exp, prof, card, replay=traced, world_size=world, at=result.micro_batch)
