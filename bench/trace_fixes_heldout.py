@@ -4,6 +4,7 @@ measured by `memlab run` on the GPU (bench/trace_fixes_gpu.sh) at the same micro
 
     python bench/trace_fixes_heldout.py predict --out bench/results/trace-heldout-cpu/fixes-predicted.json
     python bench/trace_fixes_heldout.py predict --set 2 --out bench/results/trace-heldout-cpu/fixes-predicted-2.json
+    python bench/trace_fixes_heldout.py predict --set 3 --out bench/results/trace-heldout-cpu/fixes-predicted-3.json
     python bench/trace_fixes_heldout.py compare --predicted ...json --rows GPU_ROWS.jsonl [...]
 """
 
@@ -24,8 +25,13 @@ SETS = {
     + [("llama-1b", "bf16"), ("llama-1b", "ddp_bf16")],
     "2": [("qwen-1.5b", "ddp_bf16"), ("gpt2s", "ddp_bf16"), ("heldout_fat", "ddp_bf16"), ("heldout_wide", "ddp_bf16"),
           ("gpt2s", "window+model.dropout=0.1"), ("bigvocab", "window+model.dropout=0.1")],
+    # Set 3: DDP with accumulation, whose micro-batches before the last run without DDP's hooks (no_sync), so their
+    # gradients stand beside the buckets until the last one's backward moves them in (the analytic formula counts
+    # the buckets alone); the same accumulation without DDP beside each
+    "3": [(shape, spec) for shape in ("heldout_logits", "seed_shape")
+          for spec in ("bf16+accumulation.steps=2", "ddp_bf16+accumulation.steps=2")],
 }
-PREDICTED = {"1": "fixes-predicted.json", "2": "fixes-predicted-2.json"}
+PREDICTED = {"1": "fixes-predicted.json", "2": "fixes-predicted-2.json", "3": "fixes-predicted-3.json"}
 
 
 def experiment_of(name: str):
@@ -45,7 +51,7 @@ def predict_all(out: Path, cases: list[tuple[str, str]]) -> None:
         profile = load_profile(name)
         apply_overrides(experiment, profile, sets)
         t = time.monotonic()
-        p = predict(experiment, profile, experiment.train.batch_size, Card(140 * 2**30, "NVIDIA H200", "H200"), use_cache=False)
+        p = predict(experiment, profile, None, Card(140 * 2**30, "NVIDIA H200", "H200"), use_cache=False)  # the run's micro-batch
         rows.append(dict(experiment=shape, profile=spec, micro_batch=p.micro_batch, allocated=p.allocated_bytes,
                          reserved=p.reserved_bytes, s=round(time.monotonic() - t, 1)))
         print(rows[-1], flush=True)

@@ -140,8 +140,17 @@ class _DDPReducer:
             p.register_post_accumulate_grad_hook(self.into_bucket)
         self.zero_grad = step.optimizer.zero_grad
         step.optimizer.zero_grad = self.zero_grad_then_rebuild
+        # with accumulation only the last micro-batch's backward syncs (no_sync before it): until then the gradients
+        # autograd makes stay where they are, beside the buckets
+        self.forwards, self.accumulation = 0, step.accumulation
+        step.model.register_forward_pre_hook(self.count_forward)
+
+    def count_forward(self, *_: Any) -> None:
+        self.forwards += 1
 
     def into_bucket(self, p: torch.Tensor) -> None:
+        if self.forwards % self.accumulation:  # not the step's last micro-batch: DDP's hooks do not run
+            return
         view = self.views[p]
         if p.grad is not view:
             view.copy_(p.grad)
