@@ -740,8 +740,10 @@ def _static_memory(st: _Step, notes: list[str]) -> _Static:
         weights=on_gpu * pb * N // shard,
         grads_full=in_bwd["grads"] if in_bwd else grads_full,
         # With accumulation, every micro-batch after the first runs with the gradients of the ones before alive.
-        # DDP: the buckets hold every gradient from the start.
-        grads_fwd=grads_full if st.k > 1 or st.ddp else 0,
+        # DDP: the buckets hold every gradient from the start; with accumulation, beside them the gradients of the
+        # micro-batches before the last, made under no_sync and moved into the buckets only by the last backward
+        # (on the H200, heldout_logits at accumulation 2: 2.77 GiB measured, 2.63 with the buckets alone).
+        grads_fwd=grads_full * (2 if st.ddp and st.k > 1 else 1) if st.k > 1 or st.ddp else 0,
         head_grads=on_gpu * pb * (s.V * s.C + 2 * s.C) // shard,
         block_grads=0 if in_bwd else on_gpu * pb * (bp["matrix"] + bp["vector"]) // shard,
         block_step=in_bwd.get("block_step", 0),
@@ -1015,7 +1017,7 @@ def _block_backward_moment(st: _Step, static: _Static, saved: _Saved, model: _Mo
     remaining = saved.total + model.tokens
     for i in reversed(range(s.L)):
         live = _live_in_block_backward(st, saved, saved.layout[i], remaining, saved.per_block[i])
-        g = static.grads_full if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i) + static.block_step
+        g = static.grads_fwd if st.k > 1 or st.ddp else static.head_grads + static.block_grads * (s.L - 1 - i) + static.block_step
         total = g + live + extra
         if best is None or total > best[0]:
             best = (total, i, g, live)
