@@ -7,6 +7,7 @@ seconds is left out (a compiled step whose Inductor trace is not among those mad
     python bench/trace_heldout.py --out bench/results/trace-heldout-cpu/rows.jsonl   # appends a row per run
     python bench/trace_heldout.py --table bench/results/trace-heldout-cpu/rows.jsonl
     python bench/trace_heldout.py --out /tmp/rows.jsonl --only ddp_bf16 window          # some profiles only
+    python bench/trace_heldout.py --out /tmp/rows.jsonl --runs tests/data/gpu/frontier-h100/*/runs   # other runs
 """
 
 from __future__ import annotations
@@ -29,10 +30,20 @@ def _alarm(*_: object) -> None:
     raise TimedOut
 
 
-def predict_all(out: Path, timeout: int, only: set[str]) -> None:
-    sys.path.insert(0, str(TESTS))
+def runs_of(folders: list[Path]):
+    """(a name for the folder, each run folder in it): the held-out set's, or the folders named."""
+    if not folders:
+        sys.path.insert(0, str(TESTS))
+        import test_estimate_heldout as heldout
+
+        yield from heldout._runs()
+    for folder in folders:
+        for summary in sorted(folder.glob("*/summary.parquet")):
+            yield str(folder), summary.parent
+
+
+def predict_all(out: Path, timeout: int, only: set[str], folders: list[Path]) -> None:
     import polars as pl
-    import test_estimate_heldout as heldout
 
     from memlab.core.config import experiment_from_dict, profile_from_dict
     from memlab.core.predict import Card, predict
@@ -40,7 +51,7 @@ def predict_all(out: Path, timeout: int, only: set[str]) -> None:
 
     signal.signal(signal.SIGALRM, _alarm)
     with out.open("a") as rows:
-        for shape, run_dir in heldout._runs():
+        for shape, run_dir in runs_of(folders):
             info = json.loads((run_dir / "run.json").read_text())
             if only and info["profile"]["name"] not in only:
                 continue
@@ -85,9 +96,10 @@ def main() -> None:
     ap.add_argument("--table", type=Path, help="print the markdown table of these rows")
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--only", nargs="*", default=[], help="these profiles only")
+    ap.add_argument("--runs", type=Path, nargs="*", default=[], help="the runs in these folders instead of the held-out set")
     args = ap.parse_args()
     if args.out:
-        predict_all(args.out, args.timeout, set(args.only))
+        predict_all(args.out, args.timeout, set(args.only), args.runs)
     if args.table:
         print(table(args.table))
 
