@@ -169,6 +169,17 @@ def test_fsdp_is_refused_by_the_trace_and_the_gpt_family_falls_back_to_its_formu
         predict(e, fsdp, 2, card_for(None), use_cache=False)
 
 
+def test_a_process_groups_communicator_leaves_the_allocator_less_of_the_card(tiny):
+    from memlab.core.techniques.distributed import PROCESS_GROUP_BYTES
+
+    e, _ = tiny
+    card, ddp = card_for("2GiB"), load_profile("ddp_bf16")
+    assert card.budget_for(load_profile("bf16")) == card.budget_bytes  # no group: the context alone
+    assert card.budget_for(ddp) == card.budget_bytes - PROCESS_GROUP_BYTES  # NCCL's, outside the allocator
+    assert predict(e, ddp, 2, card, use_cache=False).outside_bytes == PROCESS_GROUP_BYTES
+    assert maxbatch.replay_for_card(e, ddp, card, at=2, limit=4).budget_bytes == card.budget_for(ddp)
+
+
 def test_a_family_without_the_formula_plans_with_the_replay_alone(tiny, monkeypatch):
     e, p = tiny
     for module in (prediction, maxbatch):

@@ -45,7 +45,7 @@ class Axis:
                  traces: Traces | None = None, should_stop: Callable[[], bool] | None = None,
                  margin: float = REPLAY_MARGIN) -> None:
         self.shaped, self.profile, self.vocab, self.card = shaped, profile, vocab, card
-        self.budget, self.margin = card.budget_bytes, margin
+        self.budget, self.margin = card.budget_for(profile), margin
         self.should_stop = should_stop
         self._traces = traces if traces is not None else {}
         self._replays: dict[int, Any] = {}  # this axis's replays of those traces, by size

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from memlab.core import gpu_memory
+from memlab.core import gpu_memory, techniques
 from memlab.core.errors import ConfigError
 from memlab.core.predict import analytic
 from memlab.core.predict.calibration import ASSUMED_GPU, DEVICES
@@ -27,6 +28,10 @@ class Card:
     def budget_bytes(self) -> int:
         """What the caching allocator may hand out: the card less what a run holds outside it here."""
         return self.total_bytes - context_bytes_here()
+
+    def budget_for(self, profile: Any) -> int:
+        """budget_bytes less what the profile's techniques hold outside the allocator (a process group's NCCL)."""
+        return self.budget_bytes - techniques.outside_allocator_bytes(profile)
 
 
 def card_for(size: str | None) -> Card:

@@ -75,7 +75,7 @@ def _key(experiment: Experiment, profile: Profile, card: Card) -> str:
 def _fitted(experiment: Experiment, profile: Profile, card: Card, micro: int) -> Fit:
     one = accumulation.single(profile)
     vocab, _ = analytic.vocab_for(experiment)
-    row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_bytes,
+    row = Fit(profile.name, micro, experiment.model.seq_len, budget_bytes=card.budget_for(profile),
               trainable_params=_trainable(experiment, profile, vocab))
     weights = weights_bytes(experiment, one)
     if not _searches(weights, one, card):

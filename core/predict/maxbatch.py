@@ -40,7 +40,7 @@ class Replayed:
     micro_batch: int
     allocated_bytes: int  # tensors at their peak, in the allocator's rounded block sizes
     reserved_bytes: int  # segments at their peak (mapped pages, with expandable segments)
-    budget_bytes: int  # the card less what a run holds outside the allocator (card.context_bytes_here)
+    budget_bytes: int  # the card less what a run holds outside the allocator (Card.budget_for)
     max_batch: int  # the largest that fits: no out of memory (with expandable segments, no allocator retry either)
     expandable_segments: bool  # the allocator mode replayed: the profile's allocator.expandable_segments
     compiled: bool = False  # the trace is compiled_trace's (Inductor's buffers), not the eager step's
@@ -128,7 +128,7 @@ def replay_for_card(experiment: Experiment, profile: Profile, card: Card, *, at:
     except Exception as e:  # noqa: BLE001 (an op without a fake implementation: the estimate stands without the replay)
         first = str(e).splitlines()[0] if str(e) else ""
         raise MemlabError(f"the step could not be traced on fake tensors ({e.__class__.__name__}: {first})") from None
-    return Replayed(at, allocated, reserved, card.budget_bytes, best, allocator.expandable(profile),
+    return Replayed(at, allocated, reserved, card.budget_for(profile), best, allocator.expandable(profile),
                     torch_compile.compiles(profile), REPLAY_MARGIN, traced_by(profile), limit,
                     reads_block_graphs(experiment, profile))
 

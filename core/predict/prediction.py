@@ -49,6 +49,7 @@ class Prediction:
     card: str  # where the card's figure came from
     valid_for: ValidFor
     notes: tuple[str, ...] = field(default_factory=tuple)
+    outside_bytes: int = 0  # what the profile's techniques hold outside the allocator (techniques.outside_allocator_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -57,7 +58,7 @@ class Prediction:
 
     @property
     def fits(self) -> bool:
-        return (self.reserved_bytes or self.allocated_bytes) <= self.card_bytes - context_bytes_here()
+        return (self.reserved_bytes or self.allocated_bytes) <= self.card_bytes - context_bytes_here() - self.outside_bytes
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("components", "valid_for", "notes")}
@@ -192,7 +193,8 @@ def _made(experiment: Experiment, profile: Profile, est: analytic.Estimate, card
     notes = tuple(est.notes) + ((valid.note(),) if valid.note() else ())
     return Prediction(experiment.name, profile.name, est.micro_batch, est.accumulation, experiment.model.seq_len,
                       est.vocab_size, est.params, "trace" if est.method == "fake" else est.method, allocated, reserved,
-                      dict(est.components), dict(est.phases), est.peak_phase, card.total_bytes, card.where, valid, notes)
+                      dict(est.components), dict(est.phases), est.peak_phase, card.total_bytes, card.where, valid, notes,
+                      techniques.outside_allocator_bytes(profile))
 
 
 def with_seq_len(experiment: Experiment, seq_len: int) -> Experiment:

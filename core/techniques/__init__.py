@@ -108,6 +108,12 @@ def repeats_per_block(profile: Profile, depths: tuple[int, ...]) -> bool:
     return all(t.repeats_per_block(profile, depths) for t in TECHNIQUES if hasattr(t, "repeats_per_block"))
 
 
+def outside_allocator_bytes(profile: Profile) -> int:
+    """What the techniques hold on the GPU outside the caching allocator beyond the CUDA context, as they declare
+    (a process group's communicator): the predictor's budget for the allocator is that much smaller."""
+    return sum(t.outside_allocator_bytes(profile) for t in TECHNIQUES if hasattr(t, "outside_allocator_bytes"))
+
+
 def steps_to_steady(profile: Profile) -> int:
     """The steps after which each step allocates as the one before, as the techniques declare: two (the first makes
     the optimizer's state), or more (DDP rebuilds its buckets at the second): the steps the predictor's trace runs."""

@@ -23,6 +23,17 @@ def shards_weights(profile: Profile) -> bool:
     return profile.distributed.mode == "fsdp"
 
 
+# A process group's NCCL communicator, held on the GPU outside the caching allocator: NVML's per-process figure less
+# the reserve was 1.285-1.287 GiB for every ddp_bf16 and fsdp_bf16 run of one process on an H200 (torch 2.11) and
+# 0.725-0.74 GiB for the same shapes without a group (bench/results/trace-heldout-cpu/gpu): 0.56 GiB, the larger.
+PROCESS_GROUP_BYTES = 573 * 2**20
+
+
+def outside_allocator_bytes(profile: Profile) -> int:
+    """What the technique holds on the GPU outside the caching allocator, beyond the CUDA context every run holds."""
+    return PROCESS_GROUP_BYTES if profile.distributed.mode != "none" else 0
+
+
 def fake_step(experiment: Experiment, profile: Profile, device: torch.device) -> FakeStep | None:
     """FSDP2's all-gathers and reshards (each unit's parameters gathered in bf16 for its forward, freed, gathered
     again for its backward) have no stand-in; traced as the plain step, one rank's allocated peak came out up to 7.6%
