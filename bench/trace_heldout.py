@@ -78,6 +78,7 @@ def predict_all(out: Path, timeout: int, only: set[str], folders: list[Path]) ->
 def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     lines = ["| shape | profile | measured GiB | analytic | trace | trace s |", "|---|---|---|---|---|---|"]
+    rows = [r for r in rows if r["measured"]]  # a run that measured no peak (it failed) has nothing to compare
     for r in rows:
         m = r["measured"]
         off = {k: f"{(r[k] - m) / m:+.2%}" if r[k] else r["err"] or "—" for k in ("analytic", "trace")}
