@@ -176,8 +176,8 @@ def _traced(experiment: Experiment, profile: Profile, micro: int, card: Card) ->
 
 
 def _breakdown_without_tracker(experiment: Experiment, profile: Profile, micro: int, why: str) -> analytic.Estimate:
-    """Where MemTracker cannot run a technique here (a CUDA-only library, offload with host and device one) but the
-    replay has its stand-in: the gpt family's breakdown from the formula; another family is refused with `why`."""
+    """Where MemTracker cannot run a technique here (a CUDA-only library, offload with host and device one; FSDP2,
+    which the replay refuses too): the gpt family's breakdown from the formula; another family is refused with `why`."""
     if family_of(experiment) not in ANALYTIC_FAMILIES:
         raise ConfigError(f"{why.split('; use')[0]}; it needs a fake-tensor stand-in declared next to the technique "
                           "(memlab.core.techniques), or predict without that technique")
