@@ -124,7 +124,7 @@ def _estimate(exp: Experiment, prof: Profile, nproc: int | None, gpu_memory: str
         typer.echo(f"longest sequence at micro-batch {result.micro_batch} in {gib(card.total_bytes)} ({card.where}): "
                    f"{longest} tokens ({result.method}, a multiple of 64)")
     if traced:
-        _print_replayed(found.replayed, found.not_replayed, card.where, family_of(exp))
+        _print_replayed(found.replayed, found.not_replayed, card.where, family_of(exp), result.outside_bytes)
 
 
 ESTIMATE_METHODS = ("auto", "analytic", "trace", "fake")
@@ -156,14 +156,18 @@ def _estimate_json(result: Prediction, analytic: Prediction | None, found: MaxBa
     return out
 
 
-def _print_replayed(r, no_replay: str, where: str, family: str = "gpt") -> None:
+def _outside(outside: int) -> str:
+    return f" and {gib(outside)} a process group's NCCL holds outside the allocator" if outside else ""
+
+
+def _print_replayed(r, no_replay: str, where: str, family: str = "gpt", outside: int = 0) -> None:
     if r is None:
         typer.echo(f"allocator replay: {no_replay}")
         return
     mode = "expandable_segments:True" if r.expandable_segments else "default settings"
     typer.echo(f"allocator replay (CUDA's caching allocator, {mode}, over this step's trace): {gib(r.reserved_bytes)} reserved at "
                f"micro-batch {r.micro_batch}, {r.fragmentation:.1%} of it no tensor's; max micro-batch {'at least ' if r.limit_reached else ''}{r.max_batch} without an allocator retry in "
-               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context), {r.margin:.0%} of what the step adds to the built model's reserve left free")
+               f"{gib(r.budget_bytes)} for the allocator ({where} less the CUDA context{_outside(outside)}), {r.margin:.0%} of what the step adds to the built model's reserve left free")
     typer.echo(f"  traced here by {r.traced_by}; find-batch on a GPU traces again with that machine's releases"
                + (" (a compiled step's buffer plan is Inductor's, and another release's can differ)" if r.compiled else ""))
     checked = "hf" if family == "hf" else "compiled" if r.compiled else "blocks" if r.blocks else r.expandable_segments
