@@ -115,3 +115,49 @@ def test_a_refused_run_takes_back_the_events_file_and_folders_it_made(tmp_path, 
             main(["run", "--profile", "tf32", "--device", "cpu", "--experiment", "tiny", "--runs-dir", str(tmp_path / "runs"), "--events", str(events)])
         assert exit_.value.code == 2 and "tf32 needs CUDA" in capsys.readouterr().err
     assert not (tmp_path / "new").exists() and kept.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_transformers_models_refusal_is_one_line_though_transformers_imports_torchao(tmp_path):
+    """transformers imports torchao where it is installed, and torchao 0.18 under torch 2.13 logs two pytree notices
+    (and, on a CPU build, a line per CUDA kernel it cannot load) to stderr: the refusal after them was one line of
+    three or five. In a fresh process with an empty cache, as a newcomer meets it, stderr is the refusal alone."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    env = dict(os.environ, MEMLAB_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-m", "memlab", "estimate", "--experiment", "llama-1b", "--profile", "bf16",
+                           "--gpu-memory", "2GiB"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith("memlab: error: the weights need")
+
+
+def test_only_the_known_library_notices_are_dropped():
+    import logging
+
+    from memlab.core.library_logs import drop_known_notices
+
+    drop_known_notices()
+    drop_known_notices()  # once is enough: no second filter
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    for name in ("torch.utils._pytree", "torchao"):
+        logger = logging.getLogger(name)
+        assert len(logger.filters) == 1
+        logger.addHandler(handler := Keep())
+        try:
+            logger.warning("%s is an Enum subclass and is now natively supported", "<enum 'X'>")
+            logger.warning("Failed to load /x/_C_cutlass_90a.abi3.so: Could not load this library")
+            logger.warning("something else")
+        finally:
+            logger.removeHandler(handler)
+    # each logger loses its own notice only
+    assert seen == ["Failed to load /x/_C_cutlass_90a.abi3.so: Could not load this library", "something else",
+                    "<enum 'X'> is an Enum subclass and is now natively supported", "something else"]

@@ -102,6 +102,9 @@ def fail(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from memlab.core.errors import MemlabError
+    from memlab.core.library_logs import drop_known_notices
+
+    drop_known_notices()  # a library's import notices would make a one-line error three
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MEMLAB_DEBUG") == "1"
