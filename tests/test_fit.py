@@ -310,6 +310,18 @@ def test_a_large_models_rows_are_predicted_in_children_and_a_failed_childs_row_h
     assert "bf16," in out and "lora," in out and out.count("the weights alone need") == 2
 
 
+def test_a_mid_sized_models_rows_go_to_forks_and_to_new_processes_only_when_large(monkeypatch):
+    """A fork costs a fraction of a second: GPT-2-small's eight rows on the default card took 9 min 12 s in one
+    process on two cores. A new `memlab fit` process costs 5-6 s: only a large model's rows are worth one."""
+    from memlab.cli import fit_children
+
+    monkeypatch.setattr(fit_children.os, "cpu_count", lambda: 2)
+    for fork_safe, gpt2s, llama_8b in ((True, True, True), (False, False, True)):
+        monkeypatch.setattr(fit_children, "FORK_SAFE", fork_safe)
+        assert fit_children.worth_children(12, 768, 8) is gpt2s and fit_children.worth_children(32, 4096, 8) is llama_8b
+        assert not fit_children.worth_children(2, 64, 8) and not fit_children.worth_children(12, 768, 1)
+
+
 def test_rows_that_search_nothing_are_predicted_here_while_the_children_run(monkeypatch):
     """predict_in_children starts the children, then runs `meanwhile` here once, then waits for them."""
     import subprocess

@@ -5,7 +5,8 @@ each, made from five blocks, memlab.core.predict.deepen). Each such row not yet 
 predicted by a child process of its own, up to one per CPU core. The children fill the prediction cache, and the
 command then reads every row from it. On Linux a child is this process forked (torch, transformers and peft already
 imported: 5-6 s a child saved); elsewhere, where forking a process that imported torch is not safe (macOS), a child
-`memlab fit` of that one profile. A small model's rows stay in this process.
+`memlab fit` of that one profile. A small model's rows stay in this process: below FORKED_PARAMS where a child is a
+fork, below LARGE_PARAMS where it is a new process.
 
 A child that fails leaves its row to this process, which predicts it (or says why it cannot) as it would alone.
 Ctrl-C stops the children with the command.
@@ -20,14 +21,18 @@ import sys
 import time
 from typing import Callable
 
-# Below about this many parameters, a row's traces take no longer than a child's start.
+# Below about this many parameters, a row's traces take no longer than a child's start: a new process's (5-6 s), or
+# a fork's (a fraction of a second). GPT-2-small's rows on the default 80 GB card search to 452 sequences of 1024
+# tokens and to 452k tokens, about 30 traces each: `memlab fit` alone took 9 min 12 s on two cores in one process.
 LARGE_PARAMS = 100_000_000
+FORKED_PARAMS = 1_000_000
 POLL_S = 0.2
 
 
 def worth_children(n_layer: int, d_model: int, pending: int) -> bool:
-    """Several rows to predict, a model large enough, and more than one core to do it on."""
-    return pending > 1 and (os.cpu_count() or 1) > 1 and 12 * n_layer * d_model**2 >= LARGE_PARAMS
+    """Several rows to predict, a model large enough for a child's start to pay, and more than one core."""
+    large = FORKED_PARAMS if FORK_SAFE else LARGE_PARAMS
+    return pending > 1 and (os.cpu_count() or 1) > 1 and 12 * n_layer * d_model**2 >= large
 
 
 def predict_in_children(experiment: str, overrides: list[str], gpu_memory: str | None, names: list[str],
