@@ -161,3 +161,32 @@ def test_only_the_known_library_notices_are_dropped():
     # each logger loses its own notice only
     assert seen == ["Failed to load /x/_C_cutlass_90a.abi3.so: Could not load this library", "something else",
                     "<enum 'X'> is an Enum subclass and is now natively supported", "something else"]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["estimate", "--profile", "bf16", "--format", "csv"], "--format 'csv' is not valid here; choose table or json"),
+    (["find-batch", "--profile", "bf16", "--format", "markdown"], "--format 'markdown' is not valid here"),
+    (["fit", "--profiles", "bf16", "--json", "--format", "csv"], "--json and --format csv ask for two formats; give one"),
+    (["table", "{tmp}", "--json", "--format", "markdown"], "--json and --format markdown ask for two formats; give one"),
+])
+def test_json_is_asked_the_same_way_of_every_command_or_refused_in_one_line(args, expect, tmp_path, capsys):
+    """estimate and find-batch print JSON with --json, fit and table with --format json: each takes the other's
+    spelling too, and a format it does not write is refused before any work."""
+    from memlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([a.format(tmp=tmp_path) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("memlab: error: ") and expect in lines[0], lines
+
+
+def test_estimate_prints_json_under_either_spelling(capsys):
+    import json
+
+    from memlab.cli import main
+
+    printed = []
+    for spelling in (["--json"], ["--format", "json"]):
+        main(["estimate", "--experiment", "tiny", "--profile", "bf16", "--method", "analytic", *spelling])
+        printed.append(json.loads(capsys.readouterr().out))
+    assert printed[0] == printed[1] and printed[0]["profile"] == "bf16"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from memlab.cli.options import GpusOpt, SetOpt
+from memlab.cli.options import GpusOpt, JsonFormatOpt, SetOpt, wants_json
 from memlab.core.units import gib, gib_number, parse_size
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def estimate(
     method: Annotated[str, typer.Option("--method", help="auto (trace; with --nproc above 1, analytic) | trace (alias fake: one step of the real TrainStep on fake tensors, and the allocator replay: seconds, no GPU, no memory) | analytic (the GPT formula: instant, tensors and a fragmentation margin).")] = "auto",
     longest_seq: Annotated[bool, typer.Option("--longest-seq", help="Also search the longest sequence (a multiple of 64) that fits at this micro-batch, by the same method.")] = False,
     as_json: JsonOpt = False,
+    format_: JsonFormatOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Predict the peak GPU memory of a training step, by component, and the largest micro-batch that fits."""
@@ -71,6 +72,7 @@ def estimate(
 
     if method not in ESTIMATE_METHODS:
         raise ConfigError(f"--method {method!r} is not valid; choose one of: {', '.join(ESTIMATE_METHODS)}")
+    as_json = wants_json(as_json, format_)
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
     refuse_flag_and_set(set_, batch_size=batch_size)
@@ -327,6 +329,7 @@ def find_batch(
     refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached answers for this experiment, profile, GPU and cap.")] = False,
     allow_retries: Annotated[bool, typer.Option("--allow-retries", help="Count a probe that finished only after allocator retries (cache flushed: it fits only just, and slowly) as a fit.")] = False,
     as_json: JsonOpt = False,
+    format_: JsonFormatOpt = None,
     set_: SetOpt = None,
     profiles: Annotated[Optional[str], typer.Option("--profiles", help="Several profiles, comma-separated: one search each, one at a time on each GPU (--gpus); instead of --profile.")] = None,
     gpus: GpusOpt = None,
@@ -339,6 +342,7 @@ def find_batch(
 
     if (profile is None) == (profiles is None):
         raise ConfigError("give --profile NAME, or --profiles a,b,c for several searches over the GPUs")
+    as_json = wants_json(as_json, format_)
     _check_sequence_search(seq_len, batch_size, profiles)
     if seq_len is not None:
         _find_longest_sequence(profile, experiment, gpu_memory, steps, list(set_ or []), batch_size or 1, as_json)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from memlab.cli.options import ModelOpt, SetOpt, model_overrides
+from memlab.cli.options import JsonFlagOpt, ModelOpt, SetOpt, json_wins, model_overrides
 from memlab.core.units import gib, parse_size
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def fit(
     profiles: ProfilesOpt = None,
     measure: MeasureOpt = False,
     format_: FormatOpt = FitFormat.table,
+    as_json: JsonFlagOpt = False,
     plot: PlotOpt = None,
     out: OutOpt = None,
     predicted: PredictedOpt = None,
@@ -61,6 +62,7 @@ def fit(
     """Which profiles fit the experiment's model on a card: the predicted peak at its batch and sequence, the largest
     micro-batch at that sequence, and the longest sequence at micro-batch 1."""
 
+    format_ = json_wins(as_json, format_, FitFormat.json, FitFormat.table)
     if gpu_memory is not None:
         parse_size(gpu_memory)
     names = _profile_names(profiles)

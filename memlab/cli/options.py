@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from memlab.core.config import Experiment, Profile, apply_overrides, load_experiment, load_profile
+from memlab.core.errors import ConfigError
 
 ExperimentOpt = Annotated[str, typer.Option("--experiment", "-e", help="Built-in experiment name or a TOML path; auto = gpt2s on CUDA, tiny on CPU.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cuda | cpu")]
@@ -42,6 +43,28 @@ StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Optimizer step
 EpochsOpt = Annotated[Optional[float], typer.Option("--epochs", help="Train for this many epochs (sets train.steps = 0).", callback=_positive_epochs)]
 MaxDocsOpt = Annotated[Optional[int], typer.Option("--max-docs", help="Read at most this many documents (0 = all).", callback=docs_cap)]
 RunsDirOpt = Annotated[str, typer.Option("--runs-dir", help="Where run folders go.", callback=_nonempty_folder)]
+
+# Each command that prints JSON takes both spellings: estimate and find-batch print one object (--json), fit and table
+# choose among several formats (--format); a newcomer who types the other one's is understood, not refused.
+JsonFlagOpt = Annotated[bool, typer.Option("--json", help="The same as --format json.")]
+JsonFormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="table | json (the same as --json).")]
+
+
+def wants_json(as_json: bool, format_: str | None) -> bool:
+    """estimate's and find-batch's --format: table or json, else a one-line refusal."""
+    if format_ not in (None, "table", "json"):
+        raise ConfigError(f"--format {format_!r} is not valid here; choose table or json (memlab fit and table also write "
+                          "markdown and csv)")
+    return as_json or format_ == "json"
+
+
+def json_wins(as_json: bool, format_: Any, json_value: Any, default: Any) -> Any:
+    """fit's and table's --json: the same as --format json; beside another --format, a one-line refusal."""
+    if not as_json:
+        return format_
+    if format_ not in (default, json_value):
+        raise ConfigError(f"--json and --format {format_.value} ask for two formats; give one")
+    return json_value
 
 
 def data_overrides(data: str | None, text_field: str | None, tokenizer: str | None, streaming: bool | None, max_docs: int | None, epochs: float | None, steps: int | None) -> list[str]:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from memlab.cli.options import JsonFlagOpt, json_wins
+
 if TYPE_CHECKING:
     import polars as pl
     from rich.console import Console
@@ -61,6 +63,7 @@ def table(
     strict: StrictOpt = False,
     experiment: ExperimentOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write comparison.parquet (default: in the first folder given).")] = None,
+    as_json: JsonFlagOpt = False,
 ) -> None:
     """Compare runs side by side: memory by phase, speed, quality, and each figure against a baseline."""
     from memlab.cli.console import make_console
@@ -69,6 +72,7 @@ def table(
     from memlab.core.compare import machine_frame, render_markdown
     from memlab.core.errors import MemlabError
 
+    format_ = json_wins(as_json, format_, Format.json, Format.table)
     err = make_console(stderr=True)
     result, paths = build(paths, all_, baseline, sort, strict, experiment, err)
     if result.height == 0:
