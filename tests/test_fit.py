@@ -43,8 +43,22 @@ def test_largest_near_finds_the_largest_size_that_fits_from_any_guess(seed):
 
         assert largest_near(fits, guess, limit, confirm=rng.randint(0, 2)) == min(answer, limit)
         assert len(asked) == len(set(asked))  # each size asked once
-        if 4 < answer < limit - 4 and guess == answer:
-            assert len(asked) <= 3  # a right guess: itself, one above, and one below to confirm
+
+
+@pytest.mark.parametrize("answer", [10, 100, 250])
+def test_a_right_guess_costs_itself_one_above_and_the_ladder_below(answer):
+    """A guess on the answer asks it and the size above; confirming adds the ladder's rungs, 1, 2, 4, ... below,
+    down to an eighth (log2(answer / 8) + 1 of them), nothing else."""
+    asked = []
+
+    def fits(b: int) -> bool:
+        asked.append(b)
+        return b <= answer
+
+    assert largest_near(fits, answer, 400) == answer and asked == [answer, answer + 1]
+    asked.clear()
+    rungs = [answer - 2**k for k in range(8) if 2**k <= max(1, answer // 8)]
+    assert largest_near(fits, answer, 400, confirm=True) == answer and asked == [answer, answer + 1, *rungs]
 
 
 @pytest.mark.parametrize("profile", ["gradcp_bf16", "lora", "adafactor"])
